@@ -1,0 +1,1 @@
+"""Console entry points: hpctrain-train (and, with the Slurm path, hpctrain-submit)."""

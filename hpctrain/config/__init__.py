@@ -1,0 +1,119 @@
+"""Config: the schema, its checks, and the one conversion from Hydra's DictConfig to typed objects.
+
+The entry points call `to_typed` once; everything below them takes a `Config`. A job never
+composes Hydra configs again: it runs `load_run_config(run_dir)`, the resolved `config.yaml`
+written at launch time, so a requeued job runs exactly what was submitted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hpctrain.config import targets
+from hpctrain.config.schema import Config, DataConfig, TrainerConfig
+
+__all__ = [
+    "Config",
+    "DataConfig",
+    "TrainerConfig",
+    "register",
+    "to_typed",
+    "load_run_config",
+    "save_resolved",
+]
+
+SCHEMA_NAME = "hpctrain_schema"
+
+# The `_target_` nodes and how hpctrain calls them: (key, leading positional args, injected kwargs).
+TARGET_NODES: tuple[tuple[str, int, tuple[str, ...]], ...] = (
+    ("model", 0, ()),
+    ("data.dataset", 0, ()),
+    ("optim", 1, ()),  # the parameters
+    ("sched", 1, ("total_steps",)),  # the optimizer
+    ("loss", 0, ()),
+)
+
+
+def register() -> None:
+    """Put the schema in Hydra's ConfigStore; conf/config.yaml lists it first in its defaults."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
+
+
+def _overridden_keys(overrides: Iterable[str]) -> set[str]:
+    """`model.width` for `model.width=3`, `+model.width=3`, `++model.width=3`."""
+    keys = set()
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        keys.add(key)
+    return keys
+
+
+def _node(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def to_typed(cfg: DictConfig, overrides: Iterable[str] = ()) -> tuple[Config, DictConfig]:
+    """Check a composed config and convert it: (typed Config, resolved DictConfig to save).
+
+    Raises ValueError naming the key to change; nothing has been written when it does."""
+    try:
+        resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
+    except OmegaConfBaseException as error:
+        raise ValueError(_omegaconf_message(error)) from None
+    overridden = _overridden_keys(overrides)
+    for key, _, _ in TARGET_NODES:
+        node = OmegaConf.select(resolved, key)
+        if node is not None and f"{key}._target_" in overridden:
+            plain = OmegaConf.to_container(node)
+            targets.drop_foreign_arguments(plain, key, overridden)
+            OmegaConf.update(resolved, key, plain, merge=False)
+    config = _structured(resolved)
+    for key, positional, injected in TARGET_NODES:
+        node = _node(config, key)
+        if node is not None:
+            targets.check(node, key, positional, injected)
+    return config, resolved
+
+
+def _omegaconf_message(error: OmegaConfBaseException) -> str:
+    key = getattr(error, "full_key", None)
+    text = str(error).splitlines()[0]
+    if "Missing mandatory value" in text and key:
+        return f"{key}: no value; set {key}=..."
+    return f"{key}: {text}" if key else text
+
+
+def _structured(plain: DictConfig) -> Config:
+    """Merge plain values into the schema (type checks) and build the dataclasses (value checks)."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), plain)
+        config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        cause = error.__cause__
+        if isinstance(cause, ValueError) and not isinstance(cause, OmegaConfBaseException):
+            raise ValueError(str(cause)) from None  # a __post_init__ check
+        raise ValueError(_omegaconf_message(error)) from None
+    assert isinstance(config, Config)  # to_object of Config's schema is always a Config
+    return config
+
+
+def save_resolved(resolved: DictConfig, path: Path) -> None:
+    """Write atomically: a reader never sees half a config."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(OmegaConf.to_yaml(resolved))
+    tmp.replace(path)
+
+
+def load_run_config(run_dir: Path) -> Config:
+    """The config a job runs: the run dir's resolved config.yaml, checked again."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ValueError(f"{path}: no config.yaml; is {run_dir} a run directory?")
+    return _structured(OmegaConf.load(path))

@@ -1,0 +1,120 @@
+"""The typed schema of an hpctrain config.
+
+YAML files in `conf/` only set values; the shape and the checks live here. Nodes that build
+objects (`model`, `data.dataset`, `optim`, `sched`, `loss`) are free-form `_target_` dicts, so a
+user's own class plugs in with `model._target_=mypkg.Net`; `hpctrain.config.targets` checks them
+against the target's signature before anything runs.
+
+Every check raises ValueError naming the override to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from omegaconf import MISSING
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{key}: {message}")
+
+
+@dataclass
+class DataConfig:
+    # A `_target_` node returning hpctrain.data.splits.Splits (train and eval datasets).
+    dataset: Dict[str, Any] = MISSING
+    # Samples per process per step (the global batch is batch_size * world_size * grad_accum).
+    batch_size: int = 32
+    # Samples per process per evaluation batch; 0 means the same as batch_size.
+    eval_batch_size: int = 0
+    # DataLoader worker processes per training process (0 loads in the training process).
+    num_workers: int = 0
+    # Page-locked host memory for faster host-to-GPU copies; ignored on CPU.
+    pin_memory: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.batch_size >= 1, "data.batch_size", f"must be >= 1 (got {self.batch_size})")
+        _require(
+            self.eval_batch_size >= 0,
+            "data.eval_batch_size",
+            f"must be >= 0, 0 meaning data.batch_size (got {self.eval_batch_size})",
+        )
+        _require(self.num_workers >= 0, "data.num_workers", f"must be >= 0 (got {self.num_workers})")
+
+
+@dataclass
+class TrainerConfig:
+    # Optimizer steps to run; 0 means `epochs` full passes over the training set.
+    max_steps: int = 0
+    # Passes over the training set when max_steps is 0.
+    epochs: int = 10
+    # Log a metrics line every N optimizer steps (and at the last step).
+    log_every: int = 10
+    # Evaluate on the held-out split every N steps; 0 evaluates only at the end.
+    eval_every: int = 100
+    # Seeds model init, data order and dropout; same seed + world size + threads = same weights.
+    seed: int = 0
+    # Local processes for `hpctrain-train` (ignored under torchrun or Slurm, which set the world).
+    nprocs: int = 1
+    # Intra-op threads per process (torch.set_num_threads).
+    threads: int = 1
+    # Micro-batches per optimizer step; gradients sync only on the last one (DDP no_sync).
+    grad_accum: int = 1
+    # Clip the global gradient norm to this value; 0 disables clipping.
+    grad_clip: float = 1.0
+    # GPU arithmetic: "bf16" autocast, "fp16" autocast + GradScaler, or "fp32". CPU is always fp32.
+    precision: str = "bf16"
+    # Wrap the model in torch.compile.
+    compile: bool = False
+    # torch.distributed backend: "auto" is NCCL on GPU, gloo on CPU.
+    backend: str = "auto"
+    # DDP gradient bucket size in MiB (larger buckets, fewer all-reduces).
+    bucket_cap_mb: float = 25.0
+    # Let gradients live in DDP's buckets (saves one copy and memory).
+    gradient_as_bucket_view: bool = True
+    # Seconds a collective may wait before the process group reports a hang.
+    collective_timeout_s: int = 600
+
+    def __post_init__(self) -> None:
+        for key in ("max_steps", "epochs", "eval_every"):
+            value = getattr(self, key)
+            _require(value >= 0, f"trainer.{key}", f"must be >= 0 (got {value})")
+        for key in ("log_every", "nprocs", "threads", "grad_accum", "collective_timeout_s"):
+            value = getattr(self, key)
+            _require(value >= 1, f"trainer.{key}", f"must be >= 1 (got {value})")
+        _require(
+            self.max_steps > 0 or self.epochs > 0,
+            "trainer.max_steps",
+            "set trainer.max_steps or trainer.epochs to a positive number",
+        )
+        _require(self.grad_clip >= 0, "trainer.grad_clip", f"must be >= 0 (got {self.grad_clip})")
+        _require(
+            self.precision in ("bf16", "fp16", "fp32"),
+            "trainer.precision",
+            f"must be bf16, fp16 or fp32 (got {self.precision!r})",
+        )
+        _require(
+            self.backend in ("auto", "gloo", "nccl"),
+            "trainer.backend",
+            f"must be auto, gloo or nccl (got {self.backend!r})",
+        )
+        _require(self.bucket_cap_mb > 0, "trainer.bucket_cap_mb", f"must be > 0 (got {self.bucket_cap_mb})")
+
+
+@dataclass
+class Config:
+    # A `_target_` node building the nn.Module; its forward returns logits.
+    model: Dict[str, Any] = MISSING
+    data: DataConfig = field(default_factory=DataConfig)
+    # A `_target_` node building the optimizer; hpctrain passes the parameters first.
+    optim: Dict[str, Any] = MISSING
+    # A `_target_` node building the LR scheduler (stepped every optimizer step), or null.
+    # hpctrain passes the optimizer first, and `total_steps` when the target takes it.
+    sched: Optional[Dict[str, Any]] = None
+    # A `_target_` node building the loss; it gets (logits, targets) flattened to 2-D/1-D.
+    loss: Dict[str, Any] = field(
+        default_factory=lambda: {"_target_": "torch.nn.CrossEntropyLoss"}
+    )
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -1,0 +1,100 @@
+"""Check and build the `_target_` nodes of a config (model, dataset, optimizer, ...).
+
+Hydra's `instantiate` only fails when the object is built, which for a model is inside every
+training process. Binding the node's keys to the target's signature here catches a misspelled
+or unknown argument on the login node, with the key named, before anything starts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Callable, Mapping, Sequence
+
+import hydra.utils
+
+log = logging.getLogger(__name__)
+
+# Keys of a `_target_` node that Hydra reads itself instead of passing on.
+_HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
+
+
+def locate(node: Mapping[str, Any], key: str) -> Callable[..., Any]:
+    """The callable a `_target_` node names, or a ValueError naming the key to fix."""
+    target = node.get("_target_") if isinstance(node, Mapping) else None
+    if not isinstance(target, str) or not target:
+        raise ValueError(f"{key}._target_: missing; set {key}._target_=package.module.Callable")
+    try:
+        obj = hydra.utils.get_object(target)
+    except Exception as error:  # ImportError, AttributeError, ... all mean "cannot find it"
+        raise ValueError(f"{key}._target_: cannot import {target!r} ({error})") from None
+    if not callable(obj):
+        raise ValueError(f"{key}._target_: {target!r} is not callable")
+    return obj
+
+
+def _signature(obj: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(obj)
+    except (TypeError, ValueError):  # some builtins have no introspectable signature
+        return None
+
+
+def _takes_any_keyword(sig: inspect.Signature) -> bool:
+    return any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+
+
+def arguments(node: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in node.items() if k not in _HYDRA_KEYS}
+
+
+def check(node: Mapping[str, Any], key: str, positional: int = 0, injected: Sequence[str] = ()) -> None:
+    """Raise ValueError unless the target accepts the node's keys (plus `positional` leading
+    arguments and the `injected` keywords hpctrain supplies itself)."""
+    obj = locate(node, key)
+    sig = _signature(obj)
+    if sig is None:
+        return
+    kwargs = arguments(node)
+    accepted = [name for name in sig.parameters if name != "self"]
+    if not _takes_any_keyword(sig):
+        unknown = [name for name in kwargs if name not in sig.parameters]
+        if unknown:
+            raise ValueError(
+                f"{key}.{unknown[0]}: {node['_target_']} takes no argument {unknown[0]!r} "
+                f"(it takes: {', '.join(accepted)}); remove it with ~{key}.{unknown[0]}"
+            )
+    supplied = {name: None for name in injected if name in sig.parameters}
+    try:
+        sig.bind(*([None] * positional), **{**kwargs, **supplied})
+    except TypeError as error:
+        raise ValueError(f"{key}: {node['_target_']} cannot be called with these arguments: {error}") from None
+
+
+def accepts(node: Mapping[str, Any], name: str) -> bool:
+    sig = _signature(locate(node, "_target_"))
+    return sig is not None and (name in sig.parameters or _takes_any_keyword(sig))
+
+
+def drop_foreign_arguments(node: dict[str, Any], key: str, overridden: set[str]) -> list[str]:
+    """After `key._target_` was overridden, drop the arguments the group's old target had
+    that the new one does not take (the way LightningCLI treats a new class_path), except
+    those the user set on the command line. Returns the dropped names."""
+    sig = _signature(locate(node, key))
+    if sig is None or _takes_any_keyword(sig):
+        return []
+    dropped = [
+        name
+        for name in arguments(node)
+        if name not in sig.parameters and f"{key}.{name}" not in overridden
+    ]
+    for name in dropped:
+        del node[name]
+    if dropped:
+        log.warning("%s._target_=%s: dropped arguments it does not take: %s", key, node["_target_"], ", ".join(dropped))
+    return dropped
+
+
+def build(node: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
+    """Instantiate a checked `_target_` node, passing hpctrain's own arguments through."""
+    return hydra.utils.instantiate(dict(node), *args, _convert_="all", **kwargs)

@@ -1,0 +1,133 @@
+"""The distributed context: who this process is in the job, built once and passed around.
+
+Sources, first match wins:
+  - torchrun (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT);
+  - a local spawn by `hpctrain-train` (`DistContext.for_spawn`, a file:// rendezvous, no port);
+  - otherwise a single process.
+The Slurm derivation (SLURM_PROCID, ...) plugs in as one more source of the same object.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    # "env://" (MASTER_ADDR / MASTER_PORT) or "file://<path>" (local spawn).
+    init_method: str
+    device: torch.device
+    # Where the numbers came from: torchrun, slurm, spawn or single.
+    source: str
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 or self.source != "single"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, cuda_devices: int | None = None) -> "DistContext":
+        env = os.environ if env is None else env
+        cuda_devices = torch.cuda.device_count() if cuda_devices is None else cuda_devices
+        if "RANK" in env and "WORLD_SIZE" in env:
+            return cls._from_torchrun(env, cuda_devices)
+        return cls.single(cuda_devices)
+
+    @classmethod
+    def _from_torchrun(cls, env: Mapping[str, str], cuda_devices: int) -> "DistContext":
+        world_size = _int(env, "WORLD_SIZE")
+        local_rank = int(env.get("LOCAL_RANK", "0"))
+        local_world_size = int(env.get("LOCAL_WORLD_SIZE", str(world_size)))
+        return cls(
+            rank=_int(env, "RANK"),
+            local_rank=local_rank,
+            world_size=world_size,
+            local_world_size=local_world_size,
+            init_method="env://",
+            device=select_device(local_rank, local_world_size, cuda_devices),
+            source="torchrun",
+            master_addr=env.get("MASTER_ADDR"),
+            master_port=int(env["MASTER_PORT"]) if "MASTER_PORT" in env else None,
+        )
+
+    @classmethod
+    def for_spawn(cls, local_rank: int, nprocs: int, store_path: str, cuda_devices: int | None = None) -> "DistContext":
+        cuda_devices = torch.cuda.device_count() if cuda_devices is None else cuda_devices
+        return cls(
+            rank=local_rank,
+            local_rank=local_rank,
+            world_size=nprocs,
+            local_world_size=nprocs,
+            init_method=f"file://{store_path}",
+            device=select_device(local_rank, nprocs, cuda_devices),
+            source="spawn",
+        )
+
+    @classmethod
+    def single(cls, cuda_devices: int | None = None) -> "DistContext":
+        cuda_devices = torch.cuda.device_count() if cuda_devices is None else cuda_devices
+        return cls(0, 0, 1, 1, "", select_device(0, 1, cuda_devices), "single")
+
+
+def _int(env: Mapping[str, str], key: str) -> int:
+    try:
+        return int(env[key])
+    except ValueError:
+        raise ValueError(f"environment variable {key}={env[key]!r} is not an integer") from None
+
+
+def select_device(local_rank: int, local_world_size: int, cuda_devices: int) -> torch.device:
+    """The GPU this process drives: its own when each task sees one device
+    (`srun --gpus-per-task=1`), device LOCAL_RANK when all of the node's devices are visible."""
+    if cuda_devices == 0:
+        return torch.device("cpu")
+    if cuda_devices == 1:
+        return torch.device("cuda", 0)
+    if local_rank >= cuda_devices:
+        raise ValueError(
+            f"local rank {local_rank} of {local_world_size} has no GPU: only {cuda_devices} visible; "
+            "run one task per GPU (slurm.ntasks_per_node = slurm.gpus_per_node)"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def backend_for(device: torch.device, requested: str) -> str:
+    if requested != "auto":
+        return requested
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_process_group(ctx: DistContext, backend: str, timeout_s: int) -> None:
+    """Join the job's process group (a no-op for a single process)."""
+    if not ctx.distributed:
+        return
+    if ctx.device.type == "cuda":
+        torch.cuda.set_device(ctx.device)
+    dist.init_process_group(
+        backend=backend_for(ctx.device, backend),
+        init_method=ctx.init_method,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=ctx.device if ctx.device.type == "cuda" else None,
+    )
+
+
+def destroy_process_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,53 @@
+"""The run's two JSON-lines files: `events.jsonl` (what happened) and `metrics.jsonl` (numbers).
+
+One object a line, appended and flushed at once, so `tail -f`, `hpctrain-status` and a
+requeued job (which appends to the same files) all see whole lines. Only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _finite(value: Any) -> Any:
+    # JSON has no NaN or Infinity; a diverged loss is written as null rather than breaking readers.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class JsonLines:
+    def __init__(self, path: Path, enabled: bool = True) -> None:
+        self.path = path
+        self.enabled = enabled
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        line = json.dumps({k: _finite(v) for k, v in record.items()}, sort_keys=False)
+        with open(self.path, "a", encoding="utf-8") as file:
+            file.write(line + "\n")
+
+
+class Journal(JsonLines):
+    """events.jsonl: every record has `event` and `time` (UNIX seconds)."""
+
+    def event(self, name: str, **fields: Any) -> None:
+        self.write({"event": name, "time": round(time.time(), 3), **fields})
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """All whole lines of a JSON-lines file; a torn last line (a killed writer) is skipped."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records

@@ -1,0 +1,54 @@
+"""Evaluation on the held-out split, summed over every rank so each sample counts once."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+
+from typing import Callable, ContextManager
+
+from hpctrain.dist import DistContext
+from hpctrain.trainer.loaders import to_device
+
+
+def flatten(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class scores [..., C] with integer targets [...] become [N, C] and [N] for the loss."""
+    if output.dim() == target.dim() + 1:
+        return output.reshape(-1, output.shape[-1]), target.reshape(-1)
+    return output, target
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loss_fn: nn.Module,
+    loader: DataLoader,
+    ctx: DistContext,
+    autocast: Callable[[], ContextManager[object]],
+) -> dict[str, float]:
+    was_training = model.training
+    model.eval()
+    # [sum of losses, samples, correct predictions, class predictions made], kept on the device
+    # until the end: one all-reduce and one host sync per evaluation.
+    totals = torch.zeros(4, dtype=torch.float64, device=ctx.device)
+    for batch in loader:
+        inputs, target = to_device(batch, ctx.device)
+        with autocast():
+            output = model(inputs)
+        output, target = flatten(output.float(), target)
+        count = target.shape[0]
+        totals[0] += loss_fn(output, target).double() * count
+        totals[1] += count
+        if output.dim() == 2 and not target.is_floating_point():
+            totals[2] += (output.argmax(dim=1) == target).sum()
+            totals[3] += count
+    if ctx.distributed:
+        dist.all_reduce(totals)
+    model.train(was_training)
+    loss_sum, count, correct, classified = totals.tolist()
+    metrics = {"eval_loss": loss_sum / max(count, 1)}
+    if classified:
+        metrics["eval_accuracy"] = correct / classified
+    return metrics
