@@ -20,13 +20,13 @@ Layout of the fake cluster:
     a 20 s grace time) and `urgent` (high priority tier, never preempted).
 
 Tests import `ensure_cluster()` from this file (via importlib) to get a running
-cluster and the environment that points at it.
+cluster and the environment that points at it.  (No `from __future__ import
+annotations` here on purpose: with it, dataclasses fail in a module loaded by
+importlib without first being registered in sys.modules.)
 
 Needs root (it installs slurm-wlm and munge with apt-get and starts daemons).
 Python 3.11, standard library only.
 """
-
-from __future__ import annotations
 
 import argparse
 import json
@@ -410,7 +410,17 @@ def _read_proc(pid: int, name: str) -> bytes:
 
 
 def _process_name(pid: int) -> str:
-    return _read_proc(pid, "comm").decode(errors="replace").strip()
+    """The process's name, or "" when it is gone or a zombie.
+
+    A killed daemon stays a zombie until its parent (often init) reaps it, which
+    some minimal inits do late; a zombie holds no port and runs nothing.
+    """
+    stat_line = _read_proc(pid, "stat").decode(errors="replace")
+    # Format: "pid (comm) state ..."; comm may contain spaces or parentheses.
+    name, _, rest = stat_line.partition("(")[2].rpartition(")")
+    if not rest or rest.split()[0] in ("Z", "X"):
+        return ""
+    return name
 
 
 def _belongs_to(pid: int, paths: Paths) -> bool:

@@ -1,0 +1,150 @@
+#!/usr/bin/env python
+"""Steady-state throughput of hpctrain's Trainer against a hand-written DDP loop.
+
+The baseline is the classic tutorial pattern: spawn + gloo + DistributedSampler + DDP, with a
+loss print every `log_every` steps. Both sides train the same model on the same data, batch and
+process count, in the same process group, in interleaved rounds (this machine is noisy).
+
+Steady state = time(long run) - time(short run): start-up, the final evaluation and the weights
+save appear in both and cancel. Printed: per-round times, medians and the ratio
+hpctrain samples/s / baseline samples/s (target >= 0.98).
+
+    python scripts/bench_trainer.py [--nprocs 2] [--rounds 5] [--short 20] [--long 220] [overrides...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from hydra import compose, initialize_config_module
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from hpctrain import config as hconfig
+from hpctrain.config import Config, load_run_config, save_resolved, targets
+from hpctrain.dist import DistContext
+from hpctrain.trainer.trainer import Trainer
+
+# Same arithmetic on both sides: no clipping, no schedule, no mid-run evaluation.
+FAIRNESS = ["trainer.grad_clip=0", "sched=constant", "trainer.eval_every=0", "trainer.threads=1"]
+
+
+def baseline(config: Config, ctx: DistContext, steps: int) -> None:
+    """The tutorial loop, written the way most DDP examples write it."""
+    torch.manual_seed(config.trainer.seed)
+    splits = targets.build(config.data.dataset)
+    model = targets.build(config.model)
+    ddp = DistributedDataParallel(model)
+    optimizer = targets.build(config.optim, ddp.parameters())
+    sampler = DistributedSampler(splits.train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True)
+    loader = DataLoader(splits.train, batch_size=config.data.batch_size, sampler=sampler, drop_last=True)
+    step, epoch = 0, 0
+    while step < steps:
+        sampler.set_epoch(epoch)
+        for inputs, target in loader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(ddp(inputs), target)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if step % config.trainer.log_every == 0:
+                loss.item()  # the tutorial's periodic loss print: one host sync
+            if step == steps:
+                break
+        epoch += 1
+
+
+def hpctrain_run(run_dir: Path, ctx: DistContext) -> None:
+    Trainer(load_run_config(run_dir), ctx, run_dir).train()
+
+
+def timed(fn, *args) -> float:  # type: ignore[no-untyped-def]
+    dist.barrier()
+    started = time.perf_counter()
+    fn(*args)
+    dist.barrier()
+    return time.perf_counter() - started
+
+
+def worker(rank: int, nprocs: int, store: str, runs: dict[str, str], rounds: int, out: str) -> None:
+    torch.set_num_threads(1)
+    ctx = DistContext.for_spawn(rank, nprocs, store)
+    dist.init_process_group("gloo", init_method=ctx.init_method, rank=rank, world_size=nprocs)
+    configs = {name: load_run_config(Path(path)) for name, path in runs.items()}
+    lines = []
+    # Round -1 warms allocators, kernels and page caches for both sides and is not counted.
+    for round_ in range(-1, rounds):
+        times = {
+            "baseline_short": timed(baseline, configs["short"], ctx, configs["short"].trainer.max_steps),
+            "hpctrain_short": timed(hpctrain_run, Path(runs["short"]), ctx),
+            "baseline_long": timed(baseline, configs["long"], ctx, configs["long"].trainer.max_steps),
+            "hpctrain_long": timed(hpctrain_run, Path(runs["long"]), ctx),
+        }
+        if round_ < 0:
+            continue
+        lines.append(" ".join(f"{k}={v:.4f}" for k, v in times.items()))
+        if rank == 0:
+            print(f"round {round_}: " + lines[-1], flush=True)
+    if rank == 0:
+        Path(out).write_text("\n".join(lines))
+    dist.destroy_process_group()
+
+
+def make_run_dir(root: Path, name: str, overrides: list[str]) -> Path:
+    with initialize_config_module(config_module="hpctrain.conf", version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    _, resolved = hconfig.to_typed(cfg, overrides)
+    run_dir = root / name
+    run_dir.mkdir()
+    save_resolved(resolved, run_dir / "config.yaml")
+    return run_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nprocs", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--short", type=int, default=20, help="steps of the short run")
+    parser.add_argument("--long", type=int, default=220, help="steps of the long run")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for both sides, e.g. model=mlp")
+    args = parser.parse_args()
+    hconfig.register()
+    with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as tmp:
+        root = Path(tmp)
+        common = [*FAIRNESS, *args.overrides]
+        runs = {
+            "short": str(make_run_dir(root, "short", [*common, f"trainer.max_steps={args.short}"])),
+            "long": str(make_run_dir(root, "long", [*common, f"trainer.max_steps={args.long}"])),
+        }
+        out = root / "times.txt"
+        mp.start_processes(
+            worker, args=(args.nprocs, str(root / "store"), runs, args.rounds, str(out)), nprocs=args.nprocs,
+            start_method="spawn",
+        )
+        rows = [dict(kv.split("=") for kv in line.split()) for line in out.read_text().splitlines()]
+    steady = {
+        side: [float(r[f"{side}_long"]) - float(r[f"{side}_short"]) for r in rows] for side in ("baseline", "hpctrain")
+    }
+    steps = args.long - args.short
+    base, ours = statistics.median(steady["baseline"]), statistics.median(steady["hpctrain"])
+    # Paired per-round ratios show how much of the spread is machine noise.
+    paired = [b / h for b, h in zip(steady["baseline"], steady["hpctrain"])]
+    print(f"steady-state seconds for {steps} steps, {args.nprocs} processes, overrides {args.overrides or 'none'}")
+    print(f"  baseline: median {base:.3f}  all {[round(x, 3) for x in steady['baseline']]}")
+    print(f"  hpctrain: median {ours:.3f}  all {[round(x, 3) for x in steady['hpctrain']]}")
+    print(f"  paired ratios: {[round(x, 3) for x in paired]}")
+    print(f"throughput ratio hpctrain/baseline = {base / ours:.3f} (target >= 0.98)")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
