@@ -2,9 +2,10 @@
 
 Sources, first match wins:
   - torchrun (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT);
+  - an srun task (SLURM_PROCID, SLURM_NTASKS, ...: see hpctrain.slurm.env), meeting through
+    a port rank 0 publishes in the run dir (hpctrain.rendezvous), or MASTER_PORT when set;
   - a local spawn by `hpctrain-train` (`DistContext.for_spawn`, a file:// rendezvous, no port);
   - otherwise a single process.
-The Slurm derivation (SLURM_PROCID, ...) plugs in as one more source of the same object.
 """
 
 from __future__ import annotations
@@ -12,10 +13,17 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 import torch
 import torch.distributed as dist
+
+from hpctrain import rendezvous
+from hpctrain.slurm import env as slurm_env
+
+# init_method of an srun task without MASTER_PORT: rank 0 publishes a free port in the run dir.
+PORT_FILE = "port-file"
 
 
 @dataclass(frozen=True)
@@ -24,13 +32,21 @@ class DistContext:
     local_rank: int
     world_size: int
     local_world_size: int
-    # "env://" (MASTER_ADDR / MASTER_PORT) or "file://<path>" (local spawn).
+    # "env://" (MASTER_ADDR / MASTER_PORT), "file://<path>" (local spawn) or PORT_FILE (Slurm).
     init_method: str
     device: torch.device
     # Where the numbers came from: torchrun, slurm, spawn or single.
     source: str
     master_addr: str | None = None
     master_port: int | None = None
+    # The node this process runs on as the scheduler names it (SLURMD_NODENAME under Slurm).
+    node: str = ""
+    # Under Slurm: names the rendezvous file of this job, restart and step.
+    job_id: str = ""
+    restart: int = 0
+    step_id: str = ""
+    # The physical GPU this rank drives as the node names it (CUDA_VISIBLE_DEVICES entry), if any.
+    gpu: str | None = None
 
     @property
     def is_main(self) -> bool:
@@ -46,7 +62,30 @@ class DistContext:
         cuda_devices = torch.cuda.device_count() if cuda_devices is None else cuda_devices
         if "RANK" in env and "WORLD_SIZE" in env:
             return cls._from_torchrun(env, cuda_devices)
+        if slurm_env.in_slurm_step(env):
+            return cls._from_slurm(env, cuda_devices)
         return cls.single(cuda_devices)
+
+    @classmethod
+    def _from_slurm(cls, env: Mapping[str, str], cuda_devices: int) -> "DistContext":
+        place = slurm_env.place(env)
+        port = env.get("MASTER_PORT")
+        return cls(
+            rank=place.rank,
+            local_rank=place.local_rank,
+            world_size=place.world_size,
+            local_world_size=place.local_world_size,
+            init_method="env://" if port else PORT_FILE,
+            device=select_device(place.local_rank, place.local_world_size, cuda_devices),
+            source="slurm",
+            master_addr=env.get("MASTER_ADDR") or place.master_addr,
+            master_port=int(port) if port else None,
+            node=env.get("SLURMD_NODENAME", ""),
+            job_id=place.job_id,
+            restart=place.restart,
+            step_id=place.step_id,
+            gpu=visible_gpu(env.get("CUDA_VISIBLE_DEVICES"), place.local_rank),
+        )
 
     @classmethod
     def _from_torchrun(cls, env: Mapping[str, str], cuda_devices: int) -> "DistContext":
@@ -91,6 +130,16 @@ def _int(env: Mapping[str, str], key: str) -> int:
         raise ValueError(f"environment variable {key}={env[key]!r} is not an integer") from None
 
 
+def visible_gpu(visible: str | None, local_rank: int) -> str | None:
+    """The CUDA_VISIBLE_DEVICES entry this rank binds: its only one, or the LOCAL_RANK-th."""
+    if not visible:
+        return None
+    ids = [v for v in visible.split(",") if v]
+    if len(ids) == 1:
+        return ids[0]
+    return ids[local_rank] if local_rank < len(ids) else None
+
+
 def select_device(local_rank: int, local_world_size: int, cuda_devices: int) -> torch.device:
     """The GPU this process drives: its own when each task sees one device
     (`srun --gpus-per-task=1`), device LOCAL_RANK when all of the node's devices are visible."""
@@ -112,19 +161,27 @@ def backend_for(device: torch.device, requested: str) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_process_group(ctx: DistContext, backend: str, timeout_s: int) -> None:
+def init_process_group(ctx: DistContext, backend: str, timeout_s: int, run_dir: Path) -> None:
     """Join the job's process group (a no-op for a single process)."""
     if not ctx.distributed:
         return
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
+    how: dict[str, object] = {"init_method": ctx.init_method}
+    if ctx.init_method == PORT_FILE:
+        assert ctx.master_addr is not None  # set by _from_slurm from the node list
+        path = rendezvous.port_file(run_dir / ".rendezvous", ctx.job_id, ctx.restart, ctx.step_id)
+        how = {"store": rendezvous.open_store(ctx.rank, ctx.world_size, ctx.master_addr, path, timeout_s)}
+    elif ctx.init_method == "env://" and ctx.master_addr and ctx.master_port:
+        os.environ.setdefault("MASTER_ADDR", ctx.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(ctx.master_port))
     dist.init_process_group(
         backend=backend_for(ctx.device, backend),
-        init_method=ctx.init_method,
         rank=ctx.rank,
         world_size=ctx.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
         device_id=ctx.device if ctx.device.type == "cuda" else None,
+        **how,  # type: ignore[arg-type]
     )
 
 

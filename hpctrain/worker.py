@@ -26,7 +26,7 @@ def run(run_dir: Path, ctx: DistContext) -> dict:
     config = load_run_config(run_dir)
     # Threads first: the count is part of what makes a run bit-reproducible.
     torch.set_num_threads(config.trainer.threads)
-    hdist.init_process_group(ctx, config.trainer.backend, config.trainer.collective_timeout_s)
+    hdist.init_process_group(ctx, config.trainer.backend, config.trainer.collective_timeout_s, run_dir)
     try:
         log.info("rank %d/%d on %s (%s), run dir %s", ctx.rank, ctx.world_size, ctx.device, ctx.source, run_dir)
         return Trainer(config, ctx, run_dir).train()

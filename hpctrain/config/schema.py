@@ -10,8 +10,9 @@ Every check raises ValueError naming the override to change.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
@@ -103,6 +104,90 @@ class TrainerConfig:
         _require(self.bucket_cap_mb > 0, "trainer.bucket_cap_mb", f"must be > 0 (got {self.bucket_cap_mb})")
 
 
+# Slurm's --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
+_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
+
+
+@dataclass
+class SlurmConfig:
+    # Nodes to allocate.
+    nodes: int = 1
+    # Training processes per node; null means one per GPU (gpus_per_node), or 1 on CPU nodes.
+    ntasks_per_node: Optional[int] = None
+    # GPUs per node (--gpus-per-node); 0 for CPU nodes.
+    gpus_per_node: int = 0
+    # How a task sees GPUs: "all" (every GPU of the node; device = LOCAL_RANK) or
+    # "per_task" (srun --gpus-per-task=1: each task sees only its own).
+    gpu_bind: str = "all"
+    # CPUs per task; null means trainer.threads.
+    cpus_per_task: Optional[int] = None
+    # Memory per node, Slurm syntax ("64G", "0" = all of it); null leaves the site default.
+    mem: Optional[str] = None
+    # Time limit, Slurm syntax: "MM", "HH:MM:SS", "D-HH:MM:SS".
+    time: str = "01:00:00"
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    # Nodes never to run on (Slurm hostlist, e.g. "gpu-[003,007]").
+    exclude: Optional[str] = None
+    job_name: str = "hpctrain"
+    # More #SBATCH directives, whole flags: ["--mail-type=END", "--reservation=big"].
+    extra: List[str] = field(default_factory=list)
+    # Shell lines run before the launch on the batch node: module load, conda activate, ...
+    setup: List[str] = field(default_factory=list)
+    # Seconds before the time limit that Slurm signals the batch shell to save and requeue.
+    signal_delay_s: int = 120
+    # The signal sent then (USR2: NCCL may use USR1).
+    signal: str = "USR2"
+    # The sbatch template: a name in hpctrain's sbatch_templates/ or a path to a site's own file.
+    template: str = "ddp.sbatch.j2"
+    # The Python on the compute nodes; empty means the one running hpctrain-submit.
+    python: str = ""
+    # Submit sweep points this many at once (sbatch calls in parallel).
+    submit_parallelism: int = 8
+
+    def __post_init__(self) -> None:
+        for key in ("nodes", "submit_parallelism"):
+            value = getattr(self, key)
+            _require(value >= 1, f"slurm.{key}", f"must be >= 1 (got {value})")
+        for key in ("ntasks_per_node", "cpus_per_task"):
+            value = getattr(self, key)
+            _require(value is None or value >= 1, f"slurm.{key}", f"must be >= 1 or null (got {value})")
+        _require(self.gpus_per_node >= 0, "slurm.gpus_per_node", f"must be >= 0 (got {self.gpus_per_node})")
+        _require(self.signal_delay_s >= 0, "slurm.signal_delay_s", f"must be >= 0 (got {self.signal_delay_s})")
+        _require(
+            self.gpu_bind in ("all", "per_task"), "slurm.gpu_bind", f"must be all or per_task (got {self.gpu_bind!r})"
+        )
+        _require(
+            bool(_SLURM_TIME.match(self.time)),
+            "slurm.time",
+            f"{self.time!r} is not a Slurm time limit; use minutes, HH:MM:SS or D-HH:MM:SS",
+        )
+        _require(self.signal in _SIGNALS, "slurm.signal", f"must be one of {', '.join(_SIGNALS)} (got {self.signal!r})")
+        for key in ("mem", "partition", "account", "qos", "constraint", "exclude", "job_name", "template", "python"):
+            _single_line(f"slurm.{key}", getattr(self, key))
+        for index, flag in enumerate(self.extra):
+            _single_line(f"slurm.extra[{index}]", flag)
+            _require(flag.startswith("-"), f"slurm.extra[{index}]", f"must be a flag like --mail-type=END (got {flag!r})")
+        for index, line in enumerate(self.setup):
+            _single_line(f"slurm.setup[{index}]", line)
+
+    @property
+    def tasks_per_node(self) -> int:
+        if self.ntasks_per_node is not None:
+            return self.ntasks_per_node
+        return self.gpus_per_node or 1
+
+
+def _single_line(key: str, value: Optional[str]) -> None:
+    # A newline would end an #SBATCH line and start a shell command: never let one through.
+    if value is not None:
+        _require("\n" not in value and "\r" not in value, key, "must be a single line (it contains a newline)")
+        _require("\0" not in value, key, "must not contain a NUL character")
+
+
 @dataclass
 class Config:
     # A `_target_` node building the nn.Module; its forward returns logits.
@@ -118,3 +203,6 @@ class Config:
         default_factory=lambda: {"_target_": "torch.nn.CrossEntropyLoss"}
     )
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    # hpctrain-submit: print the rendered job script and write the run dir, but queue nothing.
+    dry_run: bool = False

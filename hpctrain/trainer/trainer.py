@@ -156,19 +156,21 @@ class Trainer:
         return cfg.epochs * per_epoch
 
     def _journal_start(self) -> None:
-        hosts: list[str] = [socket.gethostname()]
+        # Every rank reports where it runs and which GPU it binds, so the journal shows the layout.
+        mine = {"node": self.ctx.node or socket.gethostname(), "gpu": self.ctx.gpu, "device": str(self.ctx.device)}
+        ranks: list[Any] = [mine]
         if self.ctx.distributed:
-            everyone: list[Any] = [None] * self.ctx.world_size
-            dist.all_gather_object(everyone, hosts[0])
-            hosts = everyone
+            ranks = [None] * self.ctx.world_size
+            dist.all_gather_object(ranks, mine)
         self.journal.event(
             "start",
             job_id=os.environ.get("SLURM_JOB_ID"),
             restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
             world_size=self.ctx.world_size,
-            nodes=sorted(set(hosts)),
+            nodes=sorted({r["node"] for r in ranks}),
             resumed_from_step=self.state.step,
             total_steps=self.total_steps,
+            ranks=ranks,
         )
 
     def _save_weights(self) -> None:

@@ -1,0 +1,1 @@
+"""Slurm: the job's environment, the rendered sbatch script, and submission."""

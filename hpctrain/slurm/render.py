@@ -1,0 +1,103 @@
+"""Render a config into an sbatch script from a Jinja2 template.
+
+Two kinds of quoting, because two parsers read the script:
+  - `#SBATCH` lines are read by sbatch itself, which knows '...' / "..." quotes and backslash
+    escapes and treats an unquoted `#` as a comment: the `directive` filter quotes for it.
+  - everything else is read by bash: the `q` filter is shlex.quote.
+Newlines are refused before this point (the schema checks), so no value can start a line.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+
+from hpctrain import __version__
+from hpctrain.config import Config
+
+_SAFE = re.compile(r"^[A-Za-z0-9_.:,=/@+\-\[\]]+$")
+
+
+def sbatch_quote(value: object) -> str:
+    """Quote one value for an #SBATCH line so sbatch reads back exactly `value`."""
+    text = str(value)
+    if "\n" in text or "\r" in text:
+        raise ValueError(f"{text!r}: a newline cannot be put in an #SBATCH line")
+    if _SAFE.match(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def sbatch_flag(flag: str) -> str:
+    """`--mail-type=END` stays as is; the value part of `--flag=value` is quoted."""
+    name, sep, value = flag.partition("=")
+    if not re.match(r"^--?[A-Za-z][A-Za-z0-9-]*$", name):
+        raise ValueError(f"slurm.extra: {flag!r} is not a flag like --mail-type=END")
+    return name + (sep + sbatch_quote(value) if sep else "")
+
+
+def filename_pattern(path: Path) -> str:
+    """A literal path for --output: `%` starts Slurm's replacement symbols, `%%` is a `%`."""
+    return str(path).replace("%", "%%")
+
+
+def builtin_templates() -> Path:
+    return Path(str(resources.files("hpctrain.sbatch_templates")))
+
+
+@dataclass(frozen=True)
+class Rendered:
+    script: str
+    template: Path
+
+
+def _environment(template: str) -> tuple[jinja2.Environment, str]:
+    """A site's own template (a path) is searched first; hpctrain's folder stays on the path so
+    a site template can `{% extends "ddp.sbatch.j2" %}`."""
+    folders = [builtin_templates()]
+    name = template
+    if "/" in template or Path(template).is_file():
+        path = Path(template).expanduser().resolve()
+        if not path.is_file():
+            raise ValueError(f"slurm.template: no file {path}")
+        folders.insert(0, path.parent)
+        name = path.name
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(f) for f in folders]),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    env.filters["directive"] = sbatch_quote
+    env.filters["flag"] = sbatch_flag
+    return env, name
+
+
+def render(config: Config, run_dir: Path, submit_dir: Path) -> Rendered:
+    slurm = config.slurm
+    env, name = _environment(slurm.template)
+    try:
+        template = env.get_template(name)
+    except jinja2.TemplateNotFound:
+        raise ValueError(f"slurm.template: no template {name!r} in {builtin_templates()}") from None
+    script = template.render(
+        version=__version__,
+        template_name=name,
+        slurm=slurm,
+        trainer=config.trainer,
+        tasks_per_node=slurm.tasks_per_node,
+        cpus_per_task=slurm.cpus_per_task or config.trainer.threads,
+        gpu_per_task=slurm.gpu_bind == "per_task" and slurm.gpus_per_node > 0,
+        run_dir=str(run_dir),
+        submit_dir=str(submit_dir),
+        output=filename_pattern(run_dir) + "/slurm-%j.out",
+        python=slurm.python or sys.executable,
+    )
+    return Rendered(script=script, template=Path(template.filename or name))

@@ -1,0 +1,1 @@
+"""hpctrain's Hydra launcher; Hydra only loads launchers from the hydra_plugins package."""
