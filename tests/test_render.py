@@ -1,0 +1,148 @@
+"""Rendering configs into sbatch scripts: golden files, sbatch's quoting, hostile values."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from hpctrain import config as hconfig
+from hpctrain.config import Config
+from hpctrain.config.schema import SlurmConfig
+from hpctrain.slurm.render import filename_pattern, render, sbatch_flag, sbatch_quote
+
+GOLDEN = Path(__file__).parent / "golden"
+HOSTILE = ["a'; touch pwned; echo '", "$(touch pwned)", "`touch pwned`", 'x"; touch pwned; "', "a b", "semi;colon", "#hash"]
+
+
+def make_config(*overrides: str) -> Config:
+    hconfig.register()
+    with initialize_config_module(config_module="hpctrain.conf", version_base="1.3"):
+        cfg = compose("submit", overrides=list(overrides))
+    config, _ = hconfig.to_typed(cfg, overrides)
+    return config
+
+
+def rendered(*overrides: str, run_dir: str = "/scratch/me/runs/exp1") -> str:
+    config = make_config("slurm.python=/opt/venv/bin/python", *overrides)
+    return render(config, Path(run_dir), Path("/home/me/project")).script
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("HPCTRAIN_REGEN_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; rerun with HPCTRAIN_REGEN_GOLDEN=1 if intended"
+
+
+def test_golden_default() -> None:
+    check_golden("ddp_default.sbatch", rendered())
+
+
+def test_golden_full_site_profile() -> None:
+    text = rendered(
+        "slurm.nodes=4",
+        "slurm.gpus_per_node=8",
+        "slurm.gpu_bind=per_task",
+        "slurm.cpus_per_task=12",
+        "slurm.mem=480G",
+        "slurm.time=2-00:00:00",
+        "slurm.partition=gpu",
+        "slurm.account=proj-123",
+        "slurm.qos=high",
+        "slurm.constraint='a100&ib'",
+        "slurm.exclude='gpu-[003,007]'",
+        "slurm.job_name='llm pretrain'",
+        "slurm.extra=['--mail-type=END','--comment=big run']",
+        "slurm.setup=['module load cuda/12.4','source /opt/venv/bin/activate']",
+    )
+    check_golden("ddp_full.sbatch", text)
+    assert "#SBATCH --ntasks-per-node=8" in text  # one task per GPU by default
+    assert "--gpus-per-task=1" in text
+
+
+@pytest.mark.parametrize("value", [*HOSTILE, "plain", "with\\backslash", 'q"uote', "%j"])
+def test_sbatch_quote_round_trips_through_sbatch_tokenizer(value: str) -> None:
+    # sbatch reads #SBATCH lines with quotes and backslash escapes much like POSIX shell words
+    # without expansion; shlex in POSIX mode without escapes inside '' is close: check the
+    # double-quoted form decodes back exactly.
+    quoted = sbatch_quote(value)
+    assert "\n" not in quoted
+    decoded = shlex.split(quoted, posix=True)
+    assert decoded == [value]
+
+
+def test_sbatch_quote_refuses_newlines() -> None:
+    with pytest.raises(ValueError, match="newline"):
+        sbatch_quote("a\nb")
+
+
+def test_sbatch_flag_quotes_value_and_checks_name() -> None:
+    assert sbatch_flag("--mail-type=END") == "--mail-type=END"
+    assert sbatch_flag("--comment=a b") == '--comment="a b"'
+    assert sbatch_flag("--exclusive") == "--exclusive"
+    with pytest.raises(ValueError, match="slurm.extra"):
+        sbatch_flag("--x;rm -rf /=1")
+
+
+def test_percent_in_paths_is_literal_for_slurm() -> None:
+    assert filename_pattern(Path("/r/50%/x")) == "/r/50%%/x"
+
+
+STRING_FIELDS = ["job_name", "partition", "account", "qos", "constraint", "exclude", "mem"]
+
+
+@pytest.mark.parametrize("field", [*STRING_FIELDS, "template", "python"])
+def test_newline_in_a_directive_is_refused_naming_the_key(field: str) -> None:
+    with pytest.raises(ValueError, match=f"slurm.{field}"):
+        SlurmConfig(**{field: "a\nb"})
+
+
+def test_newline_in_setup_or_extra_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"slurm.setup\[1\]"):
+        SlurmConfig(setup=["ok", "echo a\nrm -rf ~"])
+    with pytest.raises(ValueError, match=r"slurm.extra\[0\]"):
+        SlurmConfig(extra=["--comment=a\n#SBATCH --uid=0"])
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("slurm.nodes=-1", "slurm.nodes"),
+        ("slurm.time=forever", "slurm.time"),
+        ("slurm.gpus_per_node=-2", "slurm.gpus_per_node"),
+        ("slurm.signal=KILL", "slurm.signal"),
+        ("slurm.gpu_bind=some", "slurm.gpu_bind"),
+        ("slurm.extra=[mail]", "slurm.extra[0]"),
+    ],
+)
+def test_bad_slurm_values_name_the_key(override: str, key: str) -> None:
+    with pytest.raises(ValueError, match=key.replace("[", r"\[").replace("]", r"\]")):
+        make_config(override)
+
+
+def test_hostile_values_never_run_in_bash(tmp_path: Path) -> None:
+    """Every string field and the run dir hostile; run the script's shell part (a stand-in
+    srun on PATH, no Slurm needed) and prove no injected command ran."""
+    run_dir = tmp_path / "run $(touch pwned) `touch pwned`; x"
+    run_dir.mkdir()
+    config = make_config()
+    hostile = {field: HOSTILE[i % len(HOSTILE)] for i, field in enumerate(STRING_FIELDS)}
+    slurm = replace(config.slurm, **hostile, extra=[f"--comment={h}" for h in HOSTILE], python="/bin/true")
+    script = render(replace(config, slurm=slurm), run_dir, tmp_path).script
+    (tmp_path / "job.sbatch").write_text(script)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$HPCTRAIN_RUN_DIR/srun-args"\n')
+    (bin_dir / "srun").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1"}
+    done = subprocess.run(["bash", str(tmp_path / "job.sbatch")], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.rglob("pwned")), "a hostile value ran as a command"
+    # The run dir reached srun as one intact argument.
+    assert (run_dir / "srun-args").read_text().splitlines()[-1] == str(run_dir)
