@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import torch
 import torch.distributed as dist
@@ -57,7 +57,7 @@ class DistContext:
         return self.world_size > 1 or self.source != "single"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, cuda_devices: int | None = None) -> "DistContext":
+    def from_env(cls, env: Mapping[str, str] | None = None, cuda_devices: int | None = None) -> DistContext:
         env = os.environ if env is None else env
         cuda_devices = torch.cuda.device_count() if cuda_devices is None else cuda_devices
         if "RANK" in env and "WORLD_SIZE" in env:
@@ -67,7 +67,7 @@ class DistContext:
         return cls.single(cuda_devices)
 
     @classmethod
-    def _from_slurm(cls, env: Mapping[str, str], cuda_devices: int) -> "DistContext":
+    def _from_slurm(cls, env: Mapping[str, str], cuda_devices: int) -> DistContext:
         place = slurm_env.place(env)
         port = env.get("MASTER_PORT")
         return cls(
@@ -88,7 +88,7 @@ class DistContext:
         )
 
     @classmethod
-    def _from_torchrun(cls, env: Mapping[str, str], cuda_devices: int) -> "DistContext":
+    def _from_torchrun(cls, env: Mapping[str, str], cuda_devices: int) -> DistContext:
         world_size = _int(env, "WORLD_SIZE")
         local_rank = int(env.get("LOCAL_RANK", "0"))
         local_world_size = int(env.get("LOCAL_WORLD_SIZE", str(world_size)))
@@ -105,7 +105,7 @@ class DistContext:
         )
 
     @classmethod
-    def for_spawn(cls, local_rank: int, nprocs: int, store_path: str, cuda_devices: int | None = None) -> "DistContext":
+    def for_spawn(cls, local_rank: int, nprocs: int, store_path: str, cuda_devices: int | None = None) -> DistContext:
         cuda_devices = torch.cuda.device_count() if cuda_devices is None else cuda_devices
         return cls(
             rank=local_rank,
@@ -118,7 +118,7 @@ class DistContext:
         )
 
     @classmethod
-    def single(cls, cuda_devices: int | None = None) -> "DistContext":
+    def single(cls, cuda_devices: int | None = None) -> DistContext:
         cuda_devices = torch.cuda.device_count() if cuda_devices is None else cuda_devices
         return cls(0, 0, 1, 1, "", select_device(0, 1, cuda_devices), "single")
 

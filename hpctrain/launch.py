@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import tempfile
 from pathlib import Path
+from types import FrameType
 
 import torch.multiprocessing as mp
 
@@ -15,18 +17,38 @@ from hpctrain.dist import DistContext
 log = logging.getLogger(__name__)
 
 
-def launch_local(run_dir: Path, nprocs: int) -> None:
-    """Under torchrun this process is already one rank; otherwise spawn `nprocs` ranks."""
+def launch_local(run_dir: Path, nprocs: int) -> int | None:
+    """Under torchrun this process is already one rank; otherwise spawn `nprocs` ranks.
+    Returns the signal number that stopped the run early, or None when it finished."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        worker.run(run_dir, DistContext.from_env())
-        return
+        return _signal_of(worker.run(run_dir, DistContext.from_env()))
     if nprocs == 1:
-        worker.run(run_dir, DistContext.single())
-        return
+        return _signal_of(worker.run(run_dir, DistContext.single()))
     # A file:// rendezvous in a fresh private folder: no port to pick, none to collide.
     with tempfile.TemporaryDirectory(prefix="hpctrain-rdzv-") as rendezvous:
         store = os.path.join(rendezvous, "store")
         log.info("spawning %d processes", nprocs)
-        mp.start_processes(
-            worker.spawned, args=(nprocs, store, str(run_dir)), nprocs=nprocs, join=True, start_method="spawn"
+        context = mp.start_processes(
+            worker.spawned, args=(nprocs, store, str(run_dir)), nprocs=nprocs, join=False, start_method="spawn"
         )
+        received: list[int] = []
+
+        def forward(signum: int, frame: FrameType | None) -> None:
+            # Ctrl-C reaches every process of the terminal; a `kill` reaches only this one.
+            received.append(signum)
+            for process in context.processes:
+                if process.is_alive() and process.pid is not None:
+                    os.kill(process.pid, signum)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while not context.join(timeout=1):
+                pass
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return received[0] if received else None
+
+
+def _signal_of(reason: str | None) -> int | None:
+    return {None: None, "preempt": signal.SIGTERM, "interrupt": signal.SIGINT, "timelimit": signal.SIGUSR2}[reason]

@@ -29,6 +29,8 @@ Python 3.11, standard library only.
 """
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import shlex
@@ -39,6 +41,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,10 +54,7 @@ STARTUP_TIMEOUT_S = 60.0
 # How long `down` waits for a daemon to exit after SIGTERM before SIGKILL.
 STOP_TIMEOUT_S = 15.0
 
-ROOT_MESSAGE = (
-    "devcluster needs root (it installs slurm-wlm and starts slurmctld/slurmd); "
-    "run it with sudo or as root"
-)
+ROOT_MESSAGE = "devcluster needs root (it installs slurm-wlm and starts slurmctld/slurmd); run it with sudo or as root"
 
 # The commands this script (and the tests) rely on; all come with slurm-wlm / munge.
 SLURM_COMMANDS = ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "sinfo", "scancel")
@@ -272,15 +272,12 @@ def run_cmd(
 ) -> subprocess.CompletedProcess[str]:
     """Run a short command and capture its output (never a daemon: see start_daemon)."""
     try:
-        result = subprocess.run(
-            args, env=env, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         result = subprocess.CompletedProcess(args, 124, "", f"timed out after {timeout}s")
     if check and result.returncode != 0:
         raise DevClusterError(
-            f"`{shlex.join(args)}` failed (exit {result.returncode}):\n"
-            f"{result.stdout}{result.stderr}".rstrip()
+            f"`{shlex.join(args)}` failed (exit {result.returncode}):\n{result.stdout}{result.stderr}".rstrip()
         )
     return result
 
@@ -330,9 +327,7 @@ def ensure_installed() -> None:
             raise DevClusterError(f"`{shlex.join(args)}` failed (exit {result.returncode})")
     still_missing = missing_commands()
     if still_missing:
-        raise DevClusterError(
-            f"after installing slurm-wlm and munge these are still missing: {still_missing}"
-        )
+        raise DevClusterError(f"after installing slurm-wlm and munge these are still missing: {still_missing}")
 
 
 # --------------------------------------------------------------------------- munge
@@ -342,13 +337,20 @@ def munge_works() -> bool:
     """True when a credential made by munge decodes, i.e. munged runs and has a key."""
     try:
         encoded = subprocess.run(
-            ["munge", "-n"], capture_output=True, timeout=10, check=False,
+            ["munge", "-n"],
+            capture_output=True,
+            timeout=10,
+            check=False,
             env=dict(os.environ, PATH=_path_with_system_dirs(os.environ.get("PATH", ""))),
         )
         if encoded.returncode != 0:
             return False
         decoded = subprocess.run(
-            ["unmunge"], input=encoded.stdout, capture_output=True, timeout=10, check=False,
+            ["unmunge"],
+            input=encoded.stdout,
+            capture_output=True,
+            timeout=10,
+            check=False,
             env=dict(os.environ, PATH=_path_with_system_dirs(os.environ.get("PATH", ""))),
         )
         return decoded.returncode == 0
@@ -473,22 +475,23 @@ def start_daemon(args: list[str], paths: Paths, stderr_name: str) -> None:
     stderr_path = paths.log / stderr_name
     with open(stderr_path, "w") as err:
         result = subprocess.run(
-            args, env=slurm_env(paths), stdin=subprocess.DEVNULL,
-            stdout=err, stderr=err, timeout=60, check=False,
+            args,
+            env=slurm_env(paths),
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+            timeout=60,
+            check=False,
         )
     if result.returncode != 0:
-        raise DevClusterError(
-            f"`{shlex.join(args)}` failed (exit {result.returncode}):\n{tail(stderr_path)}"
-        )
+        raise DevClusterError(f"`{shlex.join(args)}` failed (exit {result.returncode}):\n{tail(stderr_path)}")
 
 
 def stop_processes(pids: dict[int, str]) -> None:
     """SIGTERM, wait, then SIGKILL whatever is left."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # already gone
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + STOP_TIMEOUT_S
     alive = dict(pids)
     while alive and time.monotonic() < deadline:
@@ -496,10 +499,8 @@ def stop_processes(pids: dict[int, str]) -> None:
         alive = {p: n for p, n in alive.items() if _process_name(p) == n}
     for pid, name in alive.items():
         log(f"{name} (pid {pid}) ignored SIGTERM; killing it")
-        try:
+        with contextlib.suppress(ProcessLookupError):  # already gone
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 # --------------------------------------------------------------------------- queries
@@ -517,9 +518,7 @@ def node_states(paths: Paths) -> dict[str, str] | None:
 
     A node is listed once per partition; both lines carry the same state.
     """
-    result = run_cmd(
-        ["sinfo", "--noheader", "--Node", "--format=%N %T"], env=slurm_env(paths), timeout=30
-    )
+    result = run_cmd(["sinfo", "--noheader", "--Node", "--format=%N %T"], env=slurm_env(paths), timeout=30)
     if result.returncode != 0:
         return None
     states: dict[str, str] = {}
@@ -600,9 +599,7 @@ def wait_until_idle(shape: Shape, paths: Paths, timeout: float) -> None:
     logs = [f"--- {paths.ctld_log} (tail) ---\n{tail(paths.ctld_log)}"]
     for node in node_names(shape.nodes):
         logs.append(f"--- {paths.slurmd_log(node)} (tail) ---\n{tail(paths.slurmd_log(node))}")
-    raise DevClusterError(
-        f"nodes not idle after {timeout:.0f}s (sinfo: {states}).\n" + "\n".join(logs)
-    )
+    raise DevClusterError(f"nodes not idle after {timeout:.0f}s (sinfo: {states}).\n" + "\n".join(logs))
 
 
 def start_cluster(shape: Shape, paths: Paths) -> None:
@@ -629,9 +626,10 @@ def stop_cluster(paths: Paths) -> bool:
     if "slurmctld" in pids.values():
         cancel_all_jobs(paths)
         pids = cluster_pids(paths)
-    # Controller last, so slurmd can still report job ends while shutting down.
-    daemons = {p: n for p, n in pids.items() if n != "slurmctld"}
-    stop_processes(daemons)
+    # Nodes first, controller last, so slurmd can still report job ends while
+    # shutting down.  slurmscriptd is left to slurmctld: a SIGTERM sent to it
+    # directly makes slurmctld hang on shutdown ("_write_msg: read/write op failed").
+    stop_processes({p: n for p, n in pids.items() if n in ("slurmd", "slurmstepd")})
     stop_processes({p: n for p, n in pids.items() if n == "slurmctld"})
     leftover = cluster_pids(paths)
     if leftover:
@@ -663,10 +661,25 @@ def cancel_all_jobs(paths: Paths) -> None:
         time.sleep(0.5)
 
 
+@contextlib.contextmanager
+def locked(paths: Paths) -> Iterator[None]:
+    """Serialize `up`/`down` on one directory (e.g. parallel pytest workers that all
+    call ensure_cluster): the second waits, then finds the cluster up."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    with open(paths.root / ".lock", "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        yield
+
+
 def up(shape: Shape, directory: str) -> dict[str, str]:
     """Make sure a healthy cluster of this shape runs from `directory`; return its env."""
     require_root()
     paths = Paths(Path(directory).absolute())
+    with locked(paths):
+        return _up_locked(shape, paths)
+
+
+def _up_locked(shape: Shape, paths: Paths) -> dict[str, str]:
     ensure_installed()
     ensure_munge()
     expected_conf = render_slurm_conf(shape, paths, short_hostname())
@@ -732,7 +745,11 @@ def ensure_cluster(
 def stop(directory: str) -> bool:
     """Stop the cluster started from `directory`; True when something was running."""
     require_root()
-    return stop_cluster(Paths(Path(directory).absolute()))
+    paths = Paths(Path(directory).absolute())
+    if not paths.root.is_dir():
+        return False
+    with locked(paths):
+        return stop_cluster(paths)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -742,8 +759,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.nodes < 1 or args.gpus_per_node < 0 or args.cpus_per_node < 1:
         raise DevClusterError("need --nodes >= 1, --cpus-per-node >= 1, --gpus-per-node >= 0", 2)
     env = ensure_cluster(
-        args.nodes, args.gpus_per_node, args.dir,
-        cpus_per_node=args.cpus_per_node, port_base=args.port_base,
+        args.nodes,
+        args.gpus_per_node,
+        args.dir,
+        cpus_per_node=args.cpus_per_node,
+        port_base=args.port_base,
     )
     print(f"export SLURM_CONF={shlex.quote(env['SLURM_CONF'])}")
     return 0
@@ -791,8 +811,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     def add_dir(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--dir", default=DEFAULT_DIR,
-                         help=f"directory holding the cluster's config/state (default {DEFAULT_DIR})")
+        sub.add_argument(
+            "--dir", default=DEFAULT_DIR, help=f"directory holding the cluster's config/state (default {DEFAULT_DIR})"
+        )
 
     p_up = commands.add_parser("up", help="install Slurm if needed and start the cluster")
     p_up.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
@@ -800,9 +821,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_up.add_argument("--cpus-per-node", type=int, default=2, help="CPUs per node (default 2)")
     add_dir(p_up)
     p_up.add_argument(
-        "--port-base", type=int, default=None,
+        "--port-base",
+        type=int,
+        default=None,
         help=f"slurmctld port; nodes use the next N ports (default: the port of the "
-             f"cluster already in --dir, else {DEFAULT_PORT_BASE})",
+        f"cluster already in --dir, else {DEFAULT_PORT_BASE})",
     )
     p_up.set_defaults(func=cmd_up)
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from hpctrain.config import Config, save_resolved, to_typed
 from hpctrain.rundir import RunDir
@@ -27,8 +27,34 @@ def prepare_run_dir(cfg: DictConfig) -> tuple[Config, RunDir]:
         _discard_if_empty(run.root)
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    if run.config.exists():
+        _refuse_a_different_config(run, resolved)
     save_resolved(resolved, run.config)
     return config, run
+
+
+def _flat(node: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(node, dict):
+        out: dict[str, object] = {}
+        for key, value in node.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): node}
+
+
+def _refuse_a_different_config(run: RunDir, resolved: DictConfig) -> None:
+    """Starting an existing run dir again resumes it, but only with the config it ran."""
+    old = _flat(OmegaConf.to_container(OmegaConf.load(run.config)))
+    new = _flat(OmegaConf.to_container(resolved))
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if changed:
+        shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:5])
+        print(
+            f"error: {run.root} already holds a run with another config ({shown}"
+            f"{', ...' if len(changed) > 5 else ''}); resume it with its own config or pick a new hydra.run.dir",
+            file=sys.stderr,
+        )
+        sys.exit(2)
 
 
 def _discard_if_empty(root: Path) -> None:

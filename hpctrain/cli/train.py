@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import hydra
 from omegaconf import DictConfig
@@ -35,7 +36,11 @@ def summary(run: RunDir) -> str:
 def main(cfg: DictConfig) -> None:
     logs.setup(rank=0)
     config, run = prepare_run_dir(cfg)
-    launch_local(run.root, config.trainer.nprocs)
+    stopped_by = launch_local(run.root, config.trainer.nprocs)
+    if stopped_by is not None:
+        log.info("stopped by signal %d after a checkpoint; run the same command with hydra.run.dir=%s to resume",
+                 stopped_by, run.root)
+        sys.exit(128 + stopped_by)
     log.info(summary(run))
 
 

@@ -7,8 +7,11 @@ written at launch time, so a requeued job runs exactly what was submitted.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -25,6 +28,7 @@ __all__ = [
     "to_typed",
     "load_run_config",
     "save_resolved",
+    "fingerprint",
 ]
 
 SCHEMA_NAME = "hpctrain_schema"
@@ -117,3 +121,16 @@ def load_run_config(run_dir: Path) -> Config:
     if not path.is_file():
         raise ValueError(f"{path}: no config.yaml; is {run_dir} a run directory?")
     return _structured(OmegaConf.load(path))
+
+
+def fingerprint(config: Config) -> str:
+    """What a checkpoint must agree with to be resumed: the model, the data and the optimizer
+    kind (a learning rate may change between lives of a run; the model may not)."""
+    what = {
+        "model": config.model,
+        "dataset": config.data.dataset,
+        "optim": config.optim.get("_target_"),
+        "batch_size": config.data.batch_size,
+        "grad_accum": config.trainer.grad_accum,
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -25,7 +25,7 @@ def _require(ok: bool, key: str, message: str) -> None:
 @dataclass
 class DataConfig:
     # A `_target_` node returning hpctrain.data.splits.Splits (train and eval datasets).
-    dataset: Dict[str, Any] = MISSING
+    dataset: dict[str, Any] = MISSING
     # Samples per process per step (the global batch is batch_size * world_size * grad_accum).
     batch_size: int = 32
     # Samples per process per evaluation batch; 0 means the same as batch_size.
@@ -77,9 +77,15 @@ class TrainerConfig:
     gradient_as_bucket_view: bool = True
     # Seconds a collective may wait before the process group reports a hang.
     collective_timeout_s: int = 600
+    # Save a checkpoint every N steps (and always at the end and on a stop signal); 0: only those.
+    ckpt_every: int = 100
+    # Newest checkpoints kept in the run dir's checkpoints/ (at least 2: a torn newest falls back).
+    keep_checkpoints: int = 2
+    # Write periodic checkpoints in a background thread; training waits only for an in-memory copy.
+    async_checkpoint: bool = True
 
     def __post_init__(self) -> None:
-        for key in ("max_steps", "epochs", "eval_every"):
+        for key in ("max_steps", "epochs", "eval_every", "ckpt_every"):
             value = getattr(self, key)
             _require(value >= 0, f"trainer.{key}", f"must be >= 0 (got {value})")
         for key in ("log_every", "nprocs", "threads", "grad_accum", "collective_timeout_s"):
@@ -89,6 +95,11 @@ class TrainerConfig:
             self.max_steps > 0 or self.epochs > 0,
             "trainer.max_steps",
             "set trainer.max_steps or trainer.epochs to a positive number",
+        )
+        _require(
+            self.keep_checkpoints >= 2,
+            "trainer.keep_checkpoints",
+            f"must be >= 2 so a torn newest checkpoint has one to fall back on (got {self.keep_checkpoints})",
         )
         _require(self.grad_clip >= 0, "trainer.grad_clip", f"must be >= 0 (got {self.grad_clip})")
         _require(
@@ -134,9 +145,9 @@ class SlurmConfig:
     exclude: Optional[str] = None
     job_name: str = "hpctrain"
     # More #SBATCH directives, whole flags: ["--mail-type=END", "--reservation=big"].
-    extra: List[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
     # Shell lines run before the launch on the batch node: module load, conda activate, ...
-    setup: List[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
     # Seconds before the time limit that Slurm signals the batch shell to save and requeue.
     signal_delay_s: int = 120
     # The signal sent then (USR2: NCCL may use USR1).
@@ -191,15 +202,15 @@ def _single_line(key: str, value: Optional[str]) -> None:
 @dataclass
 class Config:
     # A `_target_` node building the nn.Module; its forward returns logits.
-    model: Dict[str, Any] = MISSING
+    model: dict[str, Any] = MISSING
     data: DataConfig = field(default_factory=DataConfig)
     # A `_target_` node building the optimizer; hpctrain passes the parameters first.
-    optim: Dict[str, Any] = MISSING
+    optim: dict[str, Any] = MISSING
     # A `_target_` node building the LR scheduler (stepped every optimizer step), or null.
     # hpctrain passes the optimizer first, and `total_steps` when the target takes it.
-    sched: Optional[Dict[str, Any]] = None
+    sched: Optional[dict[str, Any]] = None
     # A `_target_` node building the loss; it gets (logits, targets) flattened to 2-D/1-D.
-    loss: Dict[str, Any] = field(
+    loss: dict[str, Any] = field(
         default_factory=lambda: {"_target_": "torch.nn.CrossEntropyLoss"}
     )
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

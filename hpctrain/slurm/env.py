@@ -9,8 +9,8 @@ submitit's SlurmJobEnvironment parser (`gpu-[001-003,010],login1`).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from submitit.slurm.slurm import SlurmJobEnvironment
 from submitit.slurm.slurm import _parse_node_list as parse_node_list

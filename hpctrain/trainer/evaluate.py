@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import ContextManager
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
-
-from typing import Callable, ContextManager
 
 from hpctrain.dist import DistContext
 from hpctrain.trainer.loaders import to_device

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
@@ -54,6 +54,8 @@ def train_loader(dataset: Dataset, data: DataConfig, ctx: DistContext, seed: int
         num_workers=data.num_workers,
         pin_memory=data.pin_memory and ctx.device.type == "cuda",
         persistent_workers=data.num_workers > 0,
+        # Its own generator: creating an iterator must not draw from the global RNG (dropout).
+        generator=torch.Generator().manual_seed(seed),
     )
 
 
@@ -64,7 +66,14 @@ def eval_loader(dataset: Dataset, data: DataConfig, ctx: DistContext) -> DataLoa
         sampler=EvalShard(len(dataset), ctx),  # type: ignore[arg-type]
         num_workers=data.num_workers,
         pin_memory=data.pin_memory and ctx.device.type == "cuda",
+        generator=torch.Generator().manual_seed(0),
     )
+
+
+def reseed(loader: DataLoader, seed: int, epoch: int) -> None:
+    """Reset the loader's generator for `epoch`, wherever in the run the epoch starts."""
+    assert loader.generator is not None
+    loader.generator.manual_seed(seed * 1_000_003 + epoch)
 
 
 def steps_per_epoch(loader: DataLoader, grad_accum: int) -> int:

@@ -1,4 +1,5 @@
-"""The training loop: build, then step / maybe log / maybe evaluate, then save the weights."""
+"""The training loop: resume, then step / maybe log / maybe evaluate / maybe checkpoint / maybe
+stop, then save the final checkpoint and weights."""
 
 from __future__ import annotations
 
@@ -7,18 +8,21 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ContextManager, Iterator
+from typing import Any, ContextManager
 
 import torch
 import torch.distributed as dist
 
-from hpctrain.config import Config
+from hpctrain.checkpoint import Checkpointer, rng
+from hpctrain.config import Config, fingerprint
 from hpctrain.data.splits import Splits
 from hpctrain.dist import DistContext
-from hpctrain.journal import JsonLines, Journal
+from hpctrain.journal import Journal, JsonLines
 from hpctrain.rundir import RunDir
+from hpctrain.signals import StopFlag
 from hpctrain.trainer import components, loaders
 from hpctrain.trainer.evaluate import evaluate, flatten
 from hpctrain.trainer.progress import Progress
@@ -28,19 +32,29 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TrainState:
-    """Where the run is: everything besides weights and optimizer that a resume needs."""
+    """Where the run is: with weights, optimizer and RNG, everything a resume needs."""
 
     step: int = 0  # optimizer steps done
     epoch: int = 0
     batch_in_epoch: int = 0  # micro-batches of this epoch already consumed (this rank's shard)
 
 
+class StopTraining(Exception):
+    """Raised after a signal-forced checkpoint; `reason` is timelimit, preempt or interrupt."""
+
+    def __init__(self, reason: str, step: int) -> None:
+        super().__init__(f"stopped at step {step}: {reason}")
+        self.reason = reason
+        self.step = step
+
+
 class Trainer:
-    def __init__(self, config: Config, ctx: DistContext, run_dir: Path) -> None:
+    def __init__(self, config: Config, ctx: DistContext, run_dir: Path, stop: StopFlag | None = None) -> None:
         self.config = config
         self.ctx = ctx
         self.run = RunDir(Path(run_dir))
         self.state = TrainState()
+        self.stop = stop or StopFlag(config.slurm.signal)
         self.journal = Journal(self.run.events, enabled=ctx.is_main)
         self.metrics = JsonLines(self.run.metrics, enabled=ctx.is_main)
         parts = components.build(config, ctx, self._total_steps_for)
@@ -50,16 +64,22 @@ class Trainer:
         self.eval_loader = loaders.eval_loader(parts.splits.eval, config.data, ctx)
         self.total_steps = self._total_steps_for(parts.splits)
         self.scaler = torch.amp.GradScaler("cuda") if self._precision == "fp16" else None
+        self.checkpointer = Checkpointer(
+            self.run.checkpoints, ctx, config.trainer.keep_checkpoints, fingerprint(config),
+            on_written=lambda record: self.journal.event("checkpoint", **record),
+        )
 
     # ---- the run -------------------------------------------------------------------------
 
     def train(self) -> dict[str, Any]:
-        """Train to the end; returns the final metrics."""
+        """Train to the end (returns the final metrics) or raise StopTraining after a save."""
+        self._resume()
         self._journal_start()
         cfg = self.config.trainer
         samples_per_step = self.config.data.batch_size * cfg.grad_accum * self.ctx.world_size
         progress = Progress(self.ctx, samples_per_step, self.total_steps)
         batches = self._micro_batches()
+        pending_stop = self._start_stop_vote()
         self.model.train()
         last: dict[str, Any] = {}
         while self.state.step < self.total_steps:
@@ -68,14 +88,16 @@ class Trainer:
             step, final = self.state.step, self.state.step == self.total_steps
             evaluate_now = final or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
             if evaluate_now or step % cfg.log_every == 0:
-                last = progress.collect(step, self.optimizer.param_groups[0]["lr"])
-                if evaluate_now:
-                    started = time.perf_counter()
-                    last.update(self.evaluate())
-                    progress.pause(time.perf_counter() - started)
-                self.metrics.write(last)
-                if self.ctx.is_main:
-                    progress.log_line(last)
+                last = self._log(progress, evaluate_now)
+            reason, pending_stop = self._stop_vote(pending_stop)
+            if reason and not final:
+                self._save(reason, background=False)
+                raise StopTraining(reason, step)
+            if cfg.ckpt_every and step % cfg.ckpt_every == 0 and not final:
+                progress.pause(self._save("periodic", background=cfg.async_checkpoint))
+        if not last:  # resumed from the final checkpoint: nothing trained, still report the result
+            last = {"step": self.state.step, **self.evaluate()}
+        self._save("final", background=False)
         self._save_weights()
         self.journal.event("finish", **last)
         return last
@@ -83,15 +105,27 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         return evaluate(self.raw_model, self.loss_fn, self.eval_loader, self.ctx, self._autocast)
 
+    def _log(self, progress: Progress, evaluate_now: bool) -> dict[str, Any]:
+        record: dict[str, Any] = progress.collect(self.state.step, self.optimizer.param_groups[0]["lr"])
+        if evaluate_now:
+            started = time.perf_counter()
+            record.update(self.evaluate())
+            progress.pause(time.perf_counter() - started)
+        self.metrics.write(record)
+        if self.ctx.is_main:
+            progress.log_line(record)
+        return record
+
     # ---- one optimizer step ----------------------------------------------------------------
 
     def _step(self, batches: Iterator[tuple[torch.Tensor, ...]]) -> torch.Tensor:
         accum = self.config.trainer.grad_accum
         step_loss = torch.zeros((), device=self.ctx.device)
+        ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
         for micro in range(accum):
             inputs, target = loaders.to_device(next(batches), self.ctx.device)
             # Only the last micro-batch all-reduces gradients; the others accumulate locally.
-            sync = micro == accum - 1 or not isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
+            sync = micro == accum - 1 or not ddp
             with contextlib.nullcontext() if sync else self.model.no_sync():  # type: ignore[operator]
                 with self._autocast():
                     output, target = flatten(self.model(inputs), target)
@@ -124,11 +158,62 @@ class Trainer:
         while True:
             sampler.set_epoch(self.state.epoch)
             sampler.start_at = self.state.batch_in_epoch * batch_size
+            # The loader draws worker seeds from its own generator: reseeded per epoch, a resumed
+            # run draws the same ones, and the global RNG (dropout) is never touched.
+            loaders.reseed(self.train_loader, self.config.trainer.seed, self.state.epoch)
             for batch in self.train_loader:
                 self.state.batch_in_epoch += 1
                 yield batch
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
+
+    # ---- stop requests ------------------------------------------------------------------------
+
+    def _start_stop_vote(self) -> Any:
+        """Start the all-reduce of this boundary's stop flag; it completes during the next step."""
+        if not self.ctx.distributed:
+            return None
+        flag = torch.tensor([self.stop.requested], dtype=torch.int32, device=self.ctx.device)
+        return flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+
+    def _stop_vote(self, pending: Any) -> tuple[str | None, Any]:
+        """The reason every rank agreed on one boundary ago (one step of latency, no stall)."""
+        if not self.ctx.distributed:
+            return self.stop.agreed(self.ctx), None
+        flag, work = pending
+        work.wait()
+        reason = self.stop.reason_for(int(flag.item()))
+        return reason, self._start_stop_vote()
+
+    # ---- checkpoints ------------------------------------------------------------------------
+
+    def _save(self, reason: str, background: bool) -> float:
+        state = {
+            "model": self.raw_model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "train": asdict(self.state),
+        }
+        blocked = self.checkpointer.save(self.state.step, state, reason, background)
+        if not background:
+            self.checkpointer.wait()
+        return blocked
+
+    def _resume(self) -> None:
+        saved = self.checkpointer.load()
+        if saved is None:
+            return
+        self.raw_model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        if self.scheduler is not None and saved["scheduler"] is not None:
+            self.scheduler.load_state_dict(saved["scheduler"])
+        if self.scaler is not None and saved["scaler"] is not None:
+            self.scaler.load_state_dict(saved["scaler"])
+        self.state = TrainState(**saved["train"])
+        if saved["rng"] is not None:
+            rng.restore(saved["rng"])
+        log.info("resumed from step %d (epoch %d)", self.state.step, self.state.epoch)
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -146,12 +231,12 @@ class Trainer:
         cfg = self.config.trainer
         if cfg.max_steps > 0:
             return cfg.max_steps
-        per_rank = len(splits.train) // self.ctx.world_size  # type: ignore[arg-type]
-        per_epoch = per_rank // self.config.data.batch_size // cfg.grad_accum
+        samples = len(splits.train)  # type: ignore[arg-type]
+        per_epoch = samples // self.ctx.world_size // self.config.data.batch_size // cfg.grad_accum
         if per_epoch == 0:
             raise ValueError(
                 f"data.batch_size: {self.config.data.batch_size} x trainer.grad_accum {cfg.grad_accum} "
-                f"x {self.ctx.world_size} processes exceeds the {len(splits.train)} training samples"  # type: ignore[arg-type]
+                f"x {self.ctx.world_size} processes exceeds the {samples} training samples"
             )
         return cfg.epochs * per_epoch
 

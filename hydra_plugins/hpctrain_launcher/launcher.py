@@ -7,9 +7,10 @@ when any point's config is wrong.
 
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.singleton import Singleton
@@ -46,7 +47,7 @@ class SubmitLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         log.info("checking and rendering %d sweep points in %s", len(job_overrides), self.config.hydra.sweep.dir)
-        returns: List[JobReturn] = []
+        returns: list[JobReturn] = []
         state = Singleton.get_state()
         for offset, overrides in enumerate(job_overrides):
             index = initial_job_idx + offset
@@ -64,7 +65,7 @@ class SubmitLauncher(Launcher):
                 )
             )
             Singleton.set_state(state)
-        points: List[Any] = [r.return_value for r in returns]
+        points: list[Any] = [r.return_value for r in returns]
         if all(r.status == JobStatus.COMPLETED for r in returns) and points and not points[0].config.dry_run:
             submit_or_exit(points)
         return returns

@@ -1,0 +1,44 @@
+"""Copy a state tree (nested dicts/lists of tensors and plain values) into reusable CPU buffers.
+
+Training may go on the moment the copy is done: the background write reads the buffers, never
+the live tensors. Buffers are allocated on the first snapshot and reused afterwards (pinned when
+CUDA is present, so device-to-host copies are fast and asynchronous), which is what keeps the
+blocking part of a save close to a plain memory copy.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+
+class Snapshotter:
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def take(self, tree: Any) -> Any:
+        copied = self._copy(tree, "")
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the non_blocking device-to-host copies must land first
+        return copied
+
+    def _copy(self, node: Any, path: str) -> Any:
+        if isinstance(node, torch.Tensor):
+            return self._copy_tensor(node, path)
+        if isinstance(node, dict):
+            return {key: self._copy(value, f"{path}/{key}") for key, value in node.items()}
+        if isinstance(node, (list, tuple)):
+            items = [self._copy(value, f"{path}/{i}") for i, value in enumerate(node)]
+            return type(node)(items) if isinstance(node, list) else tuple(items)
+        return copy.deepcopy(node)
+
+    def _copy_tensor(self, tensor: torch.Tensor, path: str) -> torch.Tensor:
+        tensor = tensor.detach()
+        buffer = self._buffers.get(path)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=torch.cuda.is_available())
+            self._buffers[path] = buffer
+        buffer.copy_(tensor, non_blocking=tensor.is_cuda)
+        return buffer

@@ -1,0 +1,161 @@
+"""Checkpoint files in the run dir's `checkpoints/` folder: atomic, self-checking, newest wins.
+
+A checkpoint is two files:
+    step_00000120.pt     torch.save of the state (loaded with weights_only=True)
+    step_00000120.json   written last: size and sha256 of the .pt, step, reason
+Each is written to a temporary name and renamed into place, so a checkpoint counts only when
+its .json exists, and the .json is checked against the .pt before use. A torn or corrupt newest
+checkpoint is skipped with a warning and the one before it is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^step_(\d{8,})\.json$")
+
+
+class NoUsableCheckpoint(RuntimeError):
+    """Checkpoints exist but none can be loaded: the run must not silently start over."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    step: int
+    data: Path
+    meta: Path
+
+
+class _HashingWriter(io.RawIOBase):
+    """A file wrapper that hashes what passes through, so verifying costs no second read."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file = file
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.digest.update(view)
+        self.size += view.nbytes
+        return self.file.write(view)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def paths_for(folder: Path, step: int) -> Entry:
+    stem = f"step_{step:08d}"
+    return Entry(step, folder / f"{stem}.pt", folder / f"{stem}.json")
+
+
+def write(folder: Path, step: int, state: dict[str, Any], info: dict[str, Any]) -> Entry:
+    """Write one checkpoint atomically. On any error (a full disk) the temporary files are
+    removed and the earlier checkpoints are untouched."""
+    folder.mkdir(parents=True, exist_ok=True)
+    entry = paths_for(folder, step)
+    tmp_data = entry.data.with_name(entry.data.name + ".tmp")
+    tmp_meta = entry.meta.with_name(entry.meta.name + ".tmp")
+    try:
+        with open(tmp_data, "wb") as file:
+            writer = _HashingWriter(file)
+            torch.save(state, writer)  # type: ignore[arg-type]
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp_data, entry.data)
+        meta = {"step": step, "size": writer.size, "sha256": writer.digest.hexdigest(), **info}
+        tmp_meta.write_text(json.dumps(meta))
+        os.replace(tmp_meta, entry.meta)
+        _fsync_dir(folder)
+    except BaseException:
+        for tmp in (tmp_data, tmp_meta):
+            tmp.unlink(missing_ok=True)
+        raise
+    return entry
+
+
+def entries(folder: Path) -> list[Entry]:
+    """Complete-looking checkpoints (with their .json), newest first."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = _NAME.match(path.name)
+        if match:
+            found.append(paths_for(folder, int(match.group(1))))
+    return sorted(found, key=lambda e: e.step, reverse=True)
+
+
+def has_any(folder: Path) -> bool:
+    return folder.is_dir() and any(p.suffix in (".pt", ".json") for p in folder.iterdir())
+
+
+def verify(entry: Entry) -> dict[str, Any]:
+    """The entry's metadata if its data file is whole and unchanged; raises ValueError if not."""
+    try:
+        meta = json.loads(entry.meta.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{entry.meta.name}: unreadable ({error})") from None
+    if not entry.data.is_file():
+        raise ValueError(f"{entry.data.name}: missing")
+    size = entry.data.stat().st_size
+    if size != meta.get("size"):
+        raise ValueError(f"{entry.data.name}: {size} bytes, expected {meta.get('size')} (torn write?)")
+    digest = hashlib.sha256()
+    with open(entry.data, "rb") as file:
+        for block in iter(lambda: file.read(1 << 22), b""):
+            digest.update(block)
+    if digest.hexdigest() != meta.get("sha256"):
+        raise ValueError(f"{entry.data.name}: checksum mismatch (corrupted)")
+    return meta
+
+
+def load_newest(folder: Path) -> tuple[Entry, dict[str, Any]] | None:
+    """The newest valid checkpoint's state, None when there are no checkpoints at all.
+
+    Raises NoUsableCheckpoint when checkpoints exist but none passes the checks."""
+    problems = []
+    for entry in entries(folder):
+        try:
+            verify(entry)
+            state = torch.load(entry.data, map_location="cpu", weights_only=True)
+        except Exception as error:  # a bad file of any kind: try the one before
+            problems.append(f"{entry.data.name}: {error}")
+            log.warning("checkpoint %s is not usable (%s); trying the one before", entry.data.name, error)
+            continue
+        return entry, state
+    if problems or has_any(folder):
+        raise NoUsableCheckpoint(
+            f"{folder} has checkpoints but none is usable:\n  " + "\n  ".join(problems or ["no complete checkpoint"])
+            + "\nRefusing to start over; move the folder away to train from scratch."
+        )
+    return None
+
+
+def prune(folder: Path, keep: int) -> None:
+    """Delete all but the newest `keep` complete checkpoints (and stray temporary files)."""
+    for entry in entries(folder)[keep:]:
+        entry.meta.unlink(missing_ok=True)  # the marker first: a half-deleted checkpoint never counts
+        entry.data.unlink(missing_ok=True)
+    for tmp in folder.glob("*.tmp"):
+        tmp.unlink(missing_ok=True)

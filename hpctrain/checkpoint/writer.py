@@ -1,0 +1,53 @@
+"""One background thread writes checkpoints; never two writes at once."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpctrain.checkpoint import store
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundWriter:
+    def __init__(self, folder: Path, keep: int, on_written: Callable[[dict[str, Any]], None]) -> None:
+        self.folder = folder
+        self.keep = keep
+        self.on_written = on_written  # called in the writer thread with the checkpoint's record
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def wait(self) -> None:
+        """Block until the write under way (if any) is on disk; re-raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def start(self, step: int, state: dict[str, Any], info: dict[str, Any], background: bool) -> None:
+        """Write `state` (already a snapshot the trainer no longer touches)."""
+        self.wait()
+        if background:
+            self._thread = threading.Thread(target=self._write, args=(step, state, info), daemon=False)
+            self._thread.start()
+        else:
+            self._write(step, state, info)
+            self.wait()
+
+    def _write(self, step: int, state: dict[str, Any], info: dict[str, Any]) -> None:
+        started = time.perf_counter()
+        try:
+            store.write(self.folder, step, state, info)
+            store.prune(self.folder, self.keep)
+        except BaseException as error:  # reported to the trainer at the next wait()
+            log.error("checkpoint at step %d failed: %s; the previous checkpoints are intact", step, error)
+            self._error = error
+            return
+        self.on_written({**info, "step": step, "write_s": round(time.perf_counter() - started, 4)})

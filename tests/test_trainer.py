@@ -1,0 +1,234 @@
+"""The training loop's promises, checked on real multi-process runs (gloo, file:// rendezvous).
+
+- the same seed, world size and threads give bit-identical weights (dropout included);
+- W processes x batch B train the same model as 1 process x batch W*B (DDP averages right);
+- grad accumulation over micro-batches equals one big batch, on one and on two processes;
+- the sampler shards, reshuffles and resumes the way the equivalences above need;
+- the quickstart (default config, 2 processes) reaches the accuracy the README promises.
+
+Runs go through `hpctrain-train` itself (see conftest.train_run), never through a fixed port.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hpctrain.dist import DistContext
+from hpctrain.journal import read_jsonl
+from hpctrain.trainer.loaders import TrainSampler
+
+from conftest import TrainRun, assert_ok, finish, load_weights
+
+# The MLP has no dropout and no batch norm: the equivalence runs below are exact up to float
+# summation order. 25 steps cover the warmup and part of the cosine decay (max_steps=25).
+MLP_STEPS = "trainer.max_steps=25"
+ATOL = 1e-5
+
+
+def _trained(train_run: TrainRun, label: str, *overrides: str) -> Path:
+    proc, run_dir = train_run(label, *overrides)
+    assert_ok(proc)
+    return run_dir
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].shape == b[key].shape, key
+        assert torch.allclose(a[key], b[key], rtol=0, atol=ATOL), (
+            f"{what}: {key} differs by {(a[key] - b[key]).abs().max().item():.3g}"
+        )
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def _mlp_1x64(train_run: TrainRun) -> Path:
+    """1 process x batch 64: the reference for the DDP and the 2-process accumulation runs."""
+    return _trained(train_run, "mlp-1x64", "model=mlp", MLP_STEPS, "trainer.nprocs=1", "data.batch_size=64")
+
+
+# determinism -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_same_seed_gives_bit_identical_weights_and_another_seed_does_not(train_run: TrainRun) -> None:
+    # The default ConvNet has dropout: the per-rank dropout streams must be seeded too.
+    overrides = ("trainer.nprocs=2", "trainer.max_steps=30")
+    first = _trained(train_run, "det-a", *overrides)
+    second = _trained(train_run, "det-b", *overrides)
+    other_seed = _trained(train_run, "det-seed1", *overrides, "trainer.seed=1")
+    for run_dir in (first, second, other_seed):
+        assert finish(run_dir)["step"] == 30
+
+    a, b, c = load_weights(first), load_weights(second), load_weights(other_seed)
+    assert a.keys() == b.keys() == c.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs between two runs with the same seed"
+    # The metrics, down to the last bit of the loss, are the same as well.
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "samples_per_s"} for r in rows]  # noqa: E731
+    assert strip(_metrics(first)) == strip(_metrics(second))
+
+    differing = [key for key in a if not torch.equal(a[key], c[key])]
+    assert differing == list(a), f"trainer.seed=1 left {set(a) - set(differing)} unchanged"
+
+
+# DDP equivalence -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_two_processes_of_32_train_the_same_model_as_one_of_64(train_run: TrainRun) -> None:
+    two = _trained(train_run, "mlp-2x32", "model=mlp", MLP_STEPS, "trainer.nprocs=2", "data.batch_size=32")
+    one = _mlp_1x64(train_run)
+    other_seed = _trained(
+        train_run, "mlp-1x64-seed1", "model=mlp", MLP_STEPS, "trainer.nprocs=1", "data.batch_size=64", "trainer.seed=1"
+    )
+    w_two, w_one, w_other = load_weights(two), load_weights(one), load_weights(other_seed)
+    _assert_close(w_two, w_one, "2 x 32 vs 1 x 64")
+    # The tolerance is far below what a real difference looks like, so the check can fail.
+    assert _max_diff(w_one, w_other) > 100 * ATOL
+
+    # Logged losses (averaged over ranks and steps) and the sharded evaluation agree as well.
+    m_two, m_one = _metrics(two), _metrics(one)
+    assert [r["step"] for r in m_two] == [r["step"] for r in m_one] == [10, 20, 25]
+    for r2, r1 in zip(m_two, m_one):
+        assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-5)
+        assert r2["lr"] == pytest.approx(r1["lr"], rel=1e-12)
+    assert m_two[-1]["eval_loss"] == pytest.approx(m_one[-1]["eval_loss"], abs=1e-5)
+    assert m_two[-1]["eval_accuracy"] == m_one[-1]["eval_accuracy"]
+
+
+# gradient accumulation -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_grad_accum_on_one_process_equals_the_full_batch(train_run: TrainRun) -> None:
+    accum = _trained(
+        train_run, "mlp-1x16x2", "model=mlp", MLP_STEPS, "trainer.nprocs=1", "data.batch_size=16", "trainer.grad_accum=2"
+    )
+    full = _trained(train_run, "mlp-1x32", "model=mlp", MLP_STEPS, "trainer.nprocs=1", "data.batch_size=32")
+    _assert_close(load_weights(accum), load_weights(full), "1 x 16 x 2 micro-batches vs 1 x 32")
+    # The logged loss is the step's loss, not the last micro-batch's or the sum of both.
+    for ra, rf in zip(_metrics(accum), _metrics(full), strict=True):
+        assert ra["loss"] == pytest.approx(rf["loss"], abs=1e-5)
+    # Both counted 25 optimizer steps, not 25 micro-batches.
+    assert finish(accum)["step"] == finish(full)["step"] == 25
+
+
+@pytest.mark.slow
+def test_grad_accum_on_two_processes_equals_the_full_batch(train_run: TrainRun) -> None:
+    # 2 processes x 16 x 2 micro-batches (the first under DDP's no_sync) == 1 process x 64.
+    accum = _trained(
+        train_run, "mlp-2x16x2", "model=mlp", MLP_STEPS, "trainer.nprocs=2", "data.batch_size=16", "trainer.grad_accum=2"
+    )
+    _assert_close(load_weights(accum), load_weights(_mlp_1x64(train_run)), "2 x 16 x 2 vs 1 x 64")
+
+
+# accuracy --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_quickstart_reaches_95_percent_on_two_processes(default_run: Path) -> None:
+    done = finish(default_run)
+    # 10 epochs of 1437 images at 2 x 32 a step: 22 steps an epoch.
+    assert done["step"] == 220
+    assert done["eval_accuracy"] >= 0.95, done
+    assert math.isfinite(done["eval_loss"]) and done["eval_loss"] < 0.5
+
+
+# the sampler (in-process, no training) --------------------------------------------------------
+
+
+def _ctx(rank: int, world_size: int) -> DistContext:
+    return DistContext(rank, rank, world_size, world_size, "", torch.device("cpu"), "spawn")
+
+
+def _shards(size: int, world_size: int, epoch: int = 0, seed: int = 0) -> list[list[int]]:
+    shards = []
+    for rank in range(world_size):
+        sampler = TrainSampler(range(size), _ctx(rank, world_size), seed)  # type: ignore[arg-type]
+        sampler.set_epoch(epoch)
+        shards.append(list(sampler))
+    return shards
+
+
+def test_sampler_shards_are_disjoint_and_cover_the_permutation() -> None:
+    first, second = _shards(100, 2)
+    assert len(first) == len(second) == 50
+    assert not set(first) & set(second)
+    assert sorted(first + second) == list(range(100))
+    assert first + second != list(range(100))  # shuffled, not split in two halves
+    # Interleaved: rank r takes every W-th index of the one shared permutation.
+    (whole,) = _shards(100, 1)
+    assert first == whole[0::2] and second == whole[1::2]
+
+
+def test_sampler_set_epoch_reshuffles_and_is_reproducible() -> None:
+    epoch0, epoch1 = _shards(100, 2, epoch=0), _shards(100, 2, epoch=1)
+    assert epoch0[0] != epoch1[0] and epoch0[1] != epoch1[1]
+    assert sorted(epoch1[0] + epoch1[1]) == list(range(100))
+    assert _shards(100, 2, epoch=1) == epoch1  # the same epoch again: the same order
+    assert _shards(100, 2, epoch=0, seed=1) != epoch0  # the seed matters
+
+
+def test_sampler_start_at_skips_exactly_that_many_samples() -> None:
+    full = _shards(100, 2, epoch=3)[1]
+    sampler = TrainSampler(range(100), _ctx(1, 2), 0)  # type: ignore[arg-type]
+    sampler.set_epoch(3)
+    sampler.start_at = 7
+    assert list(sampler) == full[7:]
+    assert len(sampler) == 50 - 7
+    # Through a DataLoader, as the trainer uses it: the very next batch, no replay.
+    loader = DataLoader(range(100), batch_size=4, sampler=sampler, drop_last=True)  # type: ignore[arg-type]
+    sampler.start_at = 8
+    batches = [b.tolist() for b in loader]
+    assert batches[0] == full[8:12]
+    assert len(batches) == len(loader) == (50 - 8) // 4
+
+
+def _global_batches(size: int, world_size: int, batch: int, epochs: int) -> list[list[int]]:
+    """The samples of each optimizer step, all ranks together, as the trainer draws them."""
+    per_rank: list[list[list[int]]] = []
+    for rank in range(world_size):
+        sampler = TrainSampler(range(size), _ctx(rank, world_size), 0)  # type: ignore[arg-type]
+        loader = DataLoader(range(size), batch_size=batch, sampler=sampler, drop_last=True)  # type: ignore[arg-type]
+        steps = []
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            steps += [b.tolist() for b in loader]
+        per_rank.append(steps)
+    assert len({len(steps) for steps in per_rank}) == 1, "ranks disagree on the number of steps"
+    return [sorted(sum(step, [])) for step in zip(*per_rank)]
+
+
+@pytest.mark.parametrize("world_size, batch", [(2, 8), (4, 4), (3, 5)])
+def test_w_ranks_of_b_see_the_samples_of_one_rank_of_w_times_b(world_size: int, batch: int) -> None:
+    # 120 samples divide evenly among 2, 3 and 4 ranks; two epochs cross an epoch boundary.
+    many = _global_batches(120, world_size, batch, epochs=2)
+    one = _global_batches(120, 1, world_size * batch, epochs=2)
+    assert many == one
+    assert len(one) == 2 * (120 // (world_size * batch))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="TrainSampler pads the shards of a dataset that does not divide by the world size "
+    "(DistributedSampler's drop_last=False): a padded duplicate sample adds an extra step per "
+    "epoch, so W x B and 1 x W*B drift apart after the first epoch",
+)
+def test_w_ranks_match_one_rank_across_epochs_when_the_size_does_not_divide() -> None:
+    # 9 samples, 2 ranks x 1 vs 1 rank x 2: 4 steps an epoch each, the same samples each step.
+    many = _global_batches(9, 2, 1, epochs=2)
+    one = _global_batches(9, 1, 2, epochs=2)
+    assert many == one
