@@ -3,14 +3,18 @@
 Rank 0 opens a TCPStore on a port the kernel picks (port 0), so two jobs sharing a node can
 never collide, and writes the port into the run dir, which every rank already shares (it reads
 config.yaml from there). The others read it and connect to MASTER_ADDR, the first host of the
-node list. The file's name carries the job id, restart count and step id, so a requeued job or
-a relaunched step never reads a port from an earlier life.
+node list; where a site's Slurm node names do not resolve (NodeName differs from the host
+name), they use the host name rank 0 published beside the port. The file's name carries the
+job id, restart count and step id, so a requeued job or a relaunched step never reads a port
+from an earlier life.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -29,19 +33,28 @@ def open_store(
         store = dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_text(str(store.port))
-        tmp.replace(path)  # readers see no port or the whole port, never half of one
+        tmp.write_text(json.dumps({"port": store.port, "host": socket.gethostname()}))
+        tmp.replace(path)  # readers see nothing or the whole record, never half of one
         return store
-    port = _wait_for_port(path, timeout_s)
-    return dist.TCPStore(master_addr, port, world_size, is_master=False, timeout=timeout)
+    published = _wait_for_record(path, timeout_s)
+    host = master_addr if resolves(master_addr) else published["host"]
+    return dist.TCPStore(host, int(published["port"]), world_size, is_master=False, timeout=timeout)
 
 
-def _wait_for_port(path: Path, timeout_s: float) -> int:
+def resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None)
+        return True
+    except OSError:
+        return False
+
+
+def _wait_for_record(path: Path, timeout_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
     delay = 0.05
     while time.monotonic() < deadline:
         try:
-            return int(path.read_text())
+            return json.loads(path.read_text())
         except (FileNotFoundError, ValueError):
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
