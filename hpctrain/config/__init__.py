@@ -57,6 +57,12 @@ def _overridden_keys(overrides: Iterable[str]) -> set[str]:
     return keys
 
 
+def _plain_node(tree: Any, dotted: str) -> Any:
+    for part in filter(None, dotted.split(".")):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
 def _node(cfg: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         cfg = getattr(cfg, part)
@@ -65,19 +71,24 @@ def _node(cfg: Any, dotted: str) -> Any:
 
 def to_typed(cfg: DictConfig, overrides: Iterable[str] = ()) -> tuple[Config, DictConfig]:
     """Check a composed config and convert it: (typed Config, resolved DictConfig to save).
+    A `hydra` node, if present (a sweep point's config), is left out.
 
     Raises ValueError naming the key to change; nothing has been written when it does."""
     try:
-        resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
+        plain = {
+            key: OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True)
+            if OmegaConf.is_config(cfg[key]) else cfg[key]
+            for key in cfg if key != "hydra"
+        }
     except OmegaConfBaseException as error:
         raise ValueError(_omegaconf_message(error)) from None
     overridden = _overridden_keys(overrides)
     for key, _, _ in TARGET_NODES:
-        node = OmegaConf.select(resolved, key)
-        if node is not None and f"{key}._target_" in overridden:
-            plain = OmegaConf.to_container(node)
-            targets.drop_foreign_arguments(plain, key, overridden)
-            OmegaConf.update(resolved, key, plain, merge=False)
+        parent, _, name = key.rpartition(".")
+        holder = _plain_node(plain, parent)
+        if isinstance(holder, dict) and isinstance(holder.get(name), dict) and f"{key}._target_" in overridden:
+            targets.drop_foreign_arguments(holder[name], key, overridden)
+    resolved = OmegaConf.create(plain)
     config = _structured(resolved)
     for key, positional, injected in TARGET_NODES:
         node = _node(config, key)

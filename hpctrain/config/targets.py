@@ -7,6 +7,7 @@ or unknown argument on the login node, with the key named, before anything start
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -26,12 +27,18 @@ def locate(node: Mapping[str, Any], key: str) -> Callable[..., Any]:
     if not isinstance(target, str) or not target:
         raise ValueError(f"{key}._target_: missing; set {key}._target_=package.module.Callable")
     try:
-        obj = hydra.utils.get_object(target)
+        obj = _import(target)
     except Exception as error:  # ImportError, AttributeError, ... all mean "cannot find it"
         raise ValueError(f"{key}._target_: cannot import {target!r} ({error})") from None
     if not callable(obj):
         raise ValueError(f"{key}._target_: {target!r} is not callable")
     return obj
+
+
+@functools.lru_cache(maxsize=256)
+def _import(target: str) -> Any:
+    # Cached: a sweep checks the same few targets for every point.
+    return hydra.utils.get_object(target)
 
 
 def _signature(obj: Callable[..., Any]) -> inspect.Signature | None:

@@ -5,19 +5,19 @@ for every job to finish. This one returns as soon as Slurm has queued the jobs, 
 when any point's config is wrong.
 """
 
-
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import List, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, configure_log, run_job, setup_globals
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from hydra_plugins.hpctrain_launcher.compose import sweep_configs
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,9 @@ class SubmitLauncherConf:
     _target_: str = "hydra_plugins.hpctrain_launcher.launcher.SubmitLauncher"
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="hpctrain_submit", node=SubmitLauncherConf, provider="hpctrain")
+ConfigStore.instance().store(
+    group="hydra/launcher", name="hpctrain_submit", node=SubmitLauncherConf, provider="hpctrain"
+)
 
 
 class SubmitLauncher(Launcher):
@@ -45,27 +47,29 @@ class SubmitLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        log.info("checking and rendering %d sweep points in %s", len(job_overrides), self.config.hydra.sweep.dir)
-        returns: list[JobReturn] = []
-        state = Singleton.get_state()
-        for offset, overrides in enumerate(job_overrides):
-            index = initial_job_idx + offset
-            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        log.info("checking and rendering %d sweep points in %s", len(job_overrides), sweep_dir)
+        points = []
+        returns: List[JobReturn] = []
+        configs = sweep_configs(self.hydra_context.config_loader, self.config, job_overrides)  # type: ignore[arg-type]
+        for offset, sweep_config in enumerate(configs):
+            # What Hydra's run_job does that a submission needs: the point's number and output
+            # dir, and HydraConfig set so ${hydra:...} interpolations resolve.
             with open_dict(sweep_config):
-                sweep_config.hydra.job.id = f"point_{index}"
-                sweep_config.hydra.job.num = index
-            returns.append(
-                run_job(
-                    hydra_context=self.hydra_context,
-                    task_function=prepare_point,
-                    config=sweep_config,
-                    job_dir_key="hydra.sweep.dir",
-                    job_subdir_key="hydra.sweep.subdir",
-                )
-            )
-            Singleton.set_state(state)
-        points: list[Any] = [r.return_value for r in returns]
-        if all(r.status == JobStatus.COMPLETED for r in returns) and points and not points[0].config.dry_run:
+                sweep_config.hydra.job.id = f"point_{initial_job_idx + offset}"
+                sweep_config.hydra.job.num = initial_job_idx + offset
+                run_dir = sweep_dir / str(sweep_config.hydra.sweep.subdir)
+                sweep_config.hydra.runtime.output_dir = str(run_dir.resolve())
+            HydraConfig.instance().set_config(sweep_config)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / ".hydra").mkdir(exist_ok=True)
+            OmegaConf.save(sweep_config.hydra.overrides.task, run_dir / ".hydra" / "overrides.yaml")
+            point = prepare_point(sweep_config)  # to_typed leaves the hydra node out
+            points.append(point)
+            returns.append(JobReturn(overrides=list(sweep_config.hydra.overrides.task), cfg=sweep_config,
+                                     hydra_cfg=sweep_config, working_dir=str(run_dir), task_name="hpctrain",
+                                     status=JobStatus.COMPLETED, _return_value=point))
+        if points and not points[0].config.dry_run:
             submit_or_exit(points)
         return returns
