@@ -14,10 +14,8 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.dist import DistContext
+from hpctrain.exitcodes import EXIT_REQUEUE, EXIT_STOPPED
 
-# Exit codes of a worker that stopped early and saved. The batch script acts on them.
-EXIT_REQUEUE = 75  # time limit near: requeue me and I resume
-EXIT_STOPPED = 76  # terminated (preemption, scancel, Ctrl-C): saved; Slurm decides what follows
 
 # Larger wins when ranks saw different signals.
 _CODES = {"timelimit": 1, "preempt": 2, "interrupt": 3}

@@ -133,11 +133,14 @@ def test_hostile_values_never_run_in_bash(tmp_path: Path) -> None:
     run_dir.mkdir()
     config = make_config()
     hostile = {field: HOSTILE[i % len(HOSTILE)] for i, field in enumerate(STRING_FIELDS)}
-    slurm = replace(config.slurm, **hostile, extra=[f"--comment={h}" for h in HOSTILE], python="/bin/true")
-    script = render(replace(config, slurm=slurm), run_dir, tmp_path).script
-    (tmp_path / "job.sbatch").write_text(script)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    # A stand-in python: the controller says the step finished; the worker does nothing.
+    (bin_dir / "python").write_text('#!/bin/bash\n[ "$3" = after-step ] && echo finish\nexit 0\n')
+    (bin_dir / "python").chmod(0o755)
+    slurm = replace(config.slurm, **hostile, extra=[f"--comment={h}" for h in HOSTILE], python=str(bin_dir / "python"))
+    script = render(replace(config, slurm=slurm), run_dir, tmp_path).script
+    (tmp_path / "job.sbatch").write_text(script)
     (bin_dir / "srun").write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$HPCTRAIN_RUN_DIR/srun-args"\n')
     (bin_dir / "srun").chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1"}

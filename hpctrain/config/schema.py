@@ -118,6 +118,8 @@ class TrainerConfig:
 # Slurm's --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
 _SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
+# Why a job restarts (hpctrain/slurm/control.py classifies each restart as one of these).
+RESTART_CAUSES = ("preempt", "timelimit", "node_failure", "crash", "hang")
 
 
 @dataclass
@@ -158,8 +160,24 @@ class SlurmConfig:
     python: str = ""
     # Submit sweep points this many at once (sbatch calls in parallel).
     submit_parallelism: int = 8
+    # Extra nodes allocated beside `nodes` (with --no-kill): when a training node fails, the step
+    # is relaunched at once on the survivors from the last checkpoint, without a requeue.
+    spare_nodes: int = 0
+    # Requeues and relaunches of the job in all, whatever the cause.
+    max_restarts: int = 20
+    # Restarts allowed per cause; past one, the job stops with a `failure` event.
+    restart_budget: dict[str, int] = field(
+        default_factory=lambda: {"preempt": 50, "timelimit": 50, "node_failure": 5, "crash": 1, "hang": 2}
+    )
 
     def __post_init__(self) -> None:
+        for key in ("spare_nodes", "max_restarts"):
+            value = getattr(self, key)
+            _require(value >= 0, f"slurm.{key}", f"must be >= 0 (got {value})")
+        for cause, budget in self.restart_budget.items():
+            _require(cause in RESTART_CAUSES, f"slurm.restart_budget.{cause}",
+                     f"unknown cause; the causes are {', '.join(RESTART_CAUSES)}")
+            _require(budget >= 0, f"slurm.restart_budget.{cause}", f"must be >= 0 (got {budget})")
         for key in ("nodes", "submit_parallelism"):
             value = getattr(self, key)
             _require(value >= 1, f"slurm.{key}", f"must be >= 1 (got {value})")
