@@ -85,3 +85,37 @@ def wait_finished(env: dict[str, str], job_id: str, timeout_s: float = 300) -> s
 
 def job_output(run_dir: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted(run_dir.glob("slurm-*.out")))
+
+
+def lift_requeue_hold(env: dict[str, str], job_id: str, timeout_s: float = 120) -> None:
+    """A requeued job waits ~120 s (Reason=BeginTime); tests start it at once. The product never
+    depends on this (it needs a PENDING job and, on a real site, the right to change it)."""
+    wait_for_state(env, job_id, {"PENDING"}, timeout_s)
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], env=env, capture_output=True)
+
+
+def wait_for_step(run_dir: Path, step: int, timeout_s: float = 300) -> None:
+    """Until metrics.jsonl shows a logged step >= `step` (training is under way)."""
+    import json
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        path = run_dir / "metrics.jsonl"
+        if path.exists():
+            lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}")]
+            if lines and lines[-1]["step"] >= step:
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"{run_dir}: no step >= {step} within {timeout_s:.0f} s\n{job_output(run_dir)}")
+
+
+def events(run_dir: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+def train_locally(env: dict[str, str], run_dir: Path, *overrides: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={run_dir}", *overrides],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -4,8 +4,9 @@
         at every start of the batch script. A restart Slurm made on its own (the batch node
         died, an administrator requeued) is recorded as a node failure. Exit 0 to train, 3 when
         a restart budget is spent.
-    python -m hpctrain.slurm.control after-step RUN_DIR EXIT_CODE TERMINATED EXCLUDED
-        when the srun step has ended. Prints one action for the shell:
+    python -m hpctrain.slurm.control after-step RUN_DIR EXIT_CODE TERMINATED WARNED EXCLUDED
+        when the srun step has ended (TERMINATED: the shell got SIGTERM, i.e. scancel; WARNED:
+        it got the time-limit signal). Prints one action for the shell:
             finish              the run is done
             requeue [NODES]     scontrol requeue this job (after excluding NODES)
             relaunch NODES      srun again at once on the survivors, excluding NODES
@@ -95,7 +96,7 @@ class Controller:
         reasons = [e.get("reason") for e in self._since_last_start() if e.get("event") == "checkpoint"]
         return reasons[-1] if reasons and reasons[-1] in ("timelimit", "preempt", "interrupt") else None
 
-    def after_step(self, exit_code: int, terminated: bool, excluded: list[str]) -> str:
+    def after_step(self, exit_code: int, terminated: bool, excluded: list[str], warned: bool = False) -> str:
         recent = self._since_last_start()
         if exit_code == 0 or any(e.get("event") == "finish" for e in recent):
             return "finish"
@@ -106,7 +107,8 @@ class Controller:
         lost = sorted(set(self._lost_nodes()) - set(excluded))
         if lost:
             cause = "node_failure"
-        elif saved_for == "timelimit" or exit_code == EXIT_REQUEUE:
+        elif saved_for == "timelimit" or exit_code == EXIT_REQUEUE or warned:
+            # `warned` alone: the warning came before the workers could take it (start-up).
             cause = "timelimit"
         elif saved_for in ("preempt", "interrupt") or exit_code == EXIT_STOPPED:
             cause = "preempt"  # SIGTERM to the tasks but not to this shell: Slurm's preemption
@@ -146,6 +148,7 @@ class Controller:
         return parse_node_list(match.group(1))
 
     def _lost_nodes(self) -> list[str]:
+        """Nodes of this job that left the allocation or are down (names as Slurm gives them)."""
         original = parse_node_list(self.env.get("SLURM_JOB_NODELIST", "")) if self.env.get("SLURM_JOB_NODELIST") else []
         now = set(self._allocated_nodes())
         gone = [n for n in original if n not in now]
@@ -160,15 +163,18 @@ class Controller:
         return sorted(set(nodes) & down)
 
 
+_NODE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) >= 2 and args[0] == "begin":
         sys.exit(Controller(Path(args[1])).begin())
-    if len(args) == 5 and args[0] == "after-step":
-        excluded = [n for n in args[4].split(",") if n]
-        print(Controller(Path(args[1])).after_step(int(args[2]), args[3] == "1", excluded))
+    if len(args) == 6 and args[0] == "after-step":
+        excluded = [n for n in args[5].split(",") if _NODE_NAME.match(n)]
+        print(Controller(Path(args[1])).after_step(int(args[2]), args[3] == "1", excluded, warned=args[4] == "1"))
         return
-    sys.exit("usage: python -m hpctrain.slurm.control begin RUN_DIR | after-step RUN_DIR CODE TERMINATED EXCLUDED")
+    sys.exit("usage: python -m hpctrain.slurm.control begin RUN_DIR | after-step RUN_DIR CODE TERMINATED WARNED EXCLUDED")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,166 @@
+"""Never lose training, on a real Slurm cluster: preemption, time limit, node failure, hot
+spares and restart budgets. Each run ends with weights bit-identical to an uninterrupted one."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from slurmtools import (
+    events,
+    job_field,
+    job_output,
+    lift_requeue_hold,
+    start_cluster,
+    submit,
+    train_locally,
+    wait_finished,
+    wait_for_state,
+    wait_for_step,
+)
+
+pytestmark = pytest.mark.slurm
+
+# Long enough to be interrupted mid-run; digits has 22 steps an epoch at 2 x 32, so any
+# interruption point is mid-epoch or close to it.
+RUN = ["trainer.log_every=5", "trainer.eval_every=0", "trainer.ckpt_every=20"]
+
+
+@pytest.fixture(scope="module")
+def slurm_env() -> dict[str, str]:
+    return start_cluster()
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def of(kind: str, run_dir: Path) -> list[dict]:
+    return [e for e in events(run_dir) if e["event"] == kind]
+
+
+def node_state(env: dict[str, str], node: str, state: str) -> None:
+    done = subprocess.run(["scontrol", "update", f"nodename={node}", f"state={state}", "reason=hpctrain-test"],
+                          env=env, capture_output=True, text=True)
+    # ReturnToService=2 may have brought a downed node back already: resuming it then fails.
+    assert done.returncode == 0 or state == "resume", done.stderr
+
+
+def test_preemption_saves_at_the_signal_step_and_resumes_exactly(slurm_env, tmp_path: Path) -> None:
+    run_dir = tmp_path / "preempted"
+    config = [*RUN, "trainer.max_steps=900", "slurm.nodes=2", "slurm.ntasks_per_node=1"]
+    (job_id,), _ = submit(slurm_env, run_dir, *config)
+    wait_for_step(run_dir, 60)
+    # A job in the high-priority partition that needs every node preempts ours.
+    urgent = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", "3", "-o", "/dev/null",
+                             "--wrap", "sleep 2"], env=slurm_env, capture_output=True, text=True, check=True)
+    lift_requeue_hold(slurm_env, job_id)
+    assert wait_finished(slurm_env, urgent.stdout.strip().split(";")[0]) == "COMPLETED"
+    assert wait_finished(slurm_env, job_id, timeout_s=600) == "COMPLETED", job_output(run_dir)
+    saved = [e for e in of("checkpoint", run_dir) if e["reason"] == "preempt"]
+    assert len(saved) == 1, events(run_dir)
+    starts = of("start", run_dir)
+    assert [s["restart"] for s in starts] == [0, 1]
+    # Zero lost steps: the second life starts at exactly the step the signal stopped.
+    assert starts[1]["resumed_from_step"] == saved[0]["step"] > 60
+    assert [e["cause"] for e in of("requeue", run_dir)] == ["preempt"]
+    reference = tmp_path / "reference"
+    train_locally(slurm_env, reference, *config, "trainer.nprocs=2")
+    assert same_weights(run_dir, reference)
+
+
+def test_time_limit_requeues_until_done(slurm_env, tmp_path: Path) -> None:
+    run_dir = tmp_path / "timelimited"
+    # 1-minute allocations, warned 40 s ahead (Slurm may warn up to a minute early): the run
+    # needs several of them.
+    config = [*RUN, "trainer.max_steps=3000", "slurm.time=1", "slurm.signal_delay_s=40"]
+    (job_id,), _ = submit(slurm_env, run_dir, *config)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        state = job_field(slurm_env, job_id, "JobState")
+        if state == "COMPLETED" or state in ("FAILED", "CANCELLED", "TIMEOUT"):
+            break
+        if state == "PENDING" and job_field(slurm_env, job_id, "Reason") == "BeginTime":
+            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], env=slurm_env,
+                           capture_output=True)
+        time.sleep(1)
+    assert job_field(slurm_env, job_id, "JobState") == "COMPLETED", job_output(run_dir)
+    requeues = of("requeue", run_dir)
+    assert requeues and {e["cause"] for e in requeues} == {"timelimit"}, events(run_dir)
+    assert len(of("start", run_dir)) == len(requeues) + 1
+    assert of("finish", run_dir)[0]["step"] == 3000
+    reference = tmp_path / "reference"
+    train_locally(slurm_env, reference, *config)
+    assert same_weights(run_dir, reference)
+
+
+def test_node_failure_requeues_without_the_node(slurm_env, tmp_path: Path) -> None:
+    run_dir = tmp_path / "node-failure"
+    config = [*RUN, "trainer.max_steps=600", "slurm.nodes=2", "slurm.ntasks_per_node=1"]
+    (job_id,), _ = submit(slurm_env, run_dir, *config)
+    wait_for_step(run_dir, 50)
+    first = of("start", run_dir)[0]["nodes"]
+    victim = first[1]  # not the batch node: the batch script survives and decides
+    node_state(slurm_env, victim, "down")
+    try:
+        wait_for_state(slurm_env, job_id, {"PENDING"}, 120)
+        assert victim in (job_field(slurm_env, job_id, "ExcNodeList") or ""), job_output(run_dir)
+        lift_requeue_hold(slurm_env, job_id)
+        assert wait_finished(slurm_env, job_id, timeout_s=600) == "COMPLETED", job_output(run_dir)
+    finally:
+        node_state(slurm_env, victim, "resume")
+    failures = [e for e in of("failure", run_dir) if e["cause"] == "node_failure"]
+    assert failures and failures[0]["nodes"] == [victim]
+    starts = of("start", run_dir)
+    assert len(starts) == 2 and victim not in starts[1]["nodes"]
+    # At most one checkpoint interval lost: resumed from the last periodic checkpoint.
+    assert starts[1]["resumed_from_step"] % 20 == 0 and starts[1]["resumed_from_step"] >= 40
+    reference = tmp_path / "reference"
+    train_locally(slurm_env, reference, *config, "trainer.nprocs=2")
+    assert same_weights(run_dir, reference)
+
+
+def test_hot_spare_relaunches_without_requeue(slurm_env, tmp_path: Path) -> None:
+    run_dir = tmp_path / "spare"
+    config = [*RUN, "trainer.max_steps=600", "slurm.nodes=2", "slurm.ntasks_per_node=1", "slurm.spare_nodes=1"]
+    (job_id,), _ = submit(slurm_env, run_dir, *config)
+    wait_for_step(run_dir, 50)
+    victim = of("start", run_dir)[0]["nodes"][1]
+    failed_at = time.time()
+    node_state(slurm_env, victim, "down")
+    try:
+        assert wait_finished(slurm_env, job_id, timeout_s=600) == "COMPLETED", job_output(run_dir)
+    finally:
+        node_state(slurm_env, victim, "resume")
+    assert job_field(slurm_env, job_id, "Restarts") == "0"  # never requeued
+    relaunches = of("relaunch", run_dir)
+    assert len(relaunches) == 1 and relaunches[0]["failed"] == [victim], events(run_dir)
+    assert of("requeue", run_dir) == []
+    starts = of("start", run_dir)
+    assert len(starts) == 2 and victim not in starts[1]["nodes"] and len(starts[1]["nodes"]) == 2
+    # Seconds from the node failure to training again (the relaunched step's start event).
+    print(f"hot spare: {starts[1]['time'] - failed_at:.1f} s from node failure to the relaunched step")
+    assert starts[1]["time"] - failed_at < 60
+    reference = tmp_path / "reference"
+    train_locally(slurm_env, reference, *config, "trainer.nprocs=2")
+    assert same_weights(run_dir, reference)
+
+
+def test_restart_budget_stops_a_job_that_always_fails(slurm_env, tmp_path: Path) -> None:
+    run_dir = tmp_path / "always-fails"
+    # A model that cannot be built fails at every start: one crash restart is allowed, then stop.
+    (job_id,), _ = submit(slurm_env, run_dir, "trainer.max_steps=20", "slurm.restart_budget.crash=1",
+                          "model.hidden=-5")
+    lift_requeue_hold(slurm_env, job_id)
+    assert wait_finished(slurm_env, job_id, timeout_s=300) == "FAILED", job_output(run_dir)
+    crashes = [e for e in of("failure", run_dir) if e["cause"] == "crash"]
+    assert len(crashes) == 2
+    assert [e["cause"] for e in of("requeue", run_dir)] == ["crash"]
+    spent = [e for e in of("failure", run_dir) if e["cause"] == "budget"]
+    assert spent and "crash" in spent[0]["reason"]
+    wait_for_state(slurm_env, job_id, {"FAILED"}, 5)
