@@ -109,6 +109,10 @@ def test_node_failure_requeues_without_the_node(slurm_env, tmp_path: Path) -> No
     node_state(slurm_env, victim, "down")
     try:
         wait_for_state(slurm_env, job_id, {"PENDING"}, 120)
+        # The exclusion lands a moment after the requeue (the same scontrol process).
+        deadline = time.monotonic() + 10
+        while victim not in (job_field(slurm_env, job_id, "ExcNodeList") or "") and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert victim in (job_field(slurm_env, job_id, "ExcNodeList") or ""), job_output(run_dir)
         lift_requeue_hold(slurm_env, job_id)
         assert wait_finished(slurm_env, job_id, timeout_s=600) == "COMPLETED", job_output(run_dir)
