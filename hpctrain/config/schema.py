@@ -83,9 +83,12 @@ class TrainerConfig:
     keep_checkpoints: int = 2
     # Write periodic checkpoints in a background thread; training waits only for an in-memory copy.
     async_checkpoint: bool = True
+    # End a process when no step finishes for this many seconds (a hang), so the job recovers
+    # instead of idling to its time limit; 0 disables. Covers start-up and the first step too.
+    hang_timeout_s: int = 1800
 
     def __post_init__(self) -> None:
-        for key in ("max_steps", "epochs", "eval_every", "ckpt_every"):
+        for key in ("max_steps", "epochs", "eval_every", "ckpt_every", "hang_timeout_s"):
             value = getattr(self, key)
             _require(value >= 0, f"trainer.{key}", f"must be >= 0 (got {value})")
         for key in ("log_every", "nprocs", "threads", "grad_accum", "collective_timeout_s"):

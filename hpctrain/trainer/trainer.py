@@ -26,6 +26,7 @@ from hpctrain.signals import StopFlag
 from hpctrain.trainer import components, loaders
 from hpctrain.trainer.evaluate import evaluate, flatten
 from hpctrain.trainer.progress import Progress
+from hpctrain.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class StopTraining(Exception):
 
 class Trainer:
     def __init__(self, config: Config, ctx: DistContext, run_dir: Path, stop: StopFlag | None = None) -> None:
+        self.watchdog = Watchdog(config.trainer.hang_timeout_s).start()
         self.config = config
         self.ctx = ctx
         self.run = RunDir(Path(run_dir))
@@ -85,6 +87,7 @@ class Trainer:
         while self.state.step < self.total_steps:
             progress.add(self._step(batches))
             self.state.step += 1
+            self.watchdog.beat()
             step, final = self.state.step, self.state.step == self.total_steps
             evaluate_now = final or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
             if evaluate_now or step % cfg.log_every == 0:
@@ -100,6 +103,7 @@ class Trainer:
         self._save("final", background=False)
         self._save_weights()
         self.journal.event("finish", **last)
+        self.watchdog.stop()
         return last
 
     def evaluate(self) -> dict[str, float]:
@@ -111,6 +115,7 @@ class Trainer:
             started = time.perf_counter()
             record.update(self.evaluate())
             progress.pause(time.perf_counter() - started)
+            self.watchdog.beat()  # a long evaluation is progress, not a hang
         self.metrics.write(record)
         if self.ctx.is_main:
             progress.log_line(record)
@@ -198,6 +203,7 @@ class Trainer:
         blocked = self.checkpointer.save(self.state.step, state, reason, background)
         if not background:
             self.checkpointer.wait()
+        self.watchdog.beat()
         return blocked
 
     def _resume(self) -> None:
