@@ -168,3 +168,16 @@ def test_restart_budget_stops_a_job_that_always_fails(slurm_env, tmp_path: Path)
     spent = [e for e in of("failure", run_dir) if e["cause"] == "budget"]
     assert spent and "crash" in spent[0]["reason"]
     wait_for_state(slurm_env, job_id, {"FAILED"}, 5)
+
+
+def test_scancel_saves_and_stops_without_requeue(slurm_env, tmp_path: Path) -> None:
+    run_dir = tmp_path / "cancelled"
+    (job_id,), _ = submit(slurm_env, run_dir, *RUN, "trainer.max_steps=5000", "slurm.nodes=2", "slurm.ntasks_per_node=1")
+    wait_for_step(run_dir, 40)
+    subprocess.run(["scancel", job_id], env=slurm_env, check=True)
+    assert wait_finished(slurm_env, job_id, timeout_s=120) == "CANCELLED"
+    time.sleep(2)  # the last journal lines of the batch shell
+    saved = [e for e in of("checkpoint", run_dir) if e["reason"] == "preempt"]
+    assert len(saved) == 1 and saved[0]["step"] >= 40, events(run_dir)
+    assert of("requeue", run_dir) == [] and job_field(slurm_env, job_id, "Restarts") == "0"
+    assert of("finish", run_dir) == []
