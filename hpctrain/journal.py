@@ -29,8 +29,14 @@ class JsonLines:
         if not self.enabled:
             return
         line = json.dumps({k: _finite(v) for k, v in record.items()}, sort_keys=False)
-        with open(self.path, "a", encoding="utf-8") as file:
-            file.write(line + "\n")
+        with open(self.path, "a+b") as file:
+            # A process killed mid-write leaves a torn last line: start on a fresh line so this
+            # record is not glued to the fragment.
+            if file.tell() > 0:
+                file.seek(-1, 2)
+                if file.read(1) != b"\n":
+                    line = "\n" + line
+            file.write((line + "\n").encode("utf-8"))
 
 
 class Journal(JsonLines):

@@ -16,7 +16,6 @@ import torch.distributed as dist
 from hpctrain.dist import DistContext
 from hpctrain.exitcodes import EXIT_REQUEUE, EXIT_STOPPED
 
-
 # Larger wins when ranks saw different signals.
 _CODES = {"timelimit": 1, "preempt": 2, "interrupt": 3}
 _REASONS = {code: reason for reason, code in _CODES.items()}

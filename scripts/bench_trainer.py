@@ -37,7 +37,9 @@ from hpctrain.trainer.trainer import Trainer
 
 # Same arithmetic on both sides: no clipping, no schedule, no mid-run evaluation.
 # Periodic checkpoints are off (the baseline has none); the final one is in both runs and cancels.
-FAIRNESS = ["trainer.grad_clip=0", "sched=constant", "trainer.eval_every=0", "trainer.threads=1", "trainer.ckpt_every=0"]
+FAIRNESS = [
+    "trainer.grad_clip=0", "sched=constant", "trainer.eval_every=0", "trainer.threads=1", "trainer.ckpt_every=0"
+]
 
 
 def baseline(config: Config, ctx: DistContext, steps: int) -> None:

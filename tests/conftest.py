@@ -1,17 +1,21 @@
 """Shared fixtures: run `hpctrain-train` as a real subprocess and read what it left behind.
 
-Training runs are the slow part of the suite, so `train_run` caches them for the whole session
+Training runs are the slow part of the suite, so `train_run` keeps them for the whole session
 under a label: tests that need the same run (the default 2-process run, the 1 x 64 MLP run...)
-share one subprocess instead of training twice.
+share one subprocess instead of training twice. `train_run.prefetch(...)` starts a module's runs
+side by side (a bounded number of training processes at a time), which fills the time each run
+spends importing and spawning; the results do not depend on it (one thread per process).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -28,10 +32,14 @@ _FOREIGN_ENV = (
     "MASTER_PORT",
     "SLURM_JOB_ID",
     "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_STEP_ID",
     "SLURM_RESTART_COUNT",
 )
 
 RUN_TIMEOUT_S = 300
+# Training processes running at once during a prefetch (the launcher processes mostly wait).
+MAX_PARALLEL_PROCS = 4
 
 
 def train_env(pythonpath: Path | None = None) -> dict[str, str]:
@@ -43,15 +51,18 @@ def train_env(pythonpath: Path | None = None) -> dict[str, str]:
     return env
 
 
+def train_command(run_dir: Path, overrides: tuple[str, ...] | list[str]) -> list[str]:
+    return [sys.executable, "-m", "hpctrain.cli.train", *overrides, f"hydra.run.dir={run_dir}"]
+
+
 def run_train(
     run_dir: Path, overrides: tuple[str, ...] | list[str], pythonpath: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """`hpctrain-train OVERRIDES hydra.run.dir=RUN_DIR`, from RUN_DIR's parent (nothing lands
     in the repository), with one intra-op thread per process."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "hpctrain.cli.train", *overrides, f"hydra.run.dir={run_dir}"]
     return subprocess.run(
-        command,
+        train_command(run_dir, overrides),
         cwd=run_dir.parent,
         env=train_env(pythonpath),
         capture_output=True,
@@ -83,35 +94,99 @@ def finish(run_dir: Path) -> dict:
     return done[0]
 
 
-TrainRun = Callable[..., tuple[subprocess.CompletedProcess[str], Path]]
+@dataclass(frozen=True)
+class Spec:
+    label: str
+    overrides: tuple[str, ...]
+    pythonpath: Path | None = None
+
+    @property
+    def nprocs(self) -> int:
+        for override in self.overrides:
+            if override.startswith("trainer.nprocs="):
+                return max(1, int(override.split("=", 1)[1]))
+        return 1
 
 
-@pytest.fixture(scope="session")
-def train_run(tmp_path_factory: pytest.TempPathFactory) -> TrainRun:
-    """`train_run(label, *overrides)` -> (CompletedProcess, run_dir), trained once per session.
+class TrainRuns:
+    """`runs(label, *overrides)` -> (CompletedProcess, run_dir), trained once per session.
 
     The label names the run: two labels with the same overrides train twice (the determinism
-    test needs that), one label asked for again returns the first result. Asking for a label
-    with other overrides than the first time is a test bug and fails."""
-    cache: dict[str, tuple[tuple[str, ...], subprocess.CompletedProcess[str], Path]] = {}
+    test needs that); a label asked for again returns the first result. Asking for a label with
+    other overrides than the first time is a test bug and fails."""
 
-    def run(label: str, *overrides: str) -> tuple[subprocess.CompletedProcess[str], Path]:
-        if label in cache:
-            first, proc, run_dir = cache[label]
-            assert first == overrides, f"run {label!r} was first asked for with {first}, now {overrides}"
-            return proc, run_dir
-        run_dir = tmp_path_factory.mktemp(label) / "run"
-        proc = run_train(run_dir, overrides)
-        cache[label] = (overrides, proc, run_dir)
-        return proc, run_dir
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self.tmp_path_factory = tmp_path_factory
+        self.specs: dict[str, Spec] = {}
+        self.results: dict[str, tuple[subprocess.CompletedProcess[str], Path]] = {}
 
-    return run
+    def __call__(self, label: str, *overrides: str, pythonpath: Path | None = None) -> tuple[
+        subprocess.CompletedProcess[str], Path
+    ]:
+        self.prefetch(Spec(label, tuple(overrides), pythonpath))
+        return self.results[label]
+
+    def prefetch(self, *specs: Spec) -> None:
+        """Train every spec not trained yet, up to MAX_PARALLEL_PROCS training processes at once."""
+        todo: list[Spec] = []
+        for spec in specs:
+            known = self.specs.setdefault(spec.label, spec)
+            assert known == spec, f"run {spec.label!r} was first asked for as {known}, now {spec}"
+            if spec.label not in self.results and spec not in todo:
+                todo.append(spec)
+        running: list[tuple[Spec, subprocess.Popen[str], Path, float]] = []
+        while todo or running:
+            busy = sum(spec.nprocs for spec, *_ in running)
+            while todo and (not running or busy + todo[0].nprocs <= MAX_PARALLEL_PROCS):
+                spec = todo.pop(0)
+                running.append((spec, *self._start(spec), time.monotonic()))
+                busy += spec.nprocs
+            time.sleep(0.1)
+            for entry in list(running):
+                spec, popen, run_dir, started = entry
+                if popen.poll() is None and time.monotonic() - started < RUN_TIMEOUT_S:
+                    continue
+                if popen.poll() is None:  # ran too long: stop the launcher and its workers
+                    os.killpg(popen.pid, signal.SIGKILL)
+                    popen.wait()
+                running.remove(entry)
+                self.results[spec.label] = (self._collect(spec, popen, run_dir), run_dir)
+
+    def _start(self, spec: Spec) -> tuple[subprocess.Popen[str], Path]:
+        root = self.tmp_path_factory.mktemp(spec.label)
+        run_dir = root / "run"
+        with open(root / "stdout.txt", "w") as out, open(root / "stderr.txt", "w") as err:
+            popen = subprocess.Popen(
+                train_command(run_dir, spec.overrides),
+                cwd=root,
+                env=train_env(spec.pythonpath),
+                stdout=out,
+                stderr=err,
+                text=True,
+                start_new_session=True,  # its own process group, so a timeout stops the workers too
+            )
+        return popen, run_dir
+
+    @staticmethod
+    def _collect(spec: Spec, popen: subprocess.Popen[str], run_dir: Path) -> subprocess.CompletedProcess[str]:
+        root = run_dir.parent
+        return subprocess.CompletedProcess(
+            popen.args, popen.returncode, (root / "stdout.txt").read_text(), (root / "stderr.txt").read_text()
+        )
 
 
 @pytest.fixture(scope="session")
-def default_run(train_run: TrainRun) -> Path:
-    """The README quickstart on two processes: default config, `trainer.nprocs=2`."""
-    proc, run_dir = train_run("default-2proc", "trainer.nprocs=2")
+def train_run(tmp_path_factory: pytest.TempPathFactory) -> TrainRuns:
+    return TrainRuns(tmp_path_factory)
+
+
+# The README quickstart on two processes: default config, `trainer.nprocs=2`.
+DEFAULT_RUN = Spec("default-2proc", ("trainer.nprocs=2",))
+
+
+@pytest.fixture(scope="session")
+def default_run(train_run: TrainRuns) -> Path:
+    proc, run_dir = train_run(DEFAULT_RUN.label, *DEFAULT_RUN.overrides)
     assert_ok(proc)
     return run_dir
 
@@ -145,10 +220,9 @@ class WideNet(nn.Module):
 '''
 
 
-@pytest.fixture
-def user_module_dir(tmp_path: Path) -> Path:
-    """A folder holding `mymod.py` (not importable until it is put on the path)."""
-    folder = tmp_path / "usercode"
-    folder.mkdir()
+@pytest.fixture(scope="session")
+def user_module_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding `mymod.py`, importable only once it is put on the path."""
+    folder = tmp_path_factory.mktemp("usercode")
     (folder / "mymod.py").write_text(USER_MODULE)
     return folder

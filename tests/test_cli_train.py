@@ -13,17 +13,43 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import DEFAULT_RUN, Spec, TrainRuns, assert_ok, describe, events, finish, load_weights
 from omegaconf import OmegaConf
 
 from hpctrain.config import load_run_config, targets
 from hpctrain.data.digits import digits
 from hpctrain.journal import read_jsonl
 
-from conftest import assert_ok, describe, events, finish, load_weights, run_train
-
 pytestmark = pytest.mark.slow
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "events.jsonl", "model.pt")
+
+BAD = {"trainer.nprocs=0": "trainer.nprocs", "+model.foo=1": "model.foo"}
+USER_RUN = ("model._target_=mymod.Net", "trainer.nprocs=2", "trainer.max_steps=12", "trainer.log_every=4")
+
+
+def _specs(user_module_dir: Path) -> list[Spec]:
+    return [
+        DEFAULT_RUN,
+        # mymod lives outside hpctrain and the working directory: only PYTHONPATH finds it, in
+        # the launcher and in both spawned training processes.
+        Spec("user-model", USER_RUN, user_module_dir),
+        *(Spec(f"bad-{i}", (override,)) for i, override in enumerate(BAD)),
+    ]
+
+
+@pytest.fixture(scope="module")
+def runs(train_run: TrainRuns, user_module_dir: Path) -> TrainRuns:
+    """Every run of this module, started side by side."""
+    train_run.prefetch(*_specs(user_module_dir))
+    return train_run
+
+
+@pytest.fixture(scope="module")
+def default_run(runs: TrainRuns) -> Path:
+    proc, run_dir = runs(DEFAULT_RUN.label, *DEFAULT_RUN.overrides)
+    assert_ok(proc)
+    return run_dir
 
 
 def test_run_dir_holds_the_contract_files(default_run: Path) -> None:
@@ -99,29 +125,19 @@ def test_model_pt_is_a_plain_state_dict_of_the_saved_models_class(default_run: P
     assert accuracy == pytest.approx(finish(default_run)["eval_accuracy"], abs=1e-9)
 
 
-@pytest.mark.parametrize(
-    "override, key",
-    [("trainer.nprocs=0", "trainer.nprocs"), ("+model.foo=1", "model.foo")],
-)
-def test_a_bad_value_exits_2_naming_the_key_and_leaves_no_run_dir(tmp_path: Path, override: str, key: str) -> None:
-    run_dir = tmp_path / "run"
-    proc = run_train(run_dir, [override])
+@pytest.mark.parametrize("index, override", list(enumerate(BAD)))
+def test_a_bad_value_exits_2_naming_the_key_and_leaves_no_run_dir(runs: TrainRuns, index: int, override: str) -> None:
+    proc, run_dir = runs(f"bad-{index}", override)
     assert proc.returncode == 2, describe(proc)
-    assert key in proc.stderr
+    assert BAD[override] in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert not run_dir.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing else written either
+    # Nothing else was written in the working directory either (beside the captured output).
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["stderr.txt", "stdout.txt"]
 
 
-def test_a_users_own_model_trains_to_the_end(tmp_path: Path, user_module_dir: Path, monkeypatch) -> None:
-    # mymod lives outside hpctrain and the working directory: only PYTHONPATH finds it, in the
-    # launcher and in both spawned training processes.
-    run_dir = tmp_path / "run"
-    proc = run_train(
-        run_dir,
-        ["model._target_=mymod.Net", "trainer.nprocs=2", "trainer.max_steps=12", "trainer.log_every=4"],
-        pythonpath=user_module_dir,
-    )
+def test_a_users_own_model_trains_to_the_end(runs: TrainRuns, user_module_dir: Path, monkeypatch) -> None:
+    proc, run_dir = runs("user-model", *USER_RUN, pythonpath=user_module_dir)
     assert_ok(proc)
     assert finish(run_dir)["step"] == 12
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [4, 8, 12]

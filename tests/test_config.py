@@ -17,8 +17,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
 import hpctrain.config as hconfig
-from hpctrain.config import Config, TrainerConfig, load_run_config, save_resolved, to_typed
-from hpctrain.config import targets
+from hpctrain.config import Config, TrainerConfig, load_run_config, save_resolved, targets, to_typed
 
 Compose = Callable[..., DictConfig]
 

@@ -93,11 +93,6 @@ def test_reading_a_missing_file_gives_nothing(tmp_path: Path) -> None:
     assert read_jsonl(tmp_path / "absent.jsonl") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="JsonLines.write appends after a torn last line without starting a new line: the next "
-    "life's first record is glued to the fragment and lost to read_jsonl",
-)
 def test_the_first_record_after_a_torn_line_is_not_lost(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     journal = Journal(path)

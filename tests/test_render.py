@@ -17,7 +17,9 @@ from hpctrain.config.schema import SlurmConfig
 from hpctrain.slurm.render import filename_pattern, render, sbatch_flag, sbatch_quote
 
 GOLDEN = Path(__file__).parent / "golden"
-HOSTILE = ["a'; touch pwned; echo '", "$(touch pwned)", "`touch pwned`", 'x"; touch pwned; "', "a b", "semi;colon", "#hash"]
+HOSTILE = [
+    "a'; touch pwned; echo '", "$(touch pwned)", "`touch pwned`", 'x"; touch pwned; "', "a b", "semi;colon", "#hash"
+]
 
 
 def make_config(*overrides: str) -> Config:

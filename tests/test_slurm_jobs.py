@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from slurmtools import job_output, start_cluster, submit, wait_finished
 
 pytestmark = pytest.mark.slurm

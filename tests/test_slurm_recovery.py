@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from slurmtools import (
     events,
     job_field,
@@ -172,7 +171,8 @@ def test_restart_budget_stops_a_job_that_always_fails(slurm_env, tmp_path: Path)
 
 def test_scancel_saves_and_stops_without_requeue(slurm_env, tmp_path: Path) -> None:
     run_dir = tmp_path / "cancelled"
-    (job_id,), _ = submit(slurm_env, run_dir, *RUN, "trainer.max_steps=5000", "slurm.nodes=2", "slurm.ntasks_per_node=1")
+    config = [*RUN, "trainer.max_steps=5000", "slurm.nodes=2", "slurm.ntasks_per_node=1"]
+    (job_id,), _ = submit(slurm_env, run_dir, *config)
     wait_for_step(run_dir, 40)
     subprocess.run(["scancel", job_id], env=slurm_env, check=True)
     assert wait_finished(slurm_env, job_id, timeout_s=120) == "CANCELLED"

@@ -32,7 +32,11 @@ def loader_and_master():
 
 
 def job_part(cfg):
-    return {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in cfg if k != "hydra"}
+    return {
+        k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+        for k in cfg
+        if k != "hydra"
+    }
 
 
 def test_same_configs_as_hydra(loader_and_master) -> None:

@@ -16,22 +16,46 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import DEFAULT_RUN, Spec, TrainRuns, assert_ok, finish, load_weights
 from torch.utils.data import DataLoader
 
 from hpctrain.dist import DistContext
 from hpctrain.journal import read_jsonl
 from hpctrain.trainer.loaders import TrainSampler
 
-from conftest import TrainRun, assert_ok, finish, load_weights
-
 # The MLP has no dropout and no batch norm: the equivalence runs below are exact up to float
 # summation order. 25 steps cover the warmup and part of the cosine decay (max_steps=25).
-MLP_STEPS = "trainer.max_steps=25"
+MLP = ("model=mlp", "trainer.max_steps=25")
 ATOL = 1e-5
 
+DET = ("trainer.nprocs=2", "trainer.max_steps=30")
+RUNS = {
+    spec.label: spec
+    for spec in (
+        DEFAULT_RUN,
+        Spec("det-a", DET),
+        Spec("det-b", DET),
+        Spec("det-seed1", (*DET, "trainer.seed=1")),
+        # The reference: 1 process x batch 64.
+        Spec("mlp-1x64", (*MLP, "trainer.nprocs=1", "data.batch_size=64")),
+        Spec("mlp-1x64-seed1", (*MLP, "trainer.nprocs=1", "data.batch_size=64", "trainer.seed=1")),
+        Spec("mlp-2x32", (*MLP, "trainer.nprocs=2", "data.batch_size=32")),
+        Spec("mlp-1x32x2", (*MLP, "trainer.nprocs=1", "data.batch_size=32", "trainer.grad_accum=2")),
+        Spec("mlp-2x16x2", (*MLP, "trainer.nprocs=2", "data.batch_size=16", "trainer.grad_accum=2")),
+    )
+}
 
-def _trained(train_run: TrainRun, label: str, *overrides: str) -> Path:
-    proc, run_dir = train_run(label, *overrides)
+
+@pytest.fixture(scope="module")
+def runs(train_run: TrainRuns) -> TrainRuns:
+    """Every training run of this module, started side by side (longest first)."""
+    train_run.prefetch(*RUNS.values())
+    return train_run
+
+
+def _trained(runs: TrainRuns, label: str) -> Path:
+    spec = RUNS[label]
+    proc, run_dir = runs(spec.label, *spec.overrides)
     assert_ok(proc)
     return run_dir
 
@@ -54,21 +78,13 @@ def _metrics(run_dir: Path) -> list[dict]:
     return read_jsonl(run_dir / "metrics.jsonl")
 
 
-def _mlp_1x64(train_run: TrainRun) -> Path:
-    """1 process x batch 64: the reference for the DDP and the 2-process accumulation runs."""
-    return _trained(train_run, "mlp-1x64", "model=mlp", MLP_STEPS, "trainer.nprocs=1", "data.batch_size=64")
-
-
 # determinism -----------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_same_seed_gives_bit_identical_weights_and_another_seed_does_not(train_run: TrainRun) -> None:
+def test_same_seed_gives_bit_identical_weights_and_another_seed_does_not(runs: TrainRuns) -> None:
     # The default ConvNet has dropout: the per-rank dropout streams must be seeded too.
-    overrides = ("trainer.nprocs=2", "trainer.max_steps=30")
-    first = _trained(train_run, "det-a", *overrides)
-    second = _trained(train_run, "det-b", *overrides)
-    other_seed = _trained(train_run, "det-seed1", *overrides, "trainer.seed=1")
+    first, second, other_seed = (_trained(runs, label) for label in ("det-a", "det-b", "det-seed1"))
     for run_dir in (first, second, other_seed):
         assert finish(run_dir)["step"] == 30
 
@@ -88,12 +104,8 @@ def test_same_seed_gives_bit_identical_weights_and_another_seed_does_not(train_r
 
 
 @pytest.mark.slow
-def test_two_processes_of_32_train_the_same_model_as_one_of_64(train_run: TrainRun) -> None:
-    two = _trained(train_run, "mlp-2x32", "model=mlp", MLP_STEPS, "trainer.nprocs=2", "data.batch_size=32")
-    one = _mlp_1x64(train_run)
-    other_seed = _trained(
-        train_run, "mlp-1x64-seed1", "model=mlp", MLP_STEPS, "trainer.nprocs=1", "data.batch_size=64", "trainer.seed=1"
-    )
+def test_two_processes_of_32_train_the_same_model_as_one_of_64(runs: TrainRuns) -> None:
+    two, one, other_seed = (_trained(runs, label) for label in ("mlp-2x32", "mlp-1x64", "mlp-1x64-seed1"))
     w_two, w_one, w_other = load_weights(two), load_weights(one), load_weights(other_seed)
     _assert_close(w_two, w_one, "2 x 32 vs 1 x 64")
     # The tolerance is far below what a real difference looks like, so the check can fail.
@@ -113,12 +125,10 @@ def test_two_processes_of_32_train_the_same_model_as_one_of_64(train_run: TrainR
 
 
 @pytest.mark.slow
-def test_grad_accum_on_one_process_equals_the_full_batch(train_run: TrainRun) -> None:
-    accum = _trained(
-        train_run, "mlp-1x16x2", "model=mlp", MLP_STEPS, "trainer.nprocs=1", "data.batch_size=16", "trainer.grad_accum=2"
-    )
-    full = _trained(train_run, "mlp-1x32", "model=mlp", MLP_STEPS, "trainer.nprocs=1", "data.batch_size=32")
-    _assert_close(load_weights(accum), load_weights(full), "1 x 16 x 2 micro-batches vs 1 x 32")
+def test_grad_accum_on_one_process_equals_the_full_batch(runs: TrainRuns) -> None:
+    # 1 process x 32 x 2 micro-batches == 1 process x 64.
+    accum, full = _trained(runs, "mlp-1x32x2"), _trained(runs, "mlp-1x64")
+    _assert_close(load_weights(accum), load_weights(full), "1 x 32 x 2 micro-batches vs 1 x 64")
     # The logged loss is the step's loss, not the last micro-batch's or the sum of both.
     for ra, rf in zip(_metrics(accum), _metrics(full), strict=True):
         assert ra["loss"] == pytest.approx(rf["loss"], abs=1e-5)
@@ -127,20 +137,20 @@ def test_grad_accum_on_one_process_equals_the_full_batch(train_run: TrainRun) ->
 
 
 @pytest.mark.slow
-def test_grad_accum_on_two_processes_equals_the_full_batch(train_run: TrainRun) -> None:
+def test_grad_accum_on_two_processes_equals_the_full_batch(runs: TrainRuns) -> None:
     # 2 processes x 16 x 2 micro-batches (the first under DDP's no_sync) == 1 process x 64.
-    accum = _trained(
-        train_run, "mlp-2x16x2", "model=mlp", MLP_STEPS, "trainer.nprocs=2", "data.batch_size=16", "trainer.grad_accum=2"
-    )
-    _assert_close(load_weights(accum), load_weights(_mlp_1x64(train_run)), "2 x 16 x 2 vs 1 x 64")
+    accum, full = _trained(runs, "mlp-2x16x2"), _trained(runs, "mlp-1x64")
+    _assert_close(load_weights(accum), load_weights(full), "2 x 16 x 2 vs 1 x 64")
+    for ra, rf in zip(_metrics(accum), _metrics(full), strict=True):
+        assert ra["loss"] == pytest.approx(rf["loss"], abs=1e-5)
 
 
 # accuracy --------------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_quickstart_reaches_95_percent_on_two_processes(default_run: Path) -> None:
-    done = finish(default_run)
+def test_quickstart_reaches_95_percent_on_two_processes(runs: TrainRuns) -> None:
+    done = finish(_trained(runs, DEFAULT_RUN.label))
     # 10 epochs of 1437 images at 2 x 32 a step: 22 steps an epoch.
     assert done["step"] == 220
     assert done["eval_accuracy"] >= 0.95, done
@@ -221,12 +231,6 @@ def test_w_ranks_of_b_see_the_samples_of_one_rank_of_w_times_b(world_size: int, 
     assert len(one) == 2 * (120 // (world_size * batch))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TrainSampler pads the shards of a dataset that does not divide by the world size "
-    "(DistributedSampler's drop_last=False): a padded duplicate sample adds an extra step per "
-    "epoch, so W x B and 1 x W*B drift apart after the first epoch",
-)
 def test_w_ranks_match_one_rank_across_epochs_when_the_size_does_not_divide() -> None:
     # 9 samples, 2 ranks x 1 vs 1 rank x 2: 4 steps an epoch each, the same samples each step.
     many = _global_batches(9, 2, 1, epochs=2)

@@ -202,7 +202,9 @@ class SlurmConfig:
             _single_line(f"slurm.{key}", getattr(self, key))
         for index, flag in enumerate(self.extra):
             _single_line(f"slurm.extra[{index}]", flag)
-            _require(flag.startswith("-"), f"slurm.extra[{index}]", f"must be a flag like --mail-type=END (got {flag!r})")
+            _require(
+                flag.startswith("-"), f"slurm.extra[{index}]", f"must be a flag like --mail-type=END (got {flag!r})"
+            )
         for index, line in enumerate(self.setup):
             _single_line(f"slurm.setup[{index}]", line)
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from hpctrain.journal import Journal, read_jsonl
 from hpctrain.exitcodes import EXIT_HANG, EXIT_REQUEUE, EXIT_STOPPED
+from hpctrain.journal import Journal, read_jsonl
 from hpctrain.slurm.env import parse_node_list
 
 EXIT_BUDGET_SPENT = 3
@@ -174,7 +174,10 @@ def main(argv: list[str] | None = None) -> None:
         excluded = [n for n in args[5].split(",") if _NODE_NAME.match(n)]
         print(Controller(Path(args[1])).after_step(int(args[2]), args[3] == "1", excluded, warned=args[4] == "1"))
         return
-    sys.exit("usage: python -m hpctrain.slurm.control begin RUN_DIR | after-step RUN_DIR CODE TERMINATED WARNED EXCLUDED")
+    sys.exit(
+        "usage: python -m hpctrain.slurm.control begin RUN_DIR"
+        " | after-step RUN_DIR CODE TERMINATED WARNED EXCLUDED"
+    )
 
 
 if __name__ == "__main__":

@@ -62,7 +62,9 @@ def place(env: Mapping[str, str]) -> SlurmPlace:
     if per_node:
         counts = tasks_per_node(per_node)
         if node_index >= len(counts):
-            raise ValueError(f"SLURM_NODEID={node_index} but SLURM_TASKS_PER_NODE={per_node!r} lists {len(counts)} nodes")
+            raise ValueError(
+                f"SLURM_NODEID={node_index} but SLURM_TASKS_PER_NODE={per_node!r} lists {len(counts)} nodes"
+            )
         local_world_size = counts[node_index]
     else:
         local_world_size = int(env[names["num_tasks"]])

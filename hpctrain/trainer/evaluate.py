@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ContextManager
+from contextlib import AbstractContextManager as ContextManager
 
 import torch
 import torch.distributed as dist

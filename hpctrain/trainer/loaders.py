@@ -20,7 +20,9 @@ class TrainSampler(DistributedSampler):
     the very next batch instead of replaying the epoch."""
 
     def __init__(self, dataset: Dataset, ctx: DistContext, seed: int) -> None:
-        super().__init__(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed)
+        # drop_last: no padding with repeated samples, so a dataset that does not divide by the
+        # world size still gives every world size the same global batches.
+        super().__init__(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed, drop_last=True)
         self.start_at = 0
 
     def __iter__(self) -> Iterator[int]:

@@ -11,7 +11,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any
 
 import torch
 import torch.distributed as dist

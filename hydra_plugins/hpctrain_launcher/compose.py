@@ -9,7 +9,7 @@ the result against Hydra's own per-point composition).
 """
 
 import copy
-from typing import Dict, Iterator, List, Sequence, Tuple
+from collections.abc import Iterator, Sequence
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -32,9 +32,9 @@ def sweep_configs(
     loader: ConfigLoaderImpl, master: DictConfig, job_overrides: Sequence[Sequence[str]]
 ) -> Iterator[DictConfig]:
     parser = OverridesParser.create()
-    composed: Dict[Tuple[str, ...], DictConfig] = {}
+    composed: dict[tuple[str, ...], DictConfig] = {}
     for overrides in job_overrides:
-        parsed: List[Override] = parser.parse_overrides(list(overrides))
+        parsed: list[Override] = parser.parse_overrides(list(overrides))
         structural = tuple(o.input_line for o in parsed if _structural(o, loader))
         if structural not in composed:
             composed[structural] = loader.load_sweep_config(master, list(structural))

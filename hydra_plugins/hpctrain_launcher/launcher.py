@@ -6,9 +6,10 @@ when any point's config is wrong.
 """
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
@@ -51,7 +52,7 @@ class SubmitLauncher(Launcher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info("checking and rendering %d sweep points in %s", len(job_overrides), sweep_dir)
         points = []
-        returns: List[JobReturn] = []
+        returns: list[JobReturn] = []
         configs = sweep_configs(self.hydra_context.config_loader, self.config, job_overrides)  # type: ignore[arg-type]
         for offset, sweep_config in enumerate(configs):
             # What Hydra's run_job does that a submission needs: the point's number and output

@@ -1,8 +1,9 @@
 """Hydra's basic sweeper, less its legality check: hpctrain's launcher checks every point
 itself before submitting any, so composing each point a second time here only costs time."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Optional
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -12,7 +13,7 @@ from hydra.core.config_store import ConfigStore
 class SubmitSweeperConf:
     _target_: str = "hydra_plugins.hpctrain_launcher.sweeper.SubmitSweeper"
     max_batch_size: Optional[int] = None
-    params: Optional[Dict[str, str]] = None
+    params: Optional[dict[str, str]] = None
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="hpctrain_submit", node=SubmitSweeperConf, provider="hpctrain")
