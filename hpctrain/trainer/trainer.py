@@ -9,9 +9,9 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
 import torch
