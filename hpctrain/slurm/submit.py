@@ -57,9 +57,9 @@ def submit_all(points: list[Point], parallelism: int) -> list[str]:
     any other job is queued), the rest `parallelism` at a time. Returns the job ids in order."""
     if not points:
         return []
-    sbatch.sbatch_path()  # say "no sbatch" once, before anything else happens
     job_ids: list[str | None] = [None] * len(points)
     try:
+        sbatch.sbatch_path()  # say "no sbatch" once, before anything else happens
         job_ids[0] = sbatch.submit(points[0].script)
         with ThreadPoolExecutor(max_workers=parallelism) as pool:
             for index, job_id in enumerate(pool.map(lambda p: sbatch.submit(p.script), points[1:]), start=1):

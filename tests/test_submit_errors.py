@@ -1,0 +1,45 @@
+"""hpctrain-submit's failures: said plainly, non-zero, and no run dir or job left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def submit(tmp_path: Path, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain.cli.submit", f"hydra.run.dir={tmp_path / 'run'}", *overrides],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_no_sbatch_on_path_is_said_plainly(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # python, but no Slurm commands
+    done = submit(tmp_path, env)
+    assert done.returncode == 1
+    assert "sbatch: not found on PATH" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_sbatch_refusal_is_shown_in_its_own_words(tmp_path: Path) -> None:
+    # A stand-in sbatch that refuses like Slurm does for an unknown partition.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition name specified' >&2\nexit 1\n"
+    )
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    done = submit(tmp_path, env, "slurm.partition=nope")
+    assert done.returncode == 1
+    assert "Invalid partition name specified" in done.stderr and "Traceback" not in done.stderr
+    assert "Submitted batch job" not in done.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_value_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    done = submit(tmp_path, dict(os.environ), "slurm.nodes=-1")
+    assert done.returncode == 2 and "slurm.nodes" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()
