@@ -181,3 +181,26 @@ def test_scancel_saves_and_stops_without_requeue(slurm_env, tmp_path: Path) -> N
     assert len(saved) == 1 and saved[0]["step"] >= 40, events(run_dir)
     assert of("requeue", run_dir) == [] and job_field(slurm_env, job_id, "Restarts") == "0"
     assert of("finish", run_dir) == []
+
+
+def test_torn_newest_checkpoint_falls_back_and_stays_exact(slurm_env, tmp_path: Path) -> None:
+    run_dir = tmp_path / "torn"
+    config = [*RUN, "trainer.max_steps=600", "slurm.nodes=2", "slurm.ntasks_per_node=1"]
+    (job_id,), _ = submit(slurm_env, run_dir, *config)
+    wait_for_step(run_dir, 70)
+    subprocess.run(["scancel", job_id], env=slurm_env, check=True)
+    assert wait_finished(slurm_env, job_id, timeout_s=120) == "CANCELLED"
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*.pt"))
+    newest, previous = checkpoints[-1], checkpoints[-2]
+    with open(newest, "r+b") as file:  # a write cut short by a dying node
+        file.truncate(newest.stat().st_size // 2)
+    # The rendered script runs again by hand, in the same run dir.
+    again = subprocess.run(["sbatch", "--parsable", str(run_dir / "job.sbatch")], env=slurm_env,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert wait_finished(slurm_env, again, timeout_s=300) == "COMPLETED", job_output(run_dir)
+    resumed = of("start", run_dir)[-1]["resumed_from_step"]
+    assert resumed == int(previous.stem.split("_")[1])
+    assert "not usable" in job_output(run_dir)
+    reference = tmp_path / "reference"
+    train_locally(slurm_env, reference, *config, "trainer.nprocs=2")
+    assert same_weights(run_dir, reference)
