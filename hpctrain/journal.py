@@ -17,6 +17,10 @@ def _finite(value: Any) -> Any:
     # JSON has no NaN or Infinity; a diverged loss is written as null rather than breaking readers.
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
     return value
 
 
@@ -28,7 +32,7 @@ class JsonLines:
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        line = json.dumps({k: _finite(v) for k, v in record.items()}, sort_keys=False)
+        line = json.dumps(_finite(record), allow_nan=False)
         with open(self.path, "a+b") as file:
             # A process killed mid-write leaves a torn last line: start on a fresh line so this
             # record is not glued to the fragment.

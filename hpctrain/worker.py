@@ -8,6 +8,7 @@ Exit codes: 0 finished; signals.EXIT_REQUEUE / EXIT_STOPPED after a signal-force
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from pathlib import Path
@@ -34,14 +35,20 @@ def run(run_dir: Path, ctx: DistContext) -> str | None:
     # Threads before any work: the count is part of what makes a run bit-reproducible.
     torch.set_num_threads(config.trainer.threads)
     hdist.init_process_group(ctx, config.trainer.backend, config.trainer.collective_timeout_s, run_dir)
+    trainer = None
     try:
         log.info("rank %d/%d on %s (%s), run dir %s", ctx.rank, ctx.world_size, ctx.device, ctx.source, run_dir)
-        Trainer(config, ctx, run_dir, stop).train()
+        trainer = Trainer(config, ctx, run_dir, stop)
+        trainer.train()
         return None
     except StopTraining as stopped:
         log.info("%s; checkpoint saved, resume by starting the run dir again", stopped)
         return stopped.reason
     finally:
+        # A DDP model still alive at interpreter shutdown can abort the process ("terminate
+        # called without an active exception"): free it before the process group goes.
+        del trainer
+        gc.collect()
         hdist.destroy_process_group()
 
 

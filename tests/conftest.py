@@ -120,9 +120,9 @@ class TrainRuns:
         self.specs: dict[str, Spec] = {}
         self.results: dict[str, tuple[subprocess.CompletedProcess[str], Path]] = {}
 
-    def __call__(self, label: str, *overrides: str, pythonpath: Path | None = None) -> tuple[
-        subprocess.CompletedProcess[str], Path
-    ]:
+    def __call__(
+        self, label: str, *overrides: str, pythonpath: Path | None = None
+    ) -> tuple[subprocess.CompletedProcess[str], Path]:
         self.prefetch(Spec(label, tuple(overrides), pythonpath))
         return self.results[label]
 

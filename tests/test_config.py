@@ -42,6 +42,11 @@ def user_module(user_module_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return user_module_dir
 
 
+def _trainer_keys(config: Config) -> tuple[int, ...]:
+    cfg = config.trainer
+    return (cfg.max_steps, cfg.epochs, cfg.log_every, cfg.eval_every, cfg.seed, cfg.nprocs, cfg.threads)
+
+
 # the defaults --------------------------------------------------------------------------------
 
 
@@ -55,26 +60,17 @@ def test_defaults_give_a_typed_config(compose_config: Compose) -> None:
     assert config.sched is not None and config.sched["_target_"] == "hpctrain.trainer.schedules.warmup_cosine"
     assert config.data.batch_size == 32
     assert config.optim["lr"] == pytest.approx(1e-3)
-    cfg = config.trainer
-    assert (cfg.max_steps, cfg.epochs, cfg.log_every, cfg.eval_every, cfg.seed, cfg.nprocs, cfg.threads) == (
-        0, 10, 10, 100, 0, 1, 1,
-    )
+    assert _trainer_keys(config) == (0, 10, 10, 100, 0, 1, 1)
     # The resolved DictConfig is what config.yaml holds: no hydra node, no interpolation.
     assert "hydra" not in resolved
     assert "${" not in OmegaConf.to_yaml(resolved)
 
 
 def test_overrides_reach_the_typed_config(compose_config: Compose) -> None:
-    config, _ = typed(
-        compose_config,
-        "trainer.max_steps=7", "trainer.epochs=2", "trainer.log_every=3", "trainer.eval_every=5",
-        "trainer.seed=11", "trainer.nprocs=4", "trainer.threads=2", "data.batch_size=16", "optim.lr=0.5",
-        "model=mlp", "optim=sgd", "sched=constant",
-    )
-    cfg = config.trainer
-    assert (cfg.max_steps, cfg.epochs, cfg.log_every, cfg.eval_every, cfg.seed, cfg.nprocs, cfg.threads) == (
-        7, 2, 3, 5, 11, 4, 2,
-    )
+    trainer = ("max_steps=7", "epochs=2", "log_every=3", "eval_every=5", "seed=11", "nprocs=4", "threads=2")
+    overrides = [f"trainer.{o}" for o in trainer] + ["data.batch_size=16", "optim=sgd", "optim.lr=0.5"]
+    config, _ = typed(compose_config, *overrides, "model=mlp", "sched=constant")
+    assert _trainer_keys(config) == (7, 2, 3, 5, 11, 4, 2)
     assert config.data.batch_size == 16
     assert config.optim == {"_target_": "torch.optim.SGD", "lr": 0.5, "momentum": 0.9, "weight_decay": 0.0}
     assert config.model["_target_"] == "hpctrain.models.mlp.MLP"
