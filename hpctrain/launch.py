@@ -17,13 +17,16 @@ from hpctrain.dist import DistContext
 log = logging.getLogger(__name__)
 
 
-def launch_local(run_dir: Path, nprocs: int) -> int | None:
+def launch_local(run_dir: Path, nprocs: int, timelimit_signal: str = "USR2") -> int | None:
     """Under torchrun this process is already one rank; otherwise spawn `nprocs` ranks.
-    Returns the signal number that stopped the run early, or None when it finished."""
+    `timelimit_signal` is slurm.signal without "SIG": the warning a scheduler sends before the
+    time limit. Returns the signal number that stopped the run early, or None when it finished."""
+    timelimit = getattr(signal, f"SIG{timelimit_signal}")
+    signal_of = {None: None, "preempt": signal.SIGTERM, "interrupt": signal.SIGINT, "timelimit": timelimit}
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return _signal_of(worker.run(run_dir, DistContext.from_env()))
+        return signal_of[worker.run(run_dir, DistContext.from_env())]
     if nprocs == 1:
-        return _signal_of(worker.run(run_dir, DistContext.single()))
+        return signal_of[worker.run(run_dir, DistContext.single())]
     # A file:// rendezvous in a fresh private folder: no port to pick, none to collide.
     with tempfile.TemporaryDirectory(prefix="hpctrain-rdzv-") as rendezvous:
         store = os.path.join(rendezvous, "store")
@@ -40,7 +43,9 @@ def launch_local(run_dir: Path, nprocs: int) -> int | None:
                 if process.is_alive() and process.pid is not None:
                     os.kill(process.pid, signum)
 
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        # Every signal the ranks act on, or the one this launcher dies of would reach them only
+        # as torch's parent-death SIGINT, saved under the wrong reason.
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, timelimit)}
         try:
             while not context.join(timeout=1):
                 pass
@@ -49,6 +54,3 @@ def launch_local(run_dir: Path, nprocs: int) -> int | None:
                 signal.signal(signum, handler)
         return received[0] if received else None
 
-
-def _signal_of(reason: str | None) -> int | None:
-    return {None: None, "preempt": signal.SIGTERM, "interrupt": signal.SIGINT, "timelimit": signal.SIGUSR2}[reason]

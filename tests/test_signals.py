@@ -10,6 +10,12 @@ same config. The uninterrupted reference is trained once for the module.
 
 Nothing here sleeps for correctness: the tests poll metrics.jsonl until the run is past the step
 they want, then signal; waits are bounded by generous deadlines.
+
+Time: every 2-process launch costs tens of seconds of start-up on a small machine, so runs are
+shared. One SIGTERM-stopped run is resumed in place (the SIGTERM test), and two copies of its run
+dir go on: one stopped again by Ctrl-C and resumed (the Ctrl-C and stopped-twice tests), one with
+its newest checkpoint truncated (the torn test). Runs nobody signals (the reference, the resumes)
+train in one background thread beside the run the current test signals.
 """
 
 from __future__ import annotations
@@ -20,16 +26,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_ok, describe, events, finish, load_weights, run_train, train_env
 
 from hpctrain.checkpoint import store
 from hpctrain.journal import read_jsonl
-
-from conftest import assert_ok, describe, events, finish, load_weights, run_train, train_env
 
 pytestmark = [
     pytest.mark.slow,
@@ -98,12 +105,22 @@ class Stopped:
     leftovers: list[Proc]  # processes of the run's group still alive after the launcher exited
     signalled_at_step: int
     new_events: list[dict] = field(default_factory=list)  # events.jsonl lines this run added
+    # The run dir as the stop left it (read at once: a background resume may change it later).
+    checkpoint_steps: list[int] = field(default_factory=list)  # complete checkpoints, newest first
+    newest_meta: dict | None = None  # the newest checkpoint's .json, if its .pt verifies
+    newest_train: dict | None = None  # ... and the TrainState and rank count inside it
+    newest_ranks: int = 0
+    has_model: bool = False
 
     def describe(self) -> str:
         return f"exit {self.returncode}\n--- output ---\n{self.output[-4000:]}"
 
     def checkpoints(self) -> list[dict]:
         return [e for e in self.new_events if e.get("event") == "checkpoint"]
+
+    def forced_step(self) -> int:
+        """The step of the signal-forced (non-periodic) checkpoint, 0 if there is none."""
+        return next((c["step"] for c in reversed(self.checkpoints()) if c["reason"] != "periodic"), 0)
 
 
 def _max_step(path: Path, skip: int) -> int:
@@ -156,7 +173,7 @@ def run_and_signal(
             except ProcessLookupError:
                 pass
             launcher.wait(timeout=30)
-    return Stopped(
+    stopped = Stopped(
         run_dir=run_dir,
         returncode=returncode,
         output=log_path.read_text(),
@@ -164,7 +181,18 @@ def run_and_signal(
         leftovers=leftovers,
         signalled_at_step=step,
         new_events=read_jsonl(journal)[old_events:],
+        has_model=(run_dir / "model.pt").exists(),
     )
+    found = store.entries(run_dir / "checkpoints")
+    stopped.checkpoint_steps = [e.step for e in found]
+    if found:
+        try:
+            stopped.newest_meta = store.verify(found[0])
+            state = torch.load(found[0].data, map_location="cpu", weights_only=True)
+            stopped.newest_train, stopped.newest_ranks = state["train"], len(state["rng"])
+        except Exception as error:  # the checks say the newest is unusable
+            stopped.output += f"\n[test] newest checkpoint {found[0].data.name} is unusable: {error}"
+    return stopped
 
 
 # ---- checks -----------------------------------------------------------------------------------
@@ -178,26 +206,28 @@ def assert_bit_identical(run_dir: Path, reference: dict[str, torch.Tensor]) -> N
 
 
 def assert_stopped_and_saved(stopped: Stopped, reason: str, signum: int, nprocs: int = 2) -> int:
-    """The run saved once, for `reason`, mid-run, exited 128+signum and left no process behind.
-    Returns the step it saved."""
+    """The run saved for `reason` after the signal and mid-run, exited 128+signum and left no
+    process behind. Returns the step it saved."""
     assert stopped.returncode == 128 + signum, stopped.describe()
     saved = stopped.checkpoints()
-    assert [c["reason"] for c in saved] == [reason], f"{saved}\n{stopped.describe()}"
-    step = saved[0]["step"]
+    forced = [c for c in saved if c["reason"] != "periodic"]
+    assert [c["reason"] for c in forced] == [reason], f"{saved}\n{stopped.describe()}"
+    assert saved[-1] is forced[0], "the forced checkpoint is the run's last"
+    step = forced[0]["step"]
     assert stopped.signalled_at_step < step < MAX_STEPS, f"saved at {step}, signalled at {stopped.signalled_at_step}"
-    assert saved[0]["blocking_s"] >= 0 and saved[0]["write_s"] >= 0
+    assert forced[0]["blocking_s"] >= 0 and forced[0]["write_s"] >= 0
     assert not [e for e in stopped.new_events if e.get("event") == "finish"]
+    assert not stopped.has_model, "a stopped run has no final weights yet"
 
-    # The checkpoint on disk is whole and knows where in the epoch the run stood.
-    entry = store.paths_for(stopped.run_dir / "checkpoints", step)
-    meta = store.verify(entry)
-    assert meta["reason"] == reason and meta["step"] == step
-    state = torch.load(entry.data, map_location="cpu", weights_only=True)
-    train = state["train"]
+    # The newest checkpoint on disk is that one, whole, and knows where in the epoch the run stood.
+    assert stopped.checkpoint_steps[:1] == [step], stopped.checkpoint_steps
+    assert stopped.newest_meta is not None and stopped.newest_train is not None, stopped.describe()
+    assert stopped.newest_meta["reason"] == reason and stopped.newest_meta["step"] == step
+    train = stopped.newest_train
     assert train["step"] == step
     assert train["epoch"] * STEPS_PER_EPOCH + train["batch_in_epoch"] == step, train
     assert 0 <= train["batch_in_epoch"] <= STEPS_PER_EPOCH, train
-    assert len(state["rng"]) == nprocs  # every rank's generators
+    assert stopped.newest_ranks == nprocs  # every rank's generators
 
     if nprocs > 1:
         assert len(stopped.workers) == nprocs, f"expected {nprocs} training processes, saw {stopped.workers}"
@@ -217,14 +247,34 @@ def assert_resumed(run_dir: Path, proc: subprocess.CompletedProcess[str], from_s
     assert not list(run_dir.rglob("*.tmp"))
 
 
+def forced_checkpoints(run_dir: Path) -> list[tuple[int, str]]:
+    return [(c["step"], c["reason"]) for c in events(run_dir, "checkpoint") if c["reason"] != "periodic"]
+
+
 # ---- shared runs -------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def reference_run(train_run) -> Path:
-    """The uninterrupted 2-process run every stopped run is compared with."""
-    proc, run_dir = train_run("signals-reference", *TWO_PROCS)
-    assert_ok(proc)
+def background() -> Iterator[ThreadPoolExecutor]:
+    """Runs nobody signals go here, one at a time, beside the run the current test drives."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background-run")
+    yield pool
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def reference_future(
+    background: ThreadPoolExecutor, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Future[subprocess.CompletedProcess[str]]]:
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    return run_dir, background.submit(run_train, run_dir, TWO_PROCS)
+
+
+@pytest.fixture(scope="module")
+def reference_run(reference_future: tuple[Path, Future[subprocess.CompletedProcess[str]]]) -> Path:
+    """The uninterrupted 2-process run (only a final checkpoint) every stopped run must equal."""
+    run_dir, future = reference_future
+    assert_ok(future.result())
     assert [e["reason"] for e in events(run_dir, "checkpoint")] == ["final"]
     return run_dir
 
@@ -236,42 +286,80 @@ def reference(reference_run: Path) -> dict[str, torch.Tensor]:
 
 @dataclass
 class Preempted:
+    """A 2-process run with periodic checkpoints, stopped by SIGTERM to the launcher (a `kill`,
+    a preemption), and what became of it: resumed in place, and two copies of its run dir."""
+
     stopped: Stopped
-    copy: Path  # the run dir as the stop left it, for a second scenario to go on from
+    resumed: Future[subprocess.CompletedProcess[str]] | None  # the same command again, in place
+    twice_dir: Path  # a copy, for the Ctrl-C scenario to go on from
+    torn_dir: Path  # a copy whose newest .pt was truncated, then resumed:
+    torn_resumed: Future[subprocess.CompletedProcess[str]] | None
+    torn_step: int = 0  # the newest checkpoint, truncated
+    fallback_step: int = 0  # the one before it
 
 
 @pytest.fixture(scope="module")
-def preempted(tmp_path_factory: pytest.TempPathFactory) -> Preempted:
-    """A 2-process run stopped by SIGTERM to the launcher (a `kill`, a preemption)."""
+def preempted(
+    tmp_path_factory: pytest.TempPathFactory,
+    background: ThreadPoolExecutor,
+    reference_future: tuple[Path, Future[subprocess.CompletedProcess[str]]],  # trains meanwhile
+) -> Preempted:
     run_dir = tmp_path_factory.mktemp("preempted") / "run"
-    stopped = run_and_signal(run_dir, TWO_PROCS, signal.SIGTERM, after=STOP_AFTER)
-    copy = tmp_path_factory.mktemp("preempted-copy") / "run"
-    shutil.copytree(run_dir, copy, symlinks=True)
-    return Preempted(stopped, copy)
+    stopped = run_and_signal(run_dir, TWO_PROCS_PERIODIC, signal.SIGTERM, after=STOP_AFTER)
+    twice_dir = tmp_path_factory.mktemp("twice") / "run"
+    torn_dir = tmp_path_factory.mktemp("torn") / "run"
+    for copy in (twice_dir, torn_dir):
+        shutil.copytree(run_dir, copy, symlinks=True)
+    result = Preempted(stopped, None, twice_dir, torn_dir, None)
+    if stopped.returncode != 128 + signal.SIGTERM or len(stopped.checkpoint_steps) < 2:
+        return result  # the tests say what went wrong; nothing to resume
+    newest, older = store.entries(torn_dir / "checkpoints")[:2]
+    with open(newest.data, "r+b") as file:  # as if the newest's write had been cut short
+        file.truncate(newest.data.stat().st_size // 2)
+    result.torn_step, result.fallback_step = newest.step, older.step
+    result.resumed = background.submit(run_train, run_dir, TWO_PROCS_PERIODIC)
+    result.torn_resumed = background.submit(run_train, torn_dir, TWO_PROCS_PERIODIC)
+    return result
 
 
-# ---- SIGTERM: preemption -------------------------------------------------------------------
+@dataclass
+class Twice:
+    first: int  # the step the SIGTERM saved
+    ctrl_c: Stopped  # the resumed run, stopped by SIGINT to its whole process group
+    final: Future[subprocess.CompletedProcess[str]] | None  # resumed again, to the end
 
 
-def test_sigterm_saves_mid_epoch_and_the_resume_is_bit_identical(
-    preempted: Preempted, reference: dict[str, torch.Tensor]
-) -> None:
-    stopped, run_dir = preempted.stopped, preempted.stopped.run_dir
-    k = assert_stopped_and_saved(stopped, "preempt", signal.SIGTERM)
-    assert not (run_dir / "model.pt").exists(), "a stopped run has no final weights yet"
-    assert f"hydra.run.dir={run_dir}" in stopped.output  # the launcher says how to resume
+@pytest.fixture(scope="module")
+def twice(preempted: Preempted, background: ThreadPoolExecutor) -> Twice:
+    """The preempted run (a copy of its run dir) resumed, stopped by Ctrl-C, resumed again."""
+    run_dir = preempted.twice_dir
+    first = preempted.stopped.forced_step()
+    ctrl_c = run_and_signal(run_dir, TWO_PROCS_PERIODIC, signal.SIGINT, after=first + STOP_AFTER, whole_group=True)
+    final = None
+    if ctrl_c.returncode == 128 + signal.SIGINT:
+        final = background.submit(run_train, run_dir, TWO_PROCS_PERIODIC)
+    return Twice(first, ctrl_c, final)
 
-    resumed = run_train(run_dir, TWO_PROCS)  # the very same command
 
-    assert_resumed(run_dir, resumed, [k])
-    assert [(c["step"], c["reason"]) for c in events(run_dir, "checkpoint")] == [(k, "preempt"), (400, "final")]
-    assert_bit_identical(run_dir, reference)
+# The tests that drive a run of their own come first, those that read background runs last: the
+# runs in `background` train meanwhile.
+
+# ---- Ctrl-C ------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_saves_as_interrupt_and_leaves_no_process(twice: Twice) -> None:
+    stopped = twice.ctrl_c
+    assert stopped.returncode != 0, stopped.describe()
+    k2 = assert_stopped_and_saved(stopped, "interrupt", signal.SIGINT)
+    assert k2 > twice.first > 0
+    starts = [e for e in stopped.new_events if e.get("event") == "start"]
+    assert [e["resumed_from_step"] for e in starts] == [twice.first]
 
 
 # ---- SIGUSR2: the time limit ---------------------------------------------------------------
 
 
-def test_the_time_limit_signal_reaches_a_single_process_run(tmp_path: Path) -> None:
+def test_the_time_limit_signal_stops_a_single_process_run(tmp_path: Path) -> None:
     """One process: no launcher in between, the training process itself gets the signal."""
     stopped = run_and_signal(tmp_path / "run", ONE_PROC, signal.SIGUSR2, after=STOP_AFTER, nprocs=1)
     assert stopped.returncode == 128 + signal.SIGUSR2, stopped.describe()
@@ -279,12 +367,6 @@ def test_the_time_limit_signal_reaches_a_single_process_run(tmp_path: Path) -> N
     assert not stopped.leftovers
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hpctrain/launch.py forwards only SIGTERM and SIGINT to the spawned ranks: SIGUSR2 (slurm.signal) "
-    "kills the launcher (exit -12) and the ranks then save with reason 'interrupt' (torch's parent-death "
-    "SIGINT) instead of 'timelimit'",
-)
 def test_sigusr2_saves_as_timelimit_exits_140_and_resumes_bit_identically(
     tmp_path: Path, reference: dict[str, torch.Tensor]
 ) -> None:
@@ -295,46 +377,40 @@ def test_sigusr2_saves_as_timelimit_exits_140_and_resumes_bit_identically(
     resumed = run_train(run_dir, TWO_PROCS)
 
     assert_resumed(run_dir, resumed, [k])
+    assert forced_checkpoints(run_dir) == [(k, "timelimit"), (MAX_STEPS, "final")]
     assert_bit_identical(run_dir, reference)
 
 
-# ---- Ctrl-C, and a run stopped twice -------------------------------------------------------
+# ---- SIGTERM: preemption -------------------------------------------------------------------
 
 
-@dataclass
-class Twice:
-    first: int  # the step the SIGTERM saved
-    ctrl_c: Stopped  # the resumed run, stopped by SIGINT to its whole process group
-    final: subprocess.CompletedProcess[str] | None
+def test_sigterm_saves_mid_epoch_and_the_resume_is_bit_identical(
+    preempted: Preempted, reference: dict[str, torch.Tensor]
+) -> None:
+    stopped, run_dir = preempted.stopped, preempted.stopped.run_dir
+    k = assert_stopped_and_saved(stopped, "preempt", signal.SIGTERM)
+    periodic = [c["step"] for c in stopped.checkpoints() if c["reason"] == "periodic"]
+    assert periodic == list(range(10, k, 10)), periodic
+    assert f"hydra.run.dir={run_dir}" in stopped.output  # the launcher says how to resume
+    assert preempted.resumed is not None
+
+    resumed = preempted.resumed.result()  # the very same command again
+
+    assert_resumed(run_dir, resumed, [k])
+    assert forced_checkpoints(run_dir) == [(k, "preempt"), (MAX_STEPS, "final")]
+    assert_bit_identical(run_dir, reference)
 
 
-@pytest.fixture(scope="module")
-def twice(preempted: Preempted) -> Twice:
-    """The preempted run (a copy of its run dir) resumed, stopped again by Ctrl-C, resumed again."""
-    run_dir = preempted.copy
-    first = preempted.stopped.checkpoints()[0]["step"] if preempted.stopped.checkpoints() else 0
-    ctrl_c = run_and_signal(run_dir, TWO_PROCS, signal.SIGINT, after=first + STOP_AFTER, whole_group=True)
-    final = run_train(run_dir, TWO_PROCS) if ctrl_c.returncode == 128 + signal.SIGINT else None
-    return Twice(first, ctrl_c, final)
-
-
-def test_ctrl_c_saves_as_interrupt_and_leaves_no_process(twice: Twice) -> None:
-    stopped = twice.ctrl_c
-    assert stopped.returncode != 0, stopped.describe()
-    k2 = assert_stopped_and_saved(stopped, "interrupt", signal.SIGINT)
-    assert k2 > twice.first
-    starts = [e for e in stopped.new_events if e.get("event") == "start"]
-    assert [e["resumed_from_step"] for e in starts] == [twice.first]
+# ---- a run stopped twice -------------------------------------------------------------------
 
 
 def test_stopped_twice_then_resumed_is_still_bit_identical(twice: Twice, reference: dict[str, torch.Tensor]) -> None:
-    assert twice.final is not None, "the Ctrl-C stage failed; see the test above"
+    assert twice.final is not None, f"the Ctrl-C stage failed:\n{twice.ctrl_c.describe()}"
     run_dir = twice.ctrl_c.run_dir
-    k2 = twice.ctrl_c.checkpoints()[0]["step"]
+    k2 = twice.ctrl_c.forced_step()
 
-    assert_resumed(run_dir, twice.final, [twice.first, k2])
-    reasons = [(c["step"], c["reason"]) for c in events(run_dir, "checkpoint")]
-    assert reasons == [(twice.first, "preempt"), (k2, "interrupt"), (400, "final")]
+    assert_resumed(run_dir, twice.final.result(), [twice.first, k2])
+    assert forced_checkpoints(run_dir) == [(twice.first, "preempt"), (k2, "interrupt"), (MAX_STEPS, "final")]
     assert_bit_identical(run_dir, reference)
 
 
@@ -342,27 +418,20 @@ def test_stopped_twice_then_resumed_is_still_bit_identical(twice: Twice, referen
 
 
 def test_a_torn_newest_checkpoint_resumes_from_the_one_before_bit_identically(
-    tmp_path: Path, reference: dict[str, torch.Tensor]
+    preempted: Preempted, reference: dict[str, torch.Tensor]
 ) -> None:
-    run_dir = tmp_path / "run"
-    stopped = run_and_signal(run_dir, TWO_PROCS_PERIODIC, signal.SIGTERM, after=STOP_AFTER)
-    k = assert_stopped_and_saved(stopped, "preempt", signal.SIGTERM)
-    periodic = [c["step"] for c in stopped.checkpoints() if c["reason"] == "periodic"]
-    assert periodic == list(range(10, k, 10)), periodic
-    newest, older = store.entries(run_dir / "checkpoints")[:2]
-    assert newest.step == k and older.step == periodic[-1]
+    k = assert_stopped_and_saved(preempted.stopped, "preempt", signal.SIGTERM)
+    assert preempted.torn_resumed is not None
+    assert preempted.torn_step == k
+    assert preempted.fallback_step == k - 1 - (k - 1) % 10  # the last periodic checkpoint
 
-    size = newest.data.stat().st_size
-    with open(newest.data, "r+b") as file:  # the write of the newest never finished
-        file.truncate(size // 2)
-
-    resumed = run_train(run_dir, TWO_PROCS_PERIODIC)
+    resumed = preempted.torn_resumed.result()
 
     output = resumed.stdout + resumed.stderr
-    assert f"checkpoint {newest.data.name} is not usable" in output, describe(resumed)
+    assert f"checkpoint step_{k:08d}.pt is not usable" in output, describe(resumed)
     assert "WARNING" in output
-    assert_resumed(run_dir, resumed, [older.step])
-    assert_bit_identical(run_dir, reference)  # periodic checkpoints change nothing either
+    assert_resumed(preempted.torn_dir, resumed, [preempted.fallback_step])
+    assert_bit_identical(preempted.torn_dir, reference)  # periodic checkpoints change nothing either
 
 
 # ---- an existing run dir with another config -------------------------------------------------

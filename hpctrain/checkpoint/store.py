@@ -76,6 +76,7 @@ def write(folder: Path, step: int, state: dict[str, Any], info: dict[str, Any]) 
     entry = paths_for(folder, step)
     tmp_data = entry.data.with_name(entry.data.name + ".tmp")
     tmp_meta = entry.meta.with_name(entry.meta.name + ".tmp")
+    published = False  # the .json is what makes a checkpoint count; before it, undo everything
     try:
         with open(tmp_data, "wb") as file:
             writer = _HashingWriter(file)
@@ -86,10 +87,12 @@ def write(folder: Path, step: int, state: dict[str, Any], info: dict[str, Any]) 
         meta = {"step": step, "size": writer.size, "sha256": writer.digest.hexdigest(), **info}
         tmp_meta.write_text(json.dumps(meta))
         os.replace(tmp_meta, entry.meta)
+        published = True
         _fsync_dir(folder)
     except BaseException:
-        for tmp in (tmp_data, tmp_meta):
-            tmp.unlink(missing_ok=True)
+        leftovers = (tmp_data, tmp_meta) if published else (tmp_data, tmp_meta, entry.data)
+        for path in leftovers:
+            path.unlink(missing_ok=True)
         raise
     return entry
 

@@ -36,7 +36,7 @@ def summary(run: RunDir) -> str:
 def main(cfg: DictConfig) -> None:
     logs.setup(rank=0)
     config, run = prepare_run_dir(cfg)
-    stopped_by = launch_local(run.root, config.trainer.nprocs)
+    stopped_by = launch_local(run.root, config.trainer.nprocs, config.slurm.signal)
     if stopped_by is not None:
         log.info("stopped by signal %d after a checkpoint; run the same command with hydra.run.dir=%s to resume",
                  stopped_by, run.root)
