@@ -86,6 +86,9 @@ class TrainerConfig:
     # End a process when no step finishes for this many seconds (a hang), so the job recovers
     # instead of idling to its time limit; 0 disables. Covers start-up and the first step too.
     hang_timeout_s: int = 1800
+    # A progress bar on rank 0's stderr: auto shows it only when stderr is a terminal (never in
+    # a Slurm .out file), on always, off never. The log lines are written either way.
+    progress_bar: str = "auto"
 
     def __post_init__(self) -> None:
         for key in ("max_steps", "epochs", "eval_every", "ckpt_every", "hang_timeout_s"):
@@ -116,6 +119,11 @@ class TrainerConfig:
             f"must be auto, gloo or nccl (got {self.backend!r})",
         )
         _require(self.bucket_cap_mb > 0, "trainer.bucket_cap_mb", f"must be > 0 (got {self.bucket_cap_mb})")
+        _require(
+            self.progress_bar in ("auto", "on", "off"),
+            "trainer.progress_bar",
+            f"must be auto, on or off (got {self.progress_bar!r})",
+        )
 
 
 # Slurm's --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
@@ -223,6 +231,29 @@ def _single_line(key: str, value: Optional[str]) -> None:
 
 
 @dataclass
+class MetricsConfig:
+    """Where rank 0's metrics go besides metrics.jsonl (always written). A requeued or resumed
+    run goes on in the same TensorBoard folder and the same MLflow run, without repeating steps."""
+
+    # TensorBoard event files (needs the `tensorboard` extra).
+    tensorboard: bool = False
+    # Their folder; empty means <run dir>/tensorboard. Relative paths are under the run dir.
+    tensorboard_dir: str = ""
+    # An MLflow run per hpctrain run (needs the `mlflow` extra).
+    mlflow: bool = False
+    # Empty means MLFLOW_TRACKING_URI from the environment, else MLflow's default (./mlruns).
+    mlflow_tracking_uri: str = ""
+    mlflow_experiment: str = "hpctrain"
+    # Empty means the run dir's path relative to the outputs folder.
+    mlflow_run_name: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("tensorboard_dir", "mlflow_tracking_uri", "mlflow_experiment", "mlflow_run_name"):
+            _single_line(f"metrics.{key}", getattr(self, key))
+        _require(bool(self.mlflow_experiment), "metrics.mlflow_experiment", "must not be empty")
+
+
+@dataclass
 class Config:
     # A `_target_` node building the nn.Module; its forward returns logits.
     model: dict[str, Any] = MISSING
@@ -238,5 +269,6 @@ class Config:
     )
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     # hpctrain-submit: print the rendered job script and write the run dir, but queue nothing.
     dry_run: bool = False
