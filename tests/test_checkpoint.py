@@ -153,6 +153,7 @@ def test_a_failed_write_leaves_no_temporary_file_and_the_previous_checkpoint_int
 
     assert not list(folder.glob("*.tmp")), file_names(folder)
     assert not (folder / "step_00000020.json").exists(), "a failed checkpoint must not look complete"
+    assert not (folder / "step_00000020.pt").exists(), "nor leave a data file that blocks the disk"
     # The earlier checkpoint's files are byte for byte what they were, and it is the one loaded.
     assert {name: sha256(folder / name) for name in before} == before
     assert [e.step for e in store.entries(folder)] == [10]
@@ -334,6 +335,52 @@ def test_a_snapshot_is_a_copy_of_the_values() -> None:
     # Plain values are deep copies, not references into the live state.
     assert snap["meta"] is not meta and snap["meta"].names == ["a", "b"]
     assert snap["n"] == 3
+
+
+def test_tied_tensors_are_copied_once_and_stay_tied_in_the_file(tmp_path: Path) -> None:
+    # A GPT's state_dict lists its tied embedding/head weight under two names.
+    shared = torch.randn(50, 8)
+    source = {"model": {"embed.weight": shared, "head.weight": shared, "bias": torch.zeros(8)}}
+    snapshotter = Snapshotter()
+
+    snap = snapshotter.take(source)
+
+    assert snap["model"]["embed.weight"] is snap["model"]["head.weight"]
+    assert snap["model"]["embed.weight"].data_ptr() != shared.data_ptr()
+    assert torch.equal(snap["model"]["head.weight"], shared)
+    # Views of one storage that differ (offset, shape) are different tensors and copied apart.
+    views = snapshotter.take({"a": shared[:10], "b": shared[10:20]})
+    assert torch.equal(views["a"], shared[:10]) and torch.equal(views["b"], shared[10:20])
+
+    entry = store.write(tmp_path, 1, snap, {"reason": "periodic"})
+    once = store.write(tmp_path, 2, {"model": {"embed.weight": shared.clone(), "bias": torch.zeros(8)}}, {})
+    assert entry.data.stat().st_size < once.data.stat().st_size + 1024, "the tied weight was written twice"
+    loaded = torch.load(entry.data, weights_only=True)
+    assert loaded["model"]["embed.weight"].data_ptr() == loaded["model"]["head.weight"].data_ptr()
+
+
+def test_the_background_writer_runs_at_low_cpu_priority(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stat = Path(f"/proc/self/task/{threading.get_native_id()}/stat")
+    if not stat.exists():
+        pytest.skip("needs Linux /proc to read a thread's nice value")
+    niceness: list[int] = []
+    real_write = store.write
+
+    def observing_write(*args: Any, **kwargs: Any) -> store.Entry:
+        # Field 19 of /proc/<pid>/task/<tid>/stat is the nice value (after the "(comm)" field).
+        fields = Path(f"/proc/self/task/{threading.get_native_id()}/stat").read_text().rsplit(")", 1)[1].split()
+        niceness.append(int(fields[16]))
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(store, "write", observing_write)
+    writer = BackgroundWriter(tmp_path, keep=2, on_written=lambda record: None)
+    writer.start(1, make_state(1), {"reason": "periodic"}, background=True)
+    writer.wait()
+    writer.start(2, make_state(2), {"reason": "final"}, background=False)
+
+    assert niceness[0] == 19, "the background write must yield the CPU to training"
+    main_nice = int(stat.read_text().rsplit(")", 1)[1].split()[16])
+    assert niceness[1] == main_nice, "a foreground (forced) write keeps the training thread's priority"
 
 
 # ---- RNG -----------------------------------------------------------------------------------

@@ -17,9 +17,17 @@ import torch
 class Snapshotter:
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
+        # Within one snapshot: the buffer already holding a tensor seen under another path. Tied
+        # weights (a GPT's embedding and head) appear twice in a state_dict but are one tensor:
+        # copied once, written once, and still one tensor when loaded.
+        self._seen: dict[tuple[Any, ...], torch.Tensor] = {}
 
     def take(self, tree: Any) -> Any:
-        copied = self._copy(tree, "")
+        self._seen = {}
+        try:
+            copied = self._copy(tree, "")
+        finally:
+            self._seen = {}
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # the non_blocking device-to-host copies must land first
         return copied
@@ -36,9 +44,20 @@ class Snapshotter:
 
     def _copy_tensor(self, tensor: torch.Tensor, path: str) -> torch.Tensor:
         tensor = tensor.detach()
+        identity = (
+            tensor.device,
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.dtype,
+        )
+        if tensor.numel() > 0 and identity in self._seen:
+            return self._seen[identity]
         buffer = self._buffers.get(path)
         if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
             buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=torch.cuda.is_available())
             self._buffers[path] = buffer
         buffer.copy_(tensor, non_blocking=tensor.is_cuda)
+        self._seen[identity] = buffer
         return buffer

@@ -10,12 +10,14 @@ checkpoint is skipped with a warning and the one before it is used.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import logging
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -36,6 +38,24 @@ class Entry:
     step: int
     data: Path
     meta: Path
+
+
+@contextlib.contextmanager
+def _without_zip_crc32() -> Iterator[None]:
+    """torch.save computes a CRC32 of every record for the zip format: a second pass over every
+    byte (~0.4 s of CPU for 2.4 GB) that the sha256 below already covers (torch.load does not
+    need it). Switched off around our own saves where torch has the option (>= 2.6)."""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        yield
+        return
+    before = config.save.compute_crc32
+    config.save.compute_crc32 = False
+    try:
+        yield
+    finally:
+        config.save.compute_crc32 = before
 
 
 class _HashingWriter(io.RawIOBase):
@@ -80,7 +100,8 @@ def write(folder: Path, step: int, state: dict[str, Any], info: dict[str, Any]) 
     try:
         with open(tmp_data, "wb") as file:
             writer = _HashingWriter(file)
-            torch.save(state, writer)  # type: ignore[arg-type]
+            with _without_zip_crc32():
+                torch.save(state, writer)  # type: ignore[arg-type]
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp_data, entry.data)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +44,8 @@ class BackgroundWriter:
 
     def _write(self, step: int, state: dict[str, Any], info: dict[str, Any]) -> None:
         started = time.perf_counter()
+        if threading.current_thread() is not threading.main_thread():
+            _yield_cpu_to_training()
         try:
             store.write(self.folder, step, state, info)
             store.prune(self.folder, self.keep)
@@ -51,3 +54,13 @@ class BackgroundWriter:
             self._error = error
             return
         self.on_written({**info, "step": step, "write_s": round(time.perf_counter() - started, 4)})
+
+
+def _yield_cpu_to_training() -> None:
+    """Lower this (writer) thread's CPU priority. Where the training process has no core to
+    spare (a busy or small node), the scheduler then gives the training threads the CPU first
+    and the write takes longer instead of the steps. On Linux, nice applies per thread."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux, or not allowed: the write still works
+        pass
