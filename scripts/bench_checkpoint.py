@@ -40,13 +40,12 @@ have to. Sizes are decimal GB (1e9 bytes). The temporary folder is removed at th
 The default size is the issue's 2.4 GB (a 202M-parameter GPT, 12 x 1024, vocabulary 48828). It
 fits: the run keeps three copies of the state (live state, the Snapshotter's buffers, the copy
 floor's buffers) and peaks at ~7.7 GB resident, and writes ~2.5 GB three times per round. On a
-2-CPU machine it takes about 3 minutes (175 s measured; the writes dominate), --size-gb 0.3
-about 35 s.
+2-CPU machine it takes about a minute (62 s measured), --size-gb 0.3 about 20 s.
 
 The state tree holds the GPT's tied embedding/head weight twice (state_dict lists it under both
-names). It is one tensor: the floor and the reported state size count it once, torch.save writes
-it once; a per-path snapshot copies it twice, which shows as "aliases counted again" and in the
-checkpoint file's size.
+names). It is one tensor: the floor and the reported state size count it once, and so does the
+Snapshotter (it copies a tensor seen under another name once), so the checkpoint file is the
+state's size; "aliases counted again" is what a naive per-name copy would move.
 
     python scripts/bench_checkpoint.py [--size-gb 2.4] [--rounds 3] [--steps 20] [--step-ms 75]
 """
