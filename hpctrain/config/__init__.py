@@ -7,18 +7,21 @@ written at launch time, so a requeued job runs exactly what was submitted.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from hpctrain.config import targets
 from hpctrain.config.schema import Config, DataConfig, TrainerConfig
+from hpctrain.errors import UserError
 
 __all__ = [
     "Config",
@@ -29,6 +32,8 @@ __all__ = [
     "load_run_config",
     "save_resolved",
     "fingerprint",
+    "identity",
+    "differences",
 ]
 
 SCHEMA_NAME = "hpctrain_schema"
@@ -74,6 +79,7 @@ def to_typed(cfg: DictConfig, overrides: Iterable[str] = ()) -> tuple[Config, Di
     A `hydra` node, if present (a sweep point's config), is left out.
 
     Raises ValueError naming the key to change; nothing has been written when it does."""
+    _check_setup_interpolations(cfg)
     try:
         plain = {
             key: OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True)
@@ -94,7 +100,56 @@ def to_typed(cfg: DictConfig, overrides: Iterable[str] = ()) -> tuple[Config, Di
         node = _node(config, key)
         if node is not None:
             targets.check(node, key, positional, injected)
+            targets.preflight(node, key)
     return config, resolved
+
+
+# What shlex.quote leaves unquoted: a value made only of these is one inert shell word.
+_SHELL_WORD = re.compile(r"^[\w@%+=:,./-]*$", re.ASCII)
+
+
+def _interpolations(line: str) -> list[str]:
+    """The top-level `${...}` parts of a string, nested braces included."""
+    found, depth, start = [], 0, 0
+    for i, char in enumerate(line):
+        if char == "{" and line[i - 1 : i] == "$" and depth == 0:
+            start, depth = i - 1, 1
+        elif char == "{" and depth:
+            depth += 1
+        elif char == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                found.append(line[start : i + 1])
+    return found
+
+
+def _check_setup_interpolations(cfg: DictConfig) -> None:
+    """`slurm.setup` lines are shell, run as the user wrote them. A `${...}` in one brings in a
+    value from elsewhere (a sweep's value, an override): only a plain word may come in that way,
+    or `slurm.job_name='x; rm -rf ~'` would run in a line that says `echo ${slurm.job_name}`."""
+    slurm = cfg.get("slurm") if isinstance(cfg, DictConfig) else None
+    raw = OmegaConf.to_container(slurm, resolve=False) if isinstance(slurm, DictConfig) else {}
+    lines = raw.get("setup") if isinstance(raw, dict) else None
+    if not isinstance(lines, list):
+        return
+    for index, line in enumerate(lines):
+        parts = _interpolations(line) if isinstance(line, str) else []
+        if not parts:
+            continue
+        probe = copy.deepcopy(cfg)
+        try:
+            with open_dict(probe):
+                probe.slurm.setup = parts  # resolved where the line is, so relative keys still work
+            values = OmegaConf.to_container(probe.slurm.setup, resolve=True, throw_on_missing=True)
+        except OmegaConfBaseException as error:
+            raise ValueError(f"slurm.setup[{index}]: {_omegaconf_message(error)}") from None
+        for part, value in zip(parts, values):
+            if not _SHELL_WORD.match(str(value)):
+                raise ValueError(
+                    f"slurm.setup[{index}]: {part} brings {str(value)!r} into a shell line; setup lines run as "
+                    "written, so a value put in by interpolation may hold only letters, digits and @%+=:,./- "
+                    "(write the line out in full instead)"
+                )
 
 
 def _omegaconf_message(error: OmegaConfBaseException) -> str:
@@ -130,18 +185,59 @@ def load_run_config(run_dir: Path) -> Config:
     """The config a job runs: the run dir's resolved config.yaml, checked again."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
-        raise ValueError(f"{path}: no config.yaml; is {run_dir} a run directory?")
-    return _structured(OmegaConf.load(path))
+        raise UserError(f"{path}: no config.yaml; is {run_dir} a run directory?")
+    try:
+        return _structured(OmegaConf.load(path))
+    except ValueError as error:  # edited by hand since it was written
+        raise UserError(f"{path}: {error}") from None
 
 
-def fingerprint(config: Config) -> str:
-    """What a checkpoint must agree with to be resumed: the model, the data and the optimizer
-    kind (a learning rate may change between lives of a run; the model may not)."""
-    what = {
+# The config keys a checkpoint must agree with to be resumed: the model, the data and the
+# optimizer kind (a learning rate may change between lives of a run; the model may not).
+_IDENTITY_KEYS = {
+    "model": "model",
+    "dataset": "data.dataset",
+    "optim": "optim._target_",
+    "batch_size": "data.batch_size",
+    "grad_accum": "trainer.grad_accum",
+}
+
+
+def _identity_parts(config: Config) -> dict[str, Any]:
+    return {
         "model": config.model,
         "dataset": config.data.dataset,
         "optim": config.optim.get("_target_"),
         "batch_size": config.data.batch_size,
         "grad_accum": config.trainer.grad_accum,
     }
+
+
+def identity(config: Config) -> dict[str, Any]:
+    """What `fingerprint` hashes, by config key (`model`, `data.dataset`, ...), as plain JSON
+    values: checkpoints record it so that a refusal can say what differs."""
+    parts = json.loads(json.dumps(_identity_parts(config), default=str))
+    return {_IDENTITY_KEYS[name]: value for name, value in parts.items()}
+
+
+def fingerprint(config: Config) -> str:
+    """A short hash of `identity`, recorded in every checkpoint and compared on resume."""
+    what = _identity_parts(config)
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _flat(node: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(node, dict) and node:
+        out: dict[str, object] = {}
+        for key, value in node.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): node}
+
+
+def differences(old: dict[str, Any], new: dict[str, Any], limit: int = 5) -> str:
+    """`key: old -> new, ...` for the leaves that differ between two nested dicts ('' if none)."""
+    before, after = _flat(old), _flat(new)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    shown = ", ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in changed[:limit])
+    return shown + (", ..." if len(changed) > limit else "")

@@ -3,6 +3,10 @@
 Hydra's `instantiate` only fails when the object is built, which for a model is inside every
 training process. Binding the node's keys to the target's signature here catches a misspelled
 or unknown argument on the login node, with the key named, before anything starts.
+
+A target may also carry a `preflight` function taking the same keyword arguments: it is called
+at the same moment and checks what a signature cannot (that a dataset's files exist), raising
+hpctrain.errors.ArgumentError. It must be cheap: it runs for every point of a sweep.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import hydra.utils
+from hydra.errors import InstantiationException
+
+from hpctrain.errors import ArgumentError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +86,17 @@ def check(node: Mapping[str, Any], key: str, positional: int = 0, injected: Sequ
         raise ValueError(f"{key}: {node['_target_']} cannot be called with these arguments: {error}") from None
 
 
+def preflight(node: Mapping[str, Any], key: str) -> None:
+    """Run the target's `preflight` hook, if it has one; ValueError naming `key.argument`."""
+    hook = getattr(locate(node, key), "preflight", None)
+    if not callable(hook):
+        return
+    try:
+        hook(**arguments(node))
+    except ArgumentError as error:
+        raise ValueError(f"{key}.{error.argument}: {error.message}") from None
+
+
 def accepts(node: Mapping[str, Any], name: str) -> bool:
     sig = _signature(locate(node, "_target_"))
     return sig is not None and (name in sig.parameters or _takes_any_keyword(sig))
@@ -104,5 +122,15 @@ def drop_foreign_arguments(node: dict[str, Any], key: str, overridden: set[str])
 
 
 def build(node: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
-    """Instantiate a checked `_target_` node, passing hpctrain's own arguments through."""
-    return hydra.utils.instantiate(dict(node), *args, _convert_="all", **kwargs)
+    """Instantiate a checked `_target_` node, passing hpctrain's own arguments through.
+
+    hpctrain's own models and datasets refuse a bad argument with a ValueError, a user's code
+    with hpctrain.errors.UserError: either becomes a UserError naming the target, told without a
+    traceback. Any other error of a user's code keeps its traceback."""
+    try:
+        return hydra.utils.instantiate(dict(node), *args, _convert_="all", **kwargs)
+    except InstantiationException as error:
+        cause, target = error.__cause__, str(node.get("_target_"))
+        if isinstance(cause, UserError) or (isinstance(cause, ValueError) and target.startswith("hpctrain.")):
+            raise UserError(f"{target}: {cause}") from cause
+        raise
