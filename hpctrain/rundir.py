@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,3 +30,13 @@ class RunDir:
     @property
     def model(self) -> Path:
         return self.root / "model.pt"
+
+
+def restrict_umask() -> int:
+    """Never make a file or folder writable by everyone, whatever umask the user has (000 on
+    some shared machines): add `o-w` to this process's umask, which every file hpctrain writes,
+    Hydra's run dir, sbatch's job (SLURM_UMASK) and its slurm-%j.out inherit. Group write is
+    the user's choice and stays. Returns the umask now in force."""
+    mask = os.umask(0) | 0o002
+    os.umask(mask)
+    return mask

@@ -1,19 +1,44 @@
-"""What every Hydra entry point does first: check the composed config, write config.yaml."""
+"""What every Hydra entry point does first: check the composed config, write config.yaml.
+
+Every refusal here is a user's mistake: one `error: ...` line on stderr naming what to change,
+exit 2, no traceback, and a run dir this command made is removed again.
+"""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
+from typing import NoReturn
 
+import yaml
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from hpctrain.config import Config, save_resolved, to_typed
+from hpctrain.config import Config, differences, fingerprint, identity, save_resolved, to_typed
 from hpctrain.rundir import RunDir
 
 # Hydra's own files in a fresh output dir; a run dir holding nothing else can go on a bad config.
 _HYDRA_FILES = {".hydra"}
+EXIT_USER_ERROR = 2
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
+
+
+def is_fresh(root: Path) -> bool:
+    """True when the run dir holds nothing of a run (only what Hydra writes before the entry)."""
+    return not root.is_dir() or {p.name for p in root.iterdir()} <= _HYDRA_FILES
+
+
+def run_dir_key() -> str:
+    """The override that names the run dir: hydra.sweep.dir for a sweep's points."""
+    return "hydra.sweep.dir" if HydraConfig.get().mode == RunMode.MULTIRUN else "hydra.run.dir"
 
 
 def prepare_run_dir(cfg: DictConfig) -> tuple[Config, RunDir]:
@@ -24,39 +49,87 @@ def prepare_run_dir(cfg: DictConfig) -> tuple[Config, RunDir]:
     try:
         config, resolved = to_typed(cfg, hydra_cfg.overrides.task)
     except ValueError as error:
-        _discard_if_empty(run.root)
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        discard_if_empty(run.root)
+        fail(str(error))
+    _refuse_a_live_job(run)
     if run.config.exists():
         _refuse_a_different_config(run, resolved)
+    _refuse_checkpoints_of_another_model(run, config)
     save_resolved(resolved, run.config)
     return config, run
 
 
-def _flat(node: object, prefix: str = "") -> dict[str, object]:
-    if isinstance(node, dict):
-        out: dict[str, object] = {}
-        for key, value in node.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): node}
+def _refuse_a_live_job(run: RunDir) -> None:
+    """A run dir submitted before whose job is still queued or running: a second job (or a local
+    run) would train in it at the same time."""
+    from hpctrain.slurm.submit import live_job
+
+    job = live_job(run)
+    if job is not None:
+        fail(
+            f"{run.root} belongs to job {job}, which has not ended: a second run would train in the same run dir. "
+            f"Wait for it to end (or scancel it) to resume there, or pick a new {run_dir_key()}"
+        )
 
 
 def _refuse_a_different_config(run: RunDir, resolved: DictConfig) -> None:
     """Starting an existing run dir again resumes it, but only with the config it ran."""
-    old = _flat(OmegaConf.to_container(OmegaConf.load(run.config)))
-    new = _flat(OmegaConf.to_container(resolved))
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    try:
+        old = OmegaConf.to_container(OmegaConf.load(run.config))
+    except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as error:
+        fail(f"{run.config} is unreadable ({str(error).splitlines()[0]}); pick a new {run_dir_key()}")
+    changed = differences(old if isinstance(old, dict) else {}, OmegaConf.to_container(resolved))  # type: ignore[arg-type]
     if changed:
-        shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:5])
-        print(
-            f"error: {run.root} already holds a run with another config ({shown}"
-            f"{', ...' if len(changed) > 5 else ''}); resume it with its own config or pick a new hydra.run.dir",
-            file=sys.stderr,
+        fail(
+            f"{run.root} already holds a run with another config ({changed}); "
+            f"resume it with its own config or pick a new {run_dir_key()}"
         )
-        sys.exit(2)
 
 
-def _discard_if_empty(root: Path) -> None:
-    if root.is_dir() and {p.name for p in root.iterdir()} <= _HYDRA_FILES:
+def _refuse_checkpoints_of_another_model(run: RunDir, config: Config) -> None:
+    """Resuming checkpoints of another model, dataset or optimizer would train this config from
+    the wrong state; the trainer refuses them too, but here nothing has started yet. Reads only
+    the newest checkpoint's small .json (older checkpoints did not record a fingerprint)."""
+    from hpctrain.checkpoint import store  # torch: only when the run dir holds checkpoints
+
+    if not run.checkpoints.is_dir():
+        return
+    for entry in store.entries(run.checkpoints):
+        try:
+            meta = json.loads(entry.meta.read_text())
+        except (OSError, ValueError):
+            continue  # a torn newest checkpoint: the trainer skips it, so does this check
+        saved = meta.get("fingerprint")
+        if saved is not None and saved != fingerprint(config):
+            changed = differences(meta.get("identity") or {}, identity(config)) or "fingerprint " + saved
+            fail(
+                f"{run.checkpoints} holds checkpoints of another model, data or optimizer "
+                f"(step {entry.step}: {changed}); resuming them would start this config from the wrong state. "
+                f"Train it in a new run dir ({run_dir_key()}=...), or move {run.checkpoints} away to start over here"
+            )
+        return
+
+
+def discard_if_empty(root: Path) -> None:
+    """Remove a run dir holding nothing but Hydra's files, and the empty folders above it up to
+    the current directory (Hydra made `runs/<date>/` for it)."""
+    if root.is_dir() and is_fresh(root):
         shutil.rmtree(root, ignore_errors=True)
+        remove_empty_parents(root)
+
+
+def remove_empty_parents(path: Path) -> None:
+    here = Path.cwd().resolve()
+    parent = path.resolve().parent
+    while parent != here and here in parent.parents:
+        try:
+            parent.rmdir()  # only an empty folder goes
+        except OSError:
+            return
+        parent = parent.parent
+
+
+def single_line(key: str, path: Path) -> None:
+    """A path written into the job script: a newline would end its #SBATCH line."""
+    if "\n" in str(path) or "\r" in str(path):
+        raise ValueError(f"{key}: {str(path)!r} must be a single line (it contains a newline)")

@@ -6,6 +6,9 @@
 
 A sweep runs through hpctrain's Hydra launcher (hydra_plugins/hpctrain_launcher), which checks
 and renders every point first and then submits them all at once.
+
+Failures: a bad value exits 2 before anything is queued; sbatch's refusal exits 1 with sbatch's
+own words. Either way no job of this command stays queued and no run dir it made is left.
 """
 
 from __future__ import annotations
@@ -15,30 +18,64 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hpctrain import config as hconfig
 from hpctrain import logs
-from hpctrain.cli.common import prepare_run_dir
+from hpctrain.cli.common import (
+    discard_if_empty,
+    fail,
+    is_fresh,
+    prepare_run_dir,
+    remove_empty_parents,
+    run_dir_key,
+    single_line,
+)
+from hpctrain.rundir import restrict_umask
 from hpctrain.slurm import sbatch
-from hpctrain.slurm.submit import Point, discard_run_dir, submit_all, write_script
+from hpctrain.slurm.submit import (
+    Point,
+    discard_points,
+    discard_run_dir,
+    discard_sweep_dir,
+    submit_all,
+    write_script,
+)
 
 hconfig.register()
+
+EXIT_REFUSED = 1
 
 
 def prepare_point(cfg: DictConfig) -> Point:
     """Check the config, write config.yaml and job.sbatch into the point's run dir."""
-    from hydra.core.hydra_config import HydraConfig
-
+    root = Path(HydraConfig.get().runtime.output_dir)
+    fresh = is_fresh(root)
+    try:
+        # Both paths are written into the job script, where a newline would end a line.
+        single_line(run_dir_key(), root)
+        single_line("the current directory (the job's --chdir)", Path(os.getcwd()))
+    except ValueError as error:
+        discard_if_empty(root)
+        fail(str(error))
     config, run = prepare_run_dir(cfg)
-    point = Point(config=config, run=run, overrides=list(HydraConfig.get().overrides.task))
+    point = Point(config=config, run=run, overrides=list(HydraConfig.get().overrides.task), fresh=fresh)
     try:
         write_script(point, Path(os.getcwd()))
     except ValueError as error:  # a bad template or a value sbatch cannot take
-        discard_run_dir(run.root)
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        if fresh:
+            discard_run_dir(run.root)
+        fail(str(error))
     return point
+
+
+def discard_sweep(sweep_dir: Path, points: list[Point]) -> None:
+    """After a sweep failed before or while submitting: its points' run dirs, then its folder."""
+    discard_points(points)
+    discard_sweep_dir(sweep_dir)
+    if not sweep_dir.exists():
+        remove_empty_parents(sweep_dir)
 
 
 def announce(points: list[Point], job_ids: list[str]) -> None:
@@ -53,14 +90,15 @@ def submit_or_exit(points: list[Point]) -> list[str]:
         job_ids = submit_all(points, points[0].config.slurm.submit_parallelism if points else 1)
     except sbatch.SbatchError as error:
         print(f"error: {error}", file=sys.stderr)
-        print("nothing was queued and no run dir was kept", file=sys.stderr)
-        sys.exit(1)
+        if not error.maybe_queued:
+            print("nothing was queued and no run dir was kept", file=sys.stderr)
+        sys.exit(EXIT_REFUSED)
     announce(points, job_ids)
     return job_ids
 
 
 @hydra.main(version_base="1.3", config_path="pkg://hpctrain.conf", config_name="submit")
-def main(cfg: DictConfig) -> None:
+def _main(cfg: DictConfig) -> None:
     logs.setup(rank=0)
     point = prepare_point(cfg)
     if point.config.dry_run:
@@ -68,6 +106,11 @@ def main(cfg: DictConfig) -> None:
         print(f"# dry run: nothing queued; the run dir {point.run.root} holds job.sbatch and config.yaml")
         return
     submit_or_exit([point])
+
+
+def main() -> None:
+    restrict_umask()  # before Hydra makes the run dir
+    _main()
 
 
 if __name__ == "__main__":

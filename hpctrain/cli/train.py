@@ -7,13 +7,16 @@ import sys
 
 import hydra
 from omegaconf import DictConfig
+from torch.multiprocessing import ProcessExitedException
 
 from hpctrain import config as hconfig
 from hpctrain import logs
-from hpctrain.cli.common import prepare_run_dir
+from hpctrain.cli.common import EXIT_USER_ERROR, prepare_run_dir
+from hpctrain.errors import UserError
+from hpctrain.exitcodes import EXIT_USER_ERROR as WORKER_USER_ERROR
 from hpctrain.journal import read_jsonl
 from hpctrain.launch import launch_local
-from hpctrain.rundir import RunDir
+from hpctrain.rundir import RunDir, restrict_umask
 
 log = logging.getLogger("hpctrain")
 
@@ -33,15 +36,27 @@ def summary(run: RunDir) -> str:
 
 
 @hydra.main(version_base="1.3", config_path="pkg://hpctrain.conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def _main(cfg: DictConfig) -> None:
     logs.setup(rank=0)
     config, run = prepare_run_dir(cfg)
-    stopped_by = launch_local(run.root, config.trainer.nprocs, config.slurm.signal)
+    try:
+        stopped_by = launch_local(run.root, config.trainer.nprocs, config.slurm.signal)
+    except UserError:  # in this process (one rank, or torchrun's): the worker told it already
+        sys.exit(EXIT_USER_ERROR)
+    except ProcessExitedException as ended:
+        if ended.exit_code != WORKER_USER_ERROR:
+            raise
+        sys.exit(EXIT_USER_ERROR)  # a spawned rank told it already
     if stopped_by is not None:
         log.info("stopped by signal %d after a checkpoint; run the same command with hydra.run.dir=%s to resume",
                  stopped_by, run.root)
         sys.exit(128 + stopped_by)
     log.info(summary(run))
+
+
+def main() -> None:
+    restrict_umask()  # before Hydra makes the run dir
+    _main()
 
 
 if __name__ == "__main__":

@@ -81,23 +81,28 @@ def _environment(template: str) -> tuple[jinja2.Environment, str]:
 
 
 def render(config: Config, run_dir: Path, submit_dir: Path) -> Rendered:
+    """Raises ValueError naming slurm.template (or the value) when the script cannot be made."""
     slurm = config.slurm
     env, name = _environment(slurm.template)
     try:
         template = env.get_template(name)
-    except jinja2.TemplateNotFound:
-        raise ValueError(f"slurm.template: no template {name!r} in {builtin_templates()}") from None
-    script = template.render(
-        version=__version__,
-        template_name=name,
-        slurm=slurm,
-        trainer=config.trainer,
-        tasks_per_node=slurm.tasks_per_node,
-        cpus_per_task=slurm.cpus_per_task or config.trainer.threads,
-        gpu_per_task=slurm.gpu_bind == "per_task" and slurm.gpus_per_node > 0,
-        run_dir=str(run_dir),
-        submit_dir=str(submit_dir),
-        output=filename_pattern(run_dir) + "/slurm-%j.out",
-        python=slurm.python or sys.executable,
-    )
+        script = template.render(
+            version=__version__,
+            template_name=name,
+            slurm=slurm,
+            trainer=config.trainer,
+            tasks_per_node=slurm.tasks_per_node,
+            cpus_per_task=slurm.cpus_per_task or config.trainer.threads,
+            gpu_per_task=slurm.gpu_bind == "per_task" and slurm.gpus_per_node > 0,
+            run_dir=str(run_dir),
+            submit_dir=str(submit_dir),
+            output=filename_pattern(run_dir) + "/slurm-%j.out",
+            python=slurm.python or sys.executable,
+        )
+    except jinja2.TemplateNotFound as error:
+        where = "" if error.name == name else f" (included by {name})"
+        raise ValueError(f"slurm.template: no template {error.name!r}{where} in {builtin_templates()}") from None
+    except jinja2.TemplateError as error:  # a site template's syntax, or a name it uses that is not given
+        line = getattr(error, "lineno", None)
+        raise ValueError(f"slurm.template: {name}{f' line {line}' if line else ''}: {error}") from None
     return Rendered(script=script, template=Path(template.filename or name))

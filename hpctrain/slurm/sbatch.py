@@ -8,7 +8,13 @@ from pathlib import Path
 
 
 class SbatchError(RuntimeError):
-    """sbatch is missing or refused the job; the message is what the user should read."""
+    """sbatch is missing or refused the job; the message is what the user should read.
+    `maybe_queued`: sbatch gave no answer, so the job of `script` may be queued after all."""
+
+    def __init__(self, message: str, script: Path | None = None, maybe_queued: bool = False) -> None:
+        super().__init__(message)
+        self.script = script
+        self.maybe_queued = maybe_queued
 
 
 def sbatch_path() -> str:
@@ -27,12 +33,17 @@ def submit(script: Path, extra_args: tuple[str, ...] = (), timeout_s: float = 12
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise SbatchError(f"sbatch: no answer from the Slurm controller within {timeout_s:.0f} s") from None
+        raise SbatchError(
+            f"sbatch: no answer from the Slurm controller within {timeout_s:.0f} s; the job of {script} may "
+            f"have been queued all the same (see squeue --me), so its run dir is kept",
+            script,
+            maybe_queued=True,
+        ) from None
     if done.returncode != 0:
-        raise SbatchError((done.stderr or done.stdout).strip() or f"sbatch exited with {done.returncode}")
+        raise SbatchError((done.stderr or done.stdout).strip() or f"sbatch exited with {done.returncode}", script)
     job_id = done.stdout.strip().splitlines()[-1].split(";")[0] if done.stdout.strip() else ""
     if not job_id.isdigit():
-        raise SbatchError(f"sbatch: unexpected answer {done.stdout!r}")
+        raise SbatchError(f"sbatch: unexpected answer {done.stdout!r}", script, maybe_queued=True)
     return job_id
 
 

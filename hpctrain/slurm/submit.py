@@ -1,8 +1,9 @@
 """Submit prepared run dirs: render job.sbatch, sbatch them, record and print what was queued.
 
-A submission is all or nothing: when sbatch refuses any point of a sweep, the points already
-queued by this call are cancelled and every run dir it made is removed, so a fixed command
-can simply be run again.
+A submission is all or nothing: when sbatch refuses any point of a sweep (or the command is
+interrupted), the points already queued by this call are cancelled and every run dir it made is
+removed, so a fixed command can simply be run again. A run dir that held a run before this
+command is never removed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,11 @@ log = logging.getLogger(__name__)
 
 # What hpctrain-submit writes in a fresh run dir (besides Hydra's .hydra/): removable on failure.
 _OURS = {".hydra", "config.yaml", "job.sbatch", "submission.json"}
+# What Hydra writes in a fresh sweep dir besides the points' run dirs.
+_SWEEP_FILES = {"multirun.yaml"}
+# Job states in which a job still owns its run dir.
+_LIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "SUSPENDED", "RESV_DEL_HOLD"}
 
 
 @dataclass
@@ -39,6 +45,8 @@ class Point:
     config: Config
     run: RunDir
     overrides: list[str]
+    # The run dir held no run before this command: removing it on failure loses nothing.
+    fresh: bool = True
 
     @property
     def script(self) -> Path:
@@ -47,9 +55,26 @@ class Point:
 
 def write_script(point: Point, submit_dir: Path) -> str:
     rendered = render(point.config, point.run.root, submit_dir)
-    point.script.write_text(rendered.script)
-    point.script.chmod(0o755)
+    tmp = point.script.with_name(point.script.name + ".tmp")
+    tmp.write_text(rendered.script)
+    tmp.chmod(0o755)
+    tmp.replace(point.script)
     return rendered.script
+
+
+def live_job(run: RunDir) -> str | None:
+    """`JOBID (STATE)` when the job last submitted from this run dir is still queued or
+    running: a second job would train in the same run dir at the same time."""
+    try:
+        job_id = str(json.loads((run.root / "submission.json").read_text())["job_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not job_id.isdigit() or shutil.which("squeue") is None:
+        return None
+    done = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=60, check=False)
+    state = done.stdout.strip()
+    return f"{job_id} ({state})" if done.returncode == 0 and state in _LIVE_STATES else None
 
 
 def submit_all(points: list[Point], parallelism: int) -> list[str]:
@@ -62,15 +87,31 @@ def submit_all(points: list[Point], parallelism: int) -> list[str]:
         sbatch.sbatch_path()  # say "no sbatch" once, before anything else happens
         job_ids[0] = sbatch.submit(points[0].script)
         with ThreadPoolExecutor(max_workers=parallelism) as pool:
-            for index, job_id in enumerate(pool.map(lambda p: sbatch.submit(p.script), points[1:]), start=1):
-                job_ids[index] = job_id
-    except sbatch.SbatchError:
-        _undo([j for j in job_ids if j], points)
+            futures = [pool.submit(sbatch.submit, p.script) for p in points[1:]]
+            try:
+                for index, future in enumerate(futures, start=1):
+                    job_ids[index] = future.result()
+            finally:
+                _collect(futures, job_ids)  # every job queued before a failure, to cancel it
+    except BaseException as error:  # a refusal, a timeout, Ctrl-C: undo what this call did
+        unsure = isinstance(error, sbatch.SbatchError) and error.maybe_queued
+        _undo([j for j in job_ids if j], [p for p in points if not unsure or p.script != error.script])
         raise
-    ids = [j for j in job_ids if j]
+    ids = [str(j) for j in job_ids]
     for point, job_id in zip(points, ids):
         _record(point, job_id)
     return ids
+
+
+def _collect(futures: list[Future[str]], job_ids: list[str | None]) -> None:
+    for future in futures:
+        future.cancel()
+    for index, future in enumerate(futures, start=1):
+        if not future.cancelled() and job_ids[index] is None:
+            try:
+                job_ids[index] = future.result()
+            except BaseException:  # its own failure is reported by the first one raised
+                pass
 
 
 def _record(point: Point, job_id: str) -> None:
@@ -97,13 +138,24 @@ def _user() -> str:
 
 def _undo(job_ids: list[str], points: list[Point]) -> None:
     if job_ids and shutil.which("scancel"):
-        subprocess.run(["scancel", *job_ids], capture_output=True, check=False)
+        subprocess.run(["scancel", *job_ids], capture_output=True, check=False, stdin=subprocess.DEVNULL)
         log.warning("cancelled the %d job(s) this submission had queued: %s", len(job_ids), " ".join(job_ids))
+    discard_points(points)
+
+
+def discard_points(points: list[Point]) -> None:
     for point in points:
-        discard_run_dir(point.run.root)
+        if point.fresh:
+            discard_run_dir(point.run.root)
 
 
 def discard_run_dir(root: Path) -> None:
     """Remove a run dir this submission made, only if it holds nothing but our own files."""
     if root.is_dir() and {p.name for p in root.iterdir()} <= _OURS:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def discard_sweep_dir(root: Path) -> None:
+    """After a failed sweep: remove its folder if nothing but Hydra's multirun.yaml is left."""
+    if root.is_dir() and {p.name for p in root.iterdir()} <= _SWEEP_FILES:
         shutil.rmtree(root, ignore_errors=True)

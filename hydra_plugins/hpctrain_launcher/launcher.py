@@ -43,7 +43,7 @@ class SubmitLauncher(Launcher):
         self.hydra_context = hydra_context
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from hpctrain.cli.submit import prepare_point, submit_or_exit
+        from hpctrain.cli.submit import discard_sweep, prepare_point, submit_or_exit
 
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
@@ -51,26 +51,31 @@ class SubmitLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info("checking and rendering %d sweep points in %s", len(job_overrides), sweep_dir)
-        points = []
+        points: list = []
         returns: list[JobReturn] = []
-        configs = sweep_configs(self.hydra_context.config_loader, self.config, job_overrides)  # type: ignore[arg-type]
-        for offset, sweep_config in enumerate(configs):
-            # What Hydra's run_job does that a submission needs: the point's number and output
-            # dir, and HydraConfig set so ${hydra:...} interpolations resolve.
-            with open_dict(sweep_config):
-                sweep_config.hydra.job.id = f"point_{initial_job_idx + offset}"
-                sweep_config.hydra.job.num = initial_job_idx + offset
-                run_dir = sweep_dir / str(sweep_config.hydra.sweep.subdir)
-                sweep_config.hydra.runtime.output_dir = str(run_dir.resolve())
-            HydraConfig.instance().set_config(sweep_config)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / ".hydra").mkdir(exist_ok=True)
-            OmegaConf.save(sweep_config.hydra.overrides.task, run_dir / ".hydra" / "overrides.yaml")
-            point = prepare_point(sweep_config)  # to_typed leaves the hydra node out
-            points.append(point)
-            returns.append(JobReturn(overrides=list(sweep_config.hydra.overrides.task), cfg=sweep_config,
-                                     hydra_cfg=sweep_config, working_dir=str(run_dir), task_name="hpctrain",
-                                     status=JobStatus.COMPLETED, _return_value=point))
-        if points and not points[0].config.dry_run:
-            submit_or_exit(points)
+        try:
+            configs = sweep_configs(self.hydra_context.config_loader, self.config, job_overrides)  # type: ignore[arg-type]
+            for offset, sweep_config in enumerate(configs):
+                # What Hydra's run_job does that a submission needs: the point's number and output
+                # dir, and HydraConfig set so ${hydra:...} interpolations resolve.
+                with open_dict(sweep_config):
+                    sweep_config.hydra.job.id = f"point_{initial_job_idx + offset}"
+                    sweep_config.hydra.job.num = initial_job_idx + offset
+                    run_dir = sweep_dir / str(sweep_config.hydra.sweep.subdir)
+                    sweep_config.hydra.runtime.output_dir = str(run_dir.resolve())
+                HydraConfig.instance().set_config(sweep_config)
+                run_dir.mkdir(parents=True, exist_ok=True)
+                (run_dir / ".hydra").mkdir(exist_ok=True)
+                OmegaConf.save(sweep_config.hydra.overrides.task, run_dir / ".hydra" / "overrides.yaml")
+                point = prepare_point(sweep_config)  # to_typed leaves the hydra node out
+                points.append(point)
+                returns.append(JobReturn(overrides=list(sweep_config.hydra.overrides.task), cfg=sweep_config,
+                                         hydra_cfg=sweep_config, working_dir=str(run_dir), task_name="hpctrain",
+                                         status=JobStatus.COMPLETED, _return_value=point))
+            if points and not points[0].config.dry_run:
+                submit_or_exit(points)
+        except BaseException:
+            # A bad point, a composition error, a refusal: no point of this sweep stays behind.
+            discard_sweep(sweep_dir, points)
+            raise
         return returns
