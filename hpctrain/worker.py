@@ -2,7 +2,10 @@
 
 `python -m hpctrain.worker RUN_DIR` is the command srun or torchrun starts on every task; the
 local launcher calls `run` in each spawned process. Both read the run dir's config.yaml.
-Exit codes: 0 finished; signals.EXIT_REQUEUE / EXIT_STOPPED after a signal-forced checkpoint.
+Exit codes: 0 finished; signals.EXIT_REQUEUE / EXIT_STOPPED after a signal-forced checkpoint;
+EXIT_USER_ERROR after a user's mistake (checkpoints of another model, a missing data file), told
+as one `error:` line and a `failure` event (cause `user_error`), which the batch script does not
+retry.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -17,8 +21,12 @@ import torch
 
 from hpctrain import dist as hdist
 from hpctrain import logs
+from hpctrain.checkpoint import NoUsableCheckpoint
 from hpctrain.config import load_run_config
 from hpctrain.dist import DistContext
+from hpctrain.errors import UserError
+from hpctrain.exitcodes import EXIT_USER_ERROR
+from hpctrain.journal import Journal
 from hpctrain.signals import StopFlag, exit_code
 from hpctrain.trainer.trainer import StopTraining, Trainer
 
@@ -26,8 +34,30 @@ log = logging.getLogger(__name__)
 
 
 def run(run_dir: Path, ctx: DistContext) -> str | None:
-    """Train; returns None when finished, or the stop reason after a signal-forced save."""
+    """Train; returns None when finished, or the stop reason after a signal-forced save.
+    A user's mistake is reported here and raised again as UserError."""
     logs.setup(ctx.rank)
+    try:
+        return _run(run_dir, ctx)
+    except (UserError, NoUsableCheckpoint) as error:
+        _report(error, run_dir, ctx)
+        if isinstance(error, UserError):
+            raise
+        raise UserError(str(error)) from error
+
+
+def _report(error: Exception, run_dir: Path, ctx: DistContext) -> None:
+    if not ctx.is_main:  # every rank fails alike; rank 0 tells it
+        log.error("%s", error)
+        return
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    Journal(run_dir / "events.jsonl").event(
+        "failure", cause="user_error", message=str(error), job_id=os.environ.get("SLURM_JOB_ID"),
+        restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+    )
+
+
+def _run(run_dir: Path, ctx: DistContext) -> str | None:
     config = load_run_config(run_dir)
     # Handlers first: a signal from here on is honoured at the first step boundary.
     stop = StopFlag(config.slurm.signal)
@@ -54,14 +84,20 @@ def run(run_dir: Path, ctx: DistContext) -> str | None:
 
 def spawned(local_rank: int, nprocs: int, store_path: str, run_dir: str) -> None:
     """Entry of a process started by the local launcher (torch.multiprocessing)."""
-    run(Path(run_dir), DistContext.for_spawn(local_rank, nprocs, store_path))
+    try:
+        run(Path(run_dir), DistContext.for_spawn(local_rank, nprocs, store_path))
+    except UserError:  # told already; the exit code says so to the launcher
+        sys.exit(EXIT_USER_ERROR)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Run one training process of a run directory.")
     parser.add_argument("run_dir", type=Path, help="a run directory holding config.yaml")
     args = parser.parse_args(argv)
-    reason = run(args.run_dir, DistContext.from_env())
+    try:
+        reason = run(args.run_dir, DistContext.from_env())
+    except UserError:
+        sys.exit(EXIT_USER_ERROR)
     sys.exit(exit_code(reason) if reason else 0)
 
 

@@ -7,9 +7,10 @@ thread writes it. `load` has rank 0 pick the newest valid checkpoint and every r
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,22 +21,38 @@ from hpctrain.checkpoint import rng, store
 from hpctrain.checkpoint.snapshot import Snapshotter
 from hpctrain.checkpoint.store import NoUsableCheckpoint
 from hpctrain.checkpoint.writer import BackgroundWriter
+from hpctrain.config import differences
 from hpctrain.dist import DistContext
+from hpctrain.errors import UserError
 
-__all__ = ["Checkpointer", "NoUsableCheckpoint"]
+__all__ = ["Checkpointer", "CheckpointMismatch", "NoUsableCheckpoint"]
 
 log = logging.getLogger(__name__)
 
 
+class CheckpointMismatch(UserError):
+    """The run dir's checkpoints belong to another model, dataset or optimizer: resuming them
+    would silently train from the wrong state, and starting over would silently lose them."""
+
+
 class Checkpointer:
     def __init__(
-        self, folder: Path, ctx: DistContext, keep: int, fingerprint: str, on_written: Callable[[dict], None]
+        self,
+        folder: Path,
+        ctx: DistContext,
+        keep: int,
+        fingerprint: str,
+        on_written: Callable[[dict], None],
+        identity: dict[str, Any] | None = None,
     ) -> None:
+        """`fingerprint` (and `identity`, what it hashes by config key) go into every
+        checkpoint's .json, so a mismatch is found, and explained, without loading the data."""
         self.folder = folder
         self.ctx = ctx
         self.fingerprint = fingerprint
         self.snapshotter = Snapshotter()
-        self.writer = BackgroundWriter(folder, keep, on_written)
+        meta = {"fingerprint": fingerprint, **({"identity": identity} if identity is not None else {})}
+        self.writer = BackgroundWriter(folder, keep, on_written, meta=meta)
 
     # ---- save ------------------------------------------------------------------------------
 
@@ -58,6 +75,22 @@ class Checkpointer:
         if self.ctx.is_main:
             self.writer.wait()
 
+    def _check_weights(self, saved: Mapping[str, Any], expected: Mapping[str, torch.Tensor], step: int) -> None:
+        missing = [k for k in expected if k not in saved]
+        extra = [k for k in saved if k not in expected]
+        resized = [
+            f"{k} {list(saved[k].shape)} -> {list(v.shape)}"
+            for k, v in expected.items()
+            if k in saved and isinstance(saved[k], torch.Tensor) and saved[k].shape != v.shape
+        ]
+        named = (("not in the checkpoint", missing), ("not in this model", extra), ("other shapes", resized))
+        problems = [f"{label}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}" for label, keys in named if keys]
+        if problems:
+            raise CheckpointMismatch(
+                f"{self.folder}: the weights of the checkpoint at step {step} do not fit this model "
+                f"({'; '.join(problems)}); was the model's code changed? Refusing to resume it: {self._what_to_do()}"
+            )
+
     def _gather(self, mine: dict[str, Any]) -> list[dict[str, Any]]:
         if not self.ctx.distributed:
             return [mine]
@@ -67,9 +100,11 @@ class Checkpointer:
 
     # ---- load ------------------------------------------------------------------------------
 
-    def load(self) -> dict[str, Any] | None:
+    def load(self, expect_model: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any] | None:
         """Collective. The newest valid checkpoint's state with this rank's RNG under "rng",
-        or None for a fresh run. Raises NoUsableCheckpoint / ValueError on every rank alike."""
+        or None for a fresh run. Raises NoUsableCheckpoint / CheckpointMismatch on every rank
+        alike; with `expect_model` (this model's state_dict), also when the saved weights have
+        other names or shapes (the model's code changed under the same config)."""
         decision: list[Any] = [None]
         if self.ctx.is_main:
             try:
@@ -87,13 +122,28 @@ class Checkpointer:
             return None
         if not self.ctx.is_main:
             state = torch.load(store.paths_for(self.folder, value).data, map_location="cpu", weights_only=True)
-        return self._checked(state, value)
+        state = self._checked(state, value)
+        if expect_model is not None:
+            self._check_weights(state["model"], expect_model, value)
+        return state
+
+    def _what_to_do(self) -> str:
+        return (
+            f"train this config in a new run dir (hydra.run.dir=...), resume the old run with its own config, "
+            f"or move {self.folder} away to start over"
+        )
 
     def _checked(self, state: dict[str, Any], step: int) -> dict[str, Any]:
         if state.get("fingerprint") != self.fingerprint:
-            raise ValueError(
-                f"{self.folder}: the checkpoint at step {step} was written by a run with a different model, "
-                "data or optimizer; start a new run dir (or move checkpoints/ away) instead of resuming it"
+            try:
+                saved = json.loads(store.paths_for(self.folder, step).meta.read_text()).get("identity")
+            except (OSError, ValueError):
+                saved = None
+            mine = self.writer.meta.get("identity")
+            changed = differences(saved, mine) if saved and mine else ""
+            raise CheckpointMismatch(
+                f"{self.folder}: the checkpoint at step {step} was written by a run with a different model, data "
+                f"or optimizer{f' ({changed})' if changed else ''}; refusing to resume it: {self._what_to_do()}"
             )
         saved_world = state.get("world_size")
         rngs = state["rng"]

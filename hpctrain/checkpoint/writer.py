@@ -16,10 +16,13 @@ log = logging.getLogger(__name__)
 
 
 class BackgroundWriter:
-    def __init__(self, folder: Path, keep: int, on_written: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self, folder: Path, keep: int, on_written: Callable[[dict[str, Any]], None], meta: dict[str, Any] | None = None
+    ) -> None:
         self.folder = folder
         self.keep = keep
         self.on_written = on_written  # called in the writer thread with the checkpoint's record
+        self.meta = dict(meta or {})  # more fields for every checkpoint's .json (not the record)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -47,7 +50,7 @@ class BackgroundWriter:
         if threading.current_thread() is not threading.main_thread():
             _yield_cpu_to_training()
         try:
-            store.write(self.folder, step, state, info)
+            store.write(self.folder, step, state, {**info, **self.meta})
             store.prune(self.folder, self.keep)
         except BaseException as error:  # reported to the trainer at the next wait()
             log.error("checkpoint at step %d failed: %s; the previous checkpoints are intact", step, error)

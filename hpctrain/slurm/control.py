@@ -10,7 +10,8 @@
             finish              the run is done
             requeue [NODES]     scontrol requeue this job (after excluding NODES)
             relaunch NODES      srun again at once on the survivors, excluding NODES
-            stop                scancel'ed, or a budget is spent: end the job
+            stop                scancel'ed, a budget is spent, or a training process refused
+                                a user's mistake (events.jsonl `failure`, cause user_error)
 Every decision is written to events.jsonl (`requeue`, `relaunch`, `failure`, `cancelled`).
 This module imports no torch: it runs in the batch shell and must answer in a moment.
 """
@@ -100,6 +101,8 @@ class Controller:
         recent = self._since_last_start()
         if exit_code == 0 or any(e.get("event") == "finish" for e in recent):
             return "finish"
+        if self._user_error():
+            return "stop"  # a bad value or file: every retry would fail alike; the worker said why
         saved_for = self._saved_for()
         if terminated and (saved_for or exit_code == EXIT_STOPPED):
             self.journal.event("cancelled", job_id=self.job_id, restart=self.restart, step=self._last_step())
@@ -132,6 +135,13 @@ class Controller:
             return "relaunch " + ",".join(excluded)
         self.journal.event("requeue", job_id=self.job_id, restart=self.restart, cause=cause, excluded=excluded)
         return "requeue " + ",".join(excluded) if excluded else "requeue"
+
+    def _user_error(self) -> bool:
+        """A training process of this start refused to run (hpctrain.worker, cause user_error)."""
+        return any(
+            (e.get("event"), e.get("cause")) == ("failure", "user_error") and int(e.get("restart") or 0) == self.restart
+            for e in self._events()
+        )
 
     def _last_step(self) -> int | None:
         steps = [e["step"] for e in self._events() if e.get("event") == "checkpoint" and "step" in e]

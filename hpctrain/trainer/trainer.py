@@ -18,9 +18,10 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.checkpoint import Checkpointer, rng
-from hpctrain.config import Config, fingerprint
+from hpctrain.config import Config, fingerprint, identity
 from hpctrain.data.splits import Splits
 from hpctrain.dist import DistContext
+from hpctrain.errors import UserError
 from hpctrain.journal import Journal, JsonLines
 from hpctrain.rundir import RunDir
 from hpctrain.signals import StopFlag
@@ -69,7 +70,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if self._precision == "fp16" else None
         self.checkpointer = Checkpointer(
             self.run.checkpoints, ctx, config.trainer.keep_checkpoints, fingerprint(config),
-            on_written=lambda record: self.journal.event("checkpoint", **record),
+            on_written=lambda record: self.journal.event("checkpoint", **record), identity=identity(config),
         )
 
     # ---- the run -------------------------------------------------------------------------
@@ -208,7 +209,7 @@ class Trainer:
         return blocked
 
     def _resume(self) -> None:
-        saved = self.checkpointer.load()
+        saved = self.checkpointer.load(expect_model=self.raw_model.state_dict())
         if saved is None:
             return
         self.raw_model.load_state_dict(saved["model"])
@@ -241,7 +242,7 @@ class Trainer:
         samples = len(splits.train)  # type: ignore[arg-type]
         per_epoch = samples // self.ctx.world_size // self.config.data.batch_size // cfg.grad_accum
         if per_epoch == 0:
-            raise ValueError(
+            raise UserError(
                 f"data.batch_size: {self.config.data.batch_size} x trainer.grad_accum {cfg.grad_accum} "
                 f"x {self.ctx.world_size} processes exceeds the {samples} training samples"
             )
