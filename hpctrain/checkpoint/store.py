@@ -65,6 +65,7 @@ class _HashingWriter(io.RawIOBase):
         self.file = file
         self.digest = hashlib.sha256()
         self.size = 0
+        self.error: OSError | None = None  # torch.save hides it behind its own "unexpected pos"
 
     def writable(self) -> bool:
         return True
@@ -73,7 +74,11 @@ class _HashingWriter(io.RawIOBase):
         view = memoryview(data)
         self.digest.update(view)
         self.size += view.nbytes
-        return self.file.write(view)
+        try:
+            return self.file.write(view)
+        except OSError as error:
+            self.error = error
+            raise
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -100,8 +105,13 @@ def write(folder: Path, step: int, state: dict[str, Any], info: dict[str, Any]) 
     try:
         with open(tmp_data, "wb") as file:
             writer = _HashingWriter(file)
-            with _without_zip_crc32():
-                torch.save(state, writer)  # type: ignore[arg-type]
+            try:
+                with _without_zip_crc32():
+                    torch.save(state, writer)  # type: ignore[arg-type]
+            except Exception:
+                if writer.error is not None:  # the real cause: a full disk, a quota, an I/O error
+                    raise writer.error from None
+                raise
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp_data, entry.data)

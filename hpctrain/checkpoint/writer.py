@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -11,8 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.checkpoint import store
+from hpctrain.errors import UserError
 
 log = logging.getLogger(__name__)
+
+
+class DiskFull(UserError):
+    """A checkpoint did not fit on the disk (or in the quota); the ones before it are intact."""
 
 
 class BackgroundWriter:
@@ -54,9 +60,20 @@ class BackgroundWriter:
             store.prune(self.folder, self.keep)
         except BaseException as error:  # reported to the trainer at the next wait()
             log.error("checkpoint at step %d failed: %s; the previous checkpoints are intact", step, error)
-            self._error = error
+            self._error = self._disk_full(step, error) or error
             return
         self.on_written({**info, "step": step, "write_s": round(time.perf_counter() - started, 4)})
+
+
+    def _disk_full(self, step: int, error: BaseException) -> DiskFull | None:
+        if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return None
+        kept = store.entries(self.folder)
+        before = f"the checkpoint of step {kept[0].step} is intact and" if kept else "no earlier checkpoint exists;"
+        return DiskFull(
+            f"checkpoint at step {step}: {error.strerror} in {self.folder}; {before} nothing of the failed one is "
+            f"left. Free space (or raise the quota), then start the run dir again to resume"
+        )
 
 
 def _yield_cpu_to_training() -> None:

@@ -142,7 +142,7 @@ def _check_setup_interpolations(cfg: DictConfig) -> None:
                 probe.slurm.setup = parts  # resolved where the line is, so relative keys still work
             values = OmegaConf.to_container(probe.slurm.setup, resolve=True, throw_on_missing=True)
         except OmegaConfBaseException as error:
-            raise ValueError(f"slurm.setup[{index}]: {_omegaconf_message(error)}") from None
+            raise ValueError(f"slurm.setup[{index}]: {str(error).splitlines()[0]}") from None
         for part, value in zip(parts, values):
             if not _SHELL_WORD.match(str(value)):
                 raise ValueError(
