@@ -40,3 +40,16 @@ def restrict_umask() -> int:
     mask = os.umask(0) | 0o002
     os.umask(mask)
     return mask
+
+
+def remove_empty_parents(path: Path) -> None:
+    """After removing a run dir made by a failed command: the folders Hydra made for it
+    (`runs/<date>/`), as long as they are empty, up to but never including the current directory."""
+    here = Path.cwd().resolve()
+    parent = path.resolve().parent
+    while parent != here and here in parent.parents:
+        try:
+            parent.rmdir()  # only an empty folder goes
+        except OSError:
+            return
+        parent = parent.parent

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hpctrain.config import Config, differences, fingerprint, identity, save_resolved, to_typed
-from hpctrain.rundir import RunDir
+from hpctrain.rundir import RunDir, remove_empty_parents
 
 # Hydra's own files in a fresh output dir; a run dir holding nothing else can go on a bad config.
 _HYDRA_FILES = {".hydra"}
@@ -116,17 +116,6 @@ def discard_if_empty(root: Path) -> None:
     if root.is_dir() and is_fresh(root):
         shutil.rmtree(root, ignore_errors=True)
         remove_empty_parents(root)
-
-
-def remove_empty_parents(path: Path) -> None:
-    here = Path.cwd().resolve()
-    parent = path.resolve().parent
-    while parent != here and here in parent.parents:
-        try:
-            parent.rmdir()  # only an empty folder goes
-        except OSError:
-            return
-        parent = parent.parent
 
 
 def single_line(key: str, path: Path) -> None:

@@ -28,7 +28,6 @@ from hpctrain.cli.common import (
     fail,
     is_fresh,
     prepare_run_dir,
-    remove_empty_parents,
     run_dir_key,
     single_line,
 )
@@ -74,8 +73,6 @@ def discard_sweep(sweep_dir: Path, points: list[Point]) -> None:
     """After a sweep failed before or while submitting: its points' run dirs, then its folder."""
     discard_points(points)
     discard_sweep_dir(sweep_dir)
-    if not sweep_dir.exists():
-        remove_empty_parents(sweep_dir)
 
 
 def announce(points: list[Point], job_ids: list[str]) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from hpctrain import __version__
 from hpctrain.config import Config
-from hpctrain.rundir import RunDir
+from hpctrain.rundir import RunDir, remove_empty_parents
 from hpctrain.slurm import sbatch
 from hpctrain.slurm.render import render
 
@@ -153,9 +153,11 @@ def discard_run_dir(root: Path) -> None:
     """Remove a run dir this submission made, only if it holds nothing but our own files."""
     if root.is_dir() and {p.name for p in root.iterdir()} <= _OURS:
         shutil.rmtree(root, ignore_errors=True)
+        remove_empty_parents(root)
 
 
 def discard_sweep_dir(root: Path) -> None:
     """After a failed sweep: remove its folder if nothing but Hydra's multirun.yaml is left."""
     if root.is_dir() and {p.name for p in root.iterdir()} <= _SWEEP_FILES:
         shutil.rmtree(root, ignore_errors=True)
+        remove_empty_parents(root)
