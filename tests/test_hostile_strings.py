@@ -4,7 +4,7 @@ Every string field hpctrain-submit writes into job.sbatch (the #SBATCH values, -
 slurm.extra, the Python and the template paths, the run dir, the directory it is submitted from)
 gets `$(...)`, backticks, `;`, `|`, both quote kinds and spaces, each command of which would
 leave a marker file. Fields the dev cluster accepts go into one real job that trains; fields it
-refuses (partition, constraint, exclude, mem) are each refused cleanly: sbatch's words, exit 1,
+refuses (partition, constraint, exclude) are each refused cleanly: sbatch's words, exit 1,
 no job, no run dir. Only `slurm.setup` runs, by design: its lines are the user's own shell.
 A newline, which would start a new line of the script, is refused for every field with the key
 named (these need no cluster).
@@ -66,6 +66,14 @@ def test_a_newline_is_refused_naming_the_key(tmp_path: Path, override: str, key:
     assert_refused(done, 2, f"error: {key}:")
     assert "single line" in done.stderr
     assert not list(cwd.iterdir()), f"left behind: {list(cwd.rglob('*'))}"
+
+
+def test_a_hostile_memory_size_is_refused_before_sbatch(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    done = run_cli("submit", f"slurm.mem={hq(hostile('mem', marks))}", "dry_run=true", cwd=tmp_path / "project")
+    assert_refused(done, 2, "error: slurm.mem: ", "is not a Slurm memory size")
+    assert markers(marks) == [] and not list((tmp_path / "project").iterdir())
 
 
 def test_a_newline_in_the_directory_submitted_from_is_refused(tmp_path: Path) -> None:
@@ -156,7 +164,6 @@ REFUSED = {  # a field the dev cluster refuses for such a value, and sbatch's ow
     "partition": "invalid partition specified",
     "constraint": "Invalid feature specification",
     "exclude": "error opening file",  # a value holding "/" is, to sbatch, a file listing the nodes
-    "mem": "Invalid --mem specification",
 }
 
 

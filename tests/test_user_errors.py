@@ -33,6 +33,17 @@ BAD_INPUT = {
     "negative-nodes": (["slurm.nodes=-1"], 2, ["error: slurm.nodes: must be >= 1 (got -1)"]),
     "time-four-parts": (["slurm.time=1:2:3:4"], 2, ["slurm.time: '1:2:3:4' is not a Slurm time limit"]),
     "time-word": (["slurm.time=abc"], 2, ["slurm.time: 'abc' is not a Slurm time limit"]),
+    "negative-memory": (["slurm.mem=-5G"], 2, ["slurm.mem: '-5G' is not a Slurm memory size"]),
+    "run-dir-cannot-be-made": (
+        ["hydra.run.dir=/proc/nope/run"],
+        2,
+        ["error: hydra.run.dir: cannot make /proc/nope/run"],
+    ),
+    "sweep-dir-cannot-be-made": (
+        ["-m", "hydra.sweep.dir=/proc/nope/sweep", "optim.lr=0.1,0.2"],
+        2,
+        ["error: hydra.sweep.dir: cannot make /proc/nope/sweep"],
+    ),
     "unknown-model": (["model=nope"], 1, ["Could not find 'model/nope'", "Available options in 'model'", "convnet"]),
     "unknown-key": (["trainer.nope=1"], 1, ["Could not override 'trainer.nope'", "Key 'nope' not in 'TrainerConfig'"]),
     "wrong-type": (["data.batch_size=abc"], 1, ["data.batch_size", "could not be converted to Integer"]),

@@ -14,6 +14,7 @@ from typing import NoReturn
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -57,6 +58,25 @@ def prepare_run_dir(cfg: DictConfig) -> tuple[Config, RunDir]:
     _refuse_checkpoints_of_another_model(run, config)
     save_resolved(resolved, run.config)
     return config, run
+
+
+class MakeRunDir(Callback):
+    """Make the run (or sweep) dir before Hydra does: a path that cannot be made (no such mount,
+    no permission) is then one error line naming the key, not Hydra's traceback. Listed in
+    conf/config.yaml under hydra.callbacks."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
+        _make(config.hydra.run.dir, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
+        _make(config.hydra.sweep.dir, "hydra.sweep.dir")
+
+
+def _make(folder: str, key: str) -> None:
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        fail(f"{key}: cannot make {folder}: {error.strerror or error}")
 
 
 def _refuse_a_live_job(run: RunDir) -> None:

@@ -126,8 +126,10 @@ class TrainerConfig:
         )
 
 
-# Slurm's --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
-_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
+# Slurm's --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or no limit.
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$", re.I)
+# Slurm's --mem: a whole number, megabytes unless a K, M, G or T follows; 0 is all of it.
+_SLURM_MEM = re.compile(r"^\d+[KMGT]?$", re.I)
 _SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
 # Why a job restarts (hpctrain/slurm/control.py classifies each restart as one of these).
 RESTART_CAUSES = ("preempt", "timelimit", "node_failure", "crash", "hang")
@@ -215,6 +217,11 @@ class SlurmConfig:
             )
         for index, line in enumerate(self.setup):
             _single_line(f"slurm.setup[{index}]", line)
+        _require(
+            self.mem is None or bool(_SLURM_MEM.match(self.mem)),
+            "slurm.mem",
+            f"{self.mem!r} is not a Slurm memory size; use a whole number with K, M, G or T (64G), or 0 for all",
+        )
 
     @property
     def tasks_per_node(self) -> int:
