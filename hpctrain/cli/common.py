@@ -66,13 +66,18 @@ class MakeRunDir(Callback):
     conf/config.yaml under hydra.callbacks."""
 
     def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
-        _make(config.hydra.run.dir, "hydra.run.dir")
+        _make(config, "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
-        _make(config.hydra.sweep.dir, "hydra.sweep.dir")
+        _make(config, "hydra.sweep.dir")
 
 
-def _make(folder: str, key: str) -> None:
+def _make(config: DictConfig, key: str) -> None:
+    try:
+        HydraConfig.instance().set_config(config)  # for ${hydra:...} in the path; Hydra sets it again
+        folder = str(OmegaConf.select(config, key))
+    except OmegaConfBaseException:
+        return  # Hydra resolves it itself and says what is wrong
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
     except OSError as error:
