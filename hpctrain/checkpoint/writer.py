@@ -17,8 +17,9 @@ from hpctrain.errors import UserError
 log = logging.getLogger(__name__)
 
 
-class DiskFull(UserError):
-    """A checkpoint did not fit on the disk (or in the quota); the ones before it are intact."""
+class DiskFull(UserError, OSError):
+    """A checkpoint did not fit on the disk (or in the quota); the ones before it are intact.
+    Still an OSError to code that handles those; told without a traceback like a UserError."""
 
 
 class BackgroundWriter:
