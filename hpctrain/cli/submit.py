@@ -87,8 +87,14 @@ def submit_or_exit(points: list[Point]) -> list[str]:
         job_ids = submit_all(points, points[0].config.slurm.submit_parallelism if points else 1)
     except sbatch.SbatchError as error:
         print(f"error: {error}", file=sys.stderr)
-        if not error.maybe_queued:
-            print("nothing was queued and no run dir was kept", file=sys.stderr)
+        if not error.maybe_queued:  # else the message says what to check
+            fresh = all(point.fresh for point in points)
+            print(
+                "nothing was queued and no run dir was kept"
+                if fresh
+                else "nothing was queued; run dirs that held a run before are as they were",
+                file=sys.stderr,
+            )
         sys.exit(EXIT_REFUSED)
     announce(points, job_ids)
     return job_ids

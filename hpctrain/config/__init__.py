@@ -83,8 +83,10 @@ def to_typed(cfg: DictConfig, overrides: Iterable[str] = ()) -> tuple[Config, Di
     try:
         plain = {
             key: OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True)
-            if OmegaConf.is_config(cfg[key]) else cfg[key]
-            for key in cfg if key != "hydra"
+            if OmegaConf.is_config(cfg[key])
+            else cfg[key]
+            for key in cfg
+            if key != "hydra"
         }
     except OmegaConfBaseException as error:
         raise ValueError(_omegaconf_message(error)) from None

@@ -188,8 +188,11 @@ class SlurmConfig:
             value = getattr(self, key)
             _require(value >= 0, f"slurm.{key}", f"must be >= 0 (got {value})")
         for cause, budget in self.restart_budget.items():
-            _require(cause in RESTART_CAUSES, f"slurm.restart_budget.{cause}",
-                     f"unknown cause; the causes are {', '.join(RESTART_CAUSES)}")
+            _require(
+                cause in RESTART_CAUSES,
+                f"slurm.restart_budget.{cause}",
+                f"unknown cause; the causes are {', '.join(RESTART_CAUSES)}",
+            )
             _require(budget >= 0, f"slurm.restart_budget.{cause}", f"must be >= 0 (got {budget})")
         for key in ("nodes", "submit_parallelism"):
             value = getattr(self, key)
@@ -271,9 +274,7 @@ class Config:
     # hpctrain passes the optimizer first, and `total_steps` when the target takes it.
     sched: Optional[dict[str, Any]] = None
     # A `_target_` node building the loss; it gets (logits, targets) flattened to 2-D/1-D.
-    loss: dict[str, Any] = field(
-        default_factory=lambda: {"_target_": "torch.nn.CrossEntropyLoss"}
-    )
+    loss: dict[str, Any] = field(default_factory=lambda: {"_target_": "torch.nn.CrossEntropyLoss"})
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)

@@ -109,11 +109,7 @@ def drop_foreign_arguments(node: dict[str, Any], key: str, overridden: set[str])
     sig = _signature(locate(node, key))
     if sig is None or _takes_any_keyword(sig):
         return []
-    dropped = [
-        name
-        for name in arguments(node)
-        if name not in sig.parameters and f"{key}.{name}" not in overridden
-    ]
+    dropped = [name for name in arguments(node) if name not in sig.parameters and f"{key}.{name}" not in overridden]
     for name in dropped:
         del node[name]
     if dropped:

@@ -34,8 +34,21 @@ _OURS = {".hydra", "config.yaml", "job.sbatch", "submission.json"}
 # What Hydra writes in a fresh sweep dir besides the points' run dirs.
 _SWEEP_FILES = {"multirun.yaml"}
 # Job states in which a job still owns its run dir.
-_LIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-                "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "SUSPENDED", "RESV_DEL_HOLD"}
+_LIVE_STATES = {
+    "PENDING",
+    "RUNNING",
+    "CONFIGURING",
+    "COMPLETING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "STOPPED",
+    "SUSPENDED",
+    "RESV_DEL_HOLD",
+}
 
 
 @dataclass
@@ -71,8 +84,17 @@ def live_job(run: RunDir) -> str | None:
         return None
     if not job_id.isdigit() or shutil.which("squeue") is None:
         return None
-    done = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=60, check=False)
+    try:
+        done = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T"],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):  # no answer: sbatch will say what is wrong
+        return None
     state = done.stdout.strip()
     return f"{job_id} ({state})" if done.returncode == 0 and state in _LIVE_STATES else None
 
