@@ -324,3 +324,29 @@ def test_nothing_a_run_writes_is_world_writable_even_with_umask_000(tmp_path: Pa
     }
     assert (submitted_dir / "job.sbatch").is_file()
     assert world_writable(trained_dir) == [] and world_writable(submitted_dir) == []
+
+
+def test_a_refused_resubmission_keeps_the_run_dir_that_was_there(tmp_path: Path) -> None:
+    env, log = fake_slurm(tmp_path / "slurm", refuse="--account=nope")
+    run_dir = tmp_path / "run"
+    done = run_cli("submit", f"hydra.run.dir={run_dir}", "slurm.account=nope", "dry_run=true", cwd=tmp_path, env=env)
+    assert done.returncode == 0, describe(done)
+
+    done = run_cli("submit", f"hydra.run.dir={run_dir}", "slurm.account=nope", cwd=tmp_path, env=env)
+
+    # A dry run, then the real one: the same run (dry_run is no part of it), refused by sbatch.
+    assert_refused(done, 1, "Invalid account", "nothing was queued; run dirs that held a run before are kept")
+    assert sorted(files(run_dir)) == ["config.yaml", "job.sbatch"]
+
+
+def test_a_models_own_refusal_in_every_process_is_one_error_line(tmp_path: Path) -> None:
+    done = run_cli(
+        "train",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "model=gpt",
+        "data=tokens",
+        "model.n_head=3",
+        "trainer.nprocs=2",
+        cwd=tmp_path,
+    )
+    assert_refused(done, 2, "error: hpctrain.models.gpt.GPT: n_embd (got 128) must be divisible by n_head (got 3)")

@@ -103,12 +103,28 @@ def _refuse_a_different_config(run: RunDir, resolved: DictConfig) -> None:
         old = OmegaConf.to_container(OmegaConf.load(run.config))
     except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as error:
         fail(f"{run.config} is unreadable ({str(error).splitlines()[0]}); pick a new {run_dir_key()}")
-    changed = differences(old if isinstance(old, dict) else {}, OmegaConf.to_container(resolved))  # type: ignore[arg-type]
+    new = OmegaConf.to_container(resolved)
+    changed = differences(_what_a_run_is(old), _what_a_run_is(new))
     if changed:
         fail(
             f"{run.root} already holds a run with another config ({changed}); "
             f"resume it with its own config or pick a new {run_dir_key()}"
         )
+
+
+# Keys that change how a run is submitted, not what it trains: a dry run, then the real one.
+_SUBMISSION_ONLY = (("dry_run",), ("slurm", "submit_parallelism"))
+
+
+def _what_a_run_is(tree: object) -> dict:
+    plain = dict(tree) if isinstance(tree, dict) else {}
+    for path in _SUBMISSION_ONLY:
+        holder = plain
+        for key in path[:-1]:
+            holder = dict(holder.get(key) or {})
+            plain[key] = holder
+        holder.pop(path[-1], None)
+    return plain
 
 
 def _refuse_checkpoints_of_another_model(run: RunDir, config: Config) -> None:

@@ -92,7 +92,7 @@ def submit_or_exit(points: list[Point]) -> list[str]:
             print(
                 "nothing was queued and no run dir was kept"
                 if fresh
-                else "nothing was queued; run dirs that held a run before are as they were",
+                else "nothing was queued; run dirs that held a run before are kept",
                 file=sys.stderr,
             )
         sys.exit(EXIT_REFUSED)
