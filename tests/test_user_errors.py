@@ -350,3 +350,54 @@ def test_a_models_own_refusal_in_every_process_is_one_error_line(tmp_path: Path)
         cwd=tmp_path,
     )
     assert_refused(done, 2, "error: hpctrain.models.gpt.GPT: n_embd (got 128) must be divisible by n_head (got 3)")
+
+
+@pytest.mark.slurm
+def test_a_user_error_in_a_slurm_job_ends_it_at_once_without_a_requeue(tmp_path: Path) -> None:
+    """The data file is there at submission, gone when the job starts: the job says why in its
+    output and journal, and stops (FAILED) instead of requeueing into the same error."""
+    from slurmtools import job_field, job_output, start_cluster, wait_finished
+
+    env = start_cluster()
+    data = tmp_path / "train.bin"
+    (torch.arange(2000) % 32).to(torch.int16).numpy().tofile(data)
+    run_dir = tmp_path / "run"
+    done = run_cli(
+        "submit",
+        "cluster=devcluster",
+        f"hydra.run.dir={run_dir}",
+        "model=gpt",
+        "data=token_file",
+        f"data.dataset.path={data}",
+        "data.dataset.seq_len=8",
+        "data.dataset.vocab_size=32",
+        "model.n_layer=1",
+        "slurm.extra=[--hold]",
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, describe(done)
+    job_id = done.stdout.split()[3]
+    data.unlink()
+    subprocess.run(["scontrol", "release", job_id], env=env, check=True, capture_output=True)
+
+    assert wait_finished(env, job_id, timeout_s=300) == "FAILED", job_output(run_dir)
+    assert job_field(env, job_id, "Restarts") == "0"
+    assert f"error: hpctrain.data.token_file.token_file: path: no such file: {data}" in job_output(run_dir)
+    causes = [e.get("cause") for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())]
+    assert causes == ["user_error"], causes
+
+
+def test_slurm_time_and_memory_take_slurms_own_forms() -> None:
+    from hpctrain.config.schema import SlurmConfig
+
+    for time_limit in ("30", "30:00", "12:00:00", "2-00:00:00", "2-12", "UNLIMITED"):
+        SlurmConfig(time=time_limit)
+    for memory in ("0", "64G", "500M", "1T", "64000"):
+        SlurmConfig(mem=memory)
+    for time_limit in ("1:2:3:4", "abc", "-5", "1-"):
+        with pytest.raises(ValueError, match="slurm.time"):
+            SlurmConfig(time=time_limit)
+    for memory in ("-5G", "1.5G", "64 G", "lots"):
+        with pytest.raises(ValueError, match="slurm.mem"):
+            SlurmConfig(mem=memory)
