@@ -112,18 +112,12 @@ def _refuse_a_different_config(run: RunDir, resolved: DictConfig) -> None:
         )
 
 
-# Keys that change how a run is submitted, not what it trains: a dry run, then the real one.
-_SUBMISSION_ONLY = (("dry_run",), ("slurm", "submit_parallelism"))
-
-
 def _what_a_run_is(tree: object) -> dict:
+    """A config less what changes only how it is submitted: a dry run, then the real one."""
     plain = dict(tree) if isinstance(tree, dict) else {}
-    for path in _SUBMISSION_ONLY:
-        holder = plain
-        for key in path[:-1]:
-            holder = dict(holder.get(key) or {})
-            plain[key] = holder
-        holder.pop(path[-1], None)
+    plain.pop("dry_run", None)
+    if isinstance(plain.get("slurm"), dict):
+        plain["slurm"] = {k: v for k, v in plain["slurm"].items() if k != "submit_parallelism"}
     return plain
 
 
