@@ -156,9 +156,10 @@ def test_hot_spare_relaunches_without_requeue(slurm_env, tmp_path: Path) -> None
 
 def test_restart_budget_stops_a_job_that_always_fails(slurm_env, tmp_path: Path) -> None:
     run_dir = tmp_path / "always-fails"
-    # A model that cannot be built fails at every start: one crash restart is allowed, then stop.
+    # A loss that cannot take the model's output crashes at every start: one crash restart is
+    # allowed, then stop. (A bad model argument is a user's mistake: it stops at once, no restart.)
     (job_id,), _ = submit(slurm_env, run_dir, "trainer.max_steps=20", "slurm.restart_budget.crash=1",
-                          "model.hidden=-5")
+                          "loss._target_=torch.nn.MSELoss")
     lift_requeue_hold(slurm_env, job_id)
     assert wait_finished(slurm_env, job_id, timeout_s=300) == "FAILED", job_output(run_dir)
     crashes = [e for e in of("failure", run_dir) if e["cause"] == "crash"]
