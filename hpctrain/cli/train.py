@@ -48,8 +48,11 @@ def _main(cfg: DictConfig) -> None:
             raise
         sys.exit(EXIT_USER_ERROR)  # a spawned rank told it already
     if stopped_by is not None:
-        log.info("stopped by signal %d after a checkpoint; run the same command with hydra.run.dir=%s to resume",
-                 stopped_by, run.root)
+        log.info(
+            "stopped by signal %d after a checkpoint; run the same command with hydra.run.dir=%s to resume",
+            stopped_by,
+            run.root,
+        )
         sys.exit(128 + stopped_by)
     log.info(summary(run))
 
