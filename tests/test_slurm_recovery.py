@@ -3,12 +3,14 @@ spares and restart budgets. Each run ends with weights bit-identical to an unint
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.paced import PAUSE_ENV
 from slurmtools import (
     events,
     job_field,
@@ -32,6 +34,11 @@ RUN = ["trainer.log_every=5", "trainer.eval_every=0", "trainer.ckpt_every=20"]
 @pytest.fixture(scope="module")
 def slurm_env() -> dict[str, str]:
     return start_cluster()
+
+
+def with_test_helpers(env: dict[str, str]) -> str:
+    """PYTHONPATH that also finds tests/helpers (the job inherits the submitting environment)."""
+    return os.pathsep.join(p for p in (str(Path(__file__).parent), env.get("PYTHONPATH", "")) if p)
 
 
 def same_weights(a: Path, b: Path) -> bool:
@@ -75,10 +82,13 @@ def test_preemption_saves_at_the_signal_step_and_resumes_exactly(slurm_env, tmp_
 
 def test_time_limit_requeues_until_done(slurm_env, tmp_path: Path) -> None:
     run_dir = tmp_path / "timelimited"
-    # 1-minute allocations, warned 40 s ahead (Slurm may warn up to a minute early): the run
-    # needs several of them.
-    config = [*RUN, "trainer.max_steps=3000", "slurm.time=1", "slurm.signal_delay_s=40"]
-    (job_id,), _ = submit(slurm_env, run_dir, *config)
+    # 1-minute allocations, warned 40 s ahead (Slurm may warn up to a minute early). Each step
+    # takes at least 25 ms in the job, so its 3000 steps need over 75 s of training: several
+    # allocations on any machine. The reference trains the same config without the pause.
+    config = [*RUN, "model._target_=helpers.paced.PacedConvNet", "trainer.max_steps=3000", "slurm.time=1",
+              "slurm.signal_delay_s=40"]
+    paced_env = {**slurm_env, PAUSE_ENV: "0.025", "PYTHONPATH": with_test_helpers(slurm_env)}
+    (job_id,), _ = submit(paced_env, run_dir, *config)
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         state = job_field(slurm_env, job_id, "JobState")
@@ -94,7 +104,7 @@ def test_time_limit_requeues_until_done(slurm_env, tmp_path: Path) -> None:
     assert len(of("start", run_dir)) == len(requeues) + 1
     assert of("finish", run_dir)[0]["step"] == 3000
     reference = tmp_path / "reference"
-    train_locally(slurm_env, reference, *config)
+    train_locally({**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}, reference, *config)
     assert same_weights(run_dir, reference)
 
 

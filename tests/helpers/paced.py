@@ -1,0 +1,21 @@
+"""The built-in ConvNet with a floor on each training step's time, taken from the environment.
+
+A test that needs a run to outlast a time limit cannot rely on how fast the machine is (a fast CI
+machine finished a "long" run inside one allocation). The pause lives in the environment, not in
+the config, so a paced run and an unpaced reference have the same config and the same weights.
+"""
+
+import os
+import time
+
+from hpctrain.models.convnet import ConvNet
+
+PAUSE_ENV = "HPCTRAIN_TEST_STEP_PAUSE_S"
+
+
+class PacedConvNet(ConvNet):
+    def forward(self, x):
+        pause_s = float(os.environ.get(PAUSE_ENV, "0"))
+        if self.training and pause_s > 0:
+            time.sleep(pause_s)
+        return super().forward(x)
