@@ -171,6 +171,17 @@ class SlurmConfig:
     template: str = "ddp.sbatch.j2"
     # The Python on the compute nodes; empty means the one running hpctrain-submit.
     python: str = ""
+    # Extra words for the training `srun`, one argument each, after hpctrain's own flags: a
+    # pyxis site's ["--container-image=nvcr.io#nvidia/pytorch:24.05-py3", "--container-mounts=/data:/data"].
+    srun_args: list[str] = field(default_factory=list)
+    # Words put before `python` in every training task, and in the batch shell's control steps
+    # unless control_python is set: ["apptainer", "exec", "--nv", "/images/train.sif"]. srun
+    # signals each task's processes: the prefix must run the Python in its place or pass signals
+    # on (env, apptainer exec and a script ending in `exec "$@"` do).
+    task_prefix: list[str] = field(default_factory=list)
+    # The Python the batch shell runs hpctrain's control steps with, outside any container (it
+    # needs hpctrain and omegaconf, no torch); empty means task_prefix + python, like the tasks.
+    control_python: str = ""
     # Submit sweep points this many at once (sbatch calls in parallel).
     submit_parallelism: int = 8
     # Extra nodes allocated beside `nodes` (with --no-kill): when a training node fails, the step
@@ -220,6 +231,9 @@ class SlurmConfig:
             )
         for index, line in enumerate(self.setup):
             _single_line(f"slurm.setup[{index}]", line)
+        _check_srun_args(self.srun_args)
+        _check_task_prefix(self.task_prefix)
+        _single_line("slurm.control_python", self.control_python)
         _require(
             self.mem is None or bool(_SLURM_MEM.match(self.mem)),
             "slurm.mem",
@@ -238,6 +252,48 @@ def _single_line(key: str, value: Optional[str]) -> None:
     if value is not None:
         _require("\n" not in value and "\r" not in value, key, "must be a single line (it contains a newline)")
         _require("\0" not in value, key, "must not contain a NUL character")
+
+
+# srun flags that set what hpctrain itself decides for the training step: its shape (slurm.nodes,
+# slurm.ntasks_per_node), the nodes it leaves out after a failure, and ending every task with one.
+_SRUN_OWNED_LONG = ("--nodes", "--ntasks", "--ntasks-per-node", "--exclude", "--kill-on-bad-exit")
+_SRUN_OWNED_SHORT = ("-N", "-n", "-x", "-K")
+
+
+def _words(key: str, words: list[str]) -> None:
+    """Each word is one shell argument: a single line, and not empty (an empty word would be
+    taken as a program or an option's value by the command reading it)."""
+    for index, word in enumerate(words):
+        _single_line(f"{key}[{index}]", word)
+        _require(word != "", f"{key}[{index}]", "must not be empty")
+
+
+def _check_srun_args(words: list[str]) -> None:
+    _words("slurm.srun_args", words)
+    if words:  # a first word that is no flag would be, to srun, the program to run
+        _require(
+            words[0].startswith("-"),
+            "slurm.srun_args[0]",
+            f"must be an srun flag like --container-image=IMAGE (got {words[0]!r})",
+        )
+    for index, word in enumerate(words):
+        name = word.split("=", 1)[0]
+        owned = name in _SRUN_OWNED_LONG or (not word.startswith("--") and word[:2] in _SRUN_OWNED_SHORT)
+        _require(
+            not owned,
+            f"slurm.srun_args[{index}]",
+            f"{name} is set by hpctrain (slurm.nodes, slurm.ntasks_per_node, failed nodes); leave it out",
+        )
+
+
+def _check_task_prefix(words: list[str]) -> None:
+    _words("slurm.task_prefix", words)
+    if words:  # srun reads words before the program as its own flags
+        _require(
+            not words[0].startswith("-"),
+            "slurm.task_prefix[0]",
+            f"must be a program like apptainer (got {words[0]!r}); srun's own flags go in slurm.srun_args",
+        )
 
 
 @dataclass

@@ -151,7 +151,7 @@ class Controller:
 
     def _allocated_nodes(self) -> list[str]:
         """The job's nodes now: with --no-kill a failed node leaves the allocation."""
-        done = subprocess.run(["scontrol", "show", "job", "-o", self.job_id], capture_output=True, text=True)
+        done = _ask_slurm("scontrol", "show", "job", "-o", self.job_id)
         match = re.search(r"\bNodeList=(\S+)", done.stdout)
         if done.returncode != 0 or not match or match.group(1) == "(null)":
             return parse_node_list(self.env.get("SLURM_JOB_NODELIST", ""))
@@ -167,10 +167,24 @@ class Controller:
     def _nodes_down(self, nodes: list[str]) -> list[str]:
         if not nodes:
             return []
-        done = subprocess.run(["sinfo", "-h", "-N", "-t", "down,drain,fail,failing,no_respond", "-o", "%N"],
-                              capture_output=True, text=True)
+        done = _ask_slurm("sinfo", "-h", "-N", "-t", "down,drain,fail,failing,no_respond", "-o", "%N")
         down = set(done.stdout.split()) if done.returncode == 0 else set()
         return sorted(set(nodes) & down)
+
+
+def _ask_slurm(*command: str) -> subprocess.CompletedProcess:
+    """Slurm's answer; a failed one where its command is missing. Through slurm.task_prefix the
+    control steps may run in a container image without Slurm's commands: the job goes on with
+    what its environment says, and the output says how to see node failures again."""
+    try:
+        return subprocess.run(list(command), capture_output=True, text=True)
+    except OSError as error:
+        print(
+            f"hpctrain: {command[0]} cannot run here ({error.strerror}); node failures go unseen: set "
+            "slurm.control_python to a Python outside the container",
+            file=sys.stderr,
+        )
+        return subprocess.CompletedProcess(list(command), 127, "", "")
 
 
 _NODE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")

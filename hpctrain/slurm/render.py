@@ -3,7 +3,8 @@
 Two kinds of quoting, because two parsers read the script:
   - `#SBATCH` lines are read by sbatch itself, which knows '...' / "..." quotes and backslash
     escapes and treats an unquoted `#` as a comment: the `directive` filter quotes for it.
-  - everything else is read by bash: the `q` filter is shlex.quote.
+  - everything else is read by bash: the `q` filter is shlex.quote, and `words` quotes each
+    word of a list (a command and its arguments) on its own.
 Newlines are refused before this point (the schema checks), so no value can start a line.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import re
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -20,6 +22,7 @@ import jinja2
 
 from hpctrain import __version__
 from hpctrain.config import Config
+from hpctrain.config.schema import SlurmConfig
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.:,=/@+\-\[\]]+$")
 
@@ -40,6 +43,20 @@ def sbatch_flag(flag: str) -> str:
     if not re.match(r"^--?[A-Za-z][A-Za-z0-9-]*$", name):
         raise ValueError(f"slurm.extra: {flag!r} is not a flag like --mail-type=END")
     return name + (sep + sbatch_quote(value) if sep else "")
+
+
+def shell_words(words: Sequence[object]) -> str:
+    """Words for a bash command line, each one argument whatever it holds: ["a b", "c"] -> 'a b' c."""
+    return " ".join(shlex.quote(str(word)) for word in words)
+
+
+def launch_commands(slurm: SlurmConfig, python: str) -> tuple[list[str], list[str]]:
+    """(what runs each training task, what runs the batch shell's control steps), both before
+    `-m MODULE`. The control steps go through slurm.task_prefix too, unless the site names a
+    Python outside the container for them."""
+    task = [*slurm.task_prefix, python]
+    control = [slurm.control_python] if slurm.control_python else task
+    return task, control
 
 
 def filename_pattern(path: Path) -> str:
@@ -77,12 +94,15 @@ def _environment(template: str) -> tuple[jinja2.Environment, str]:
     env.filters["q"] = lambda value: shlex.quote(str(value))
     env.filters["directive"] = sbatch_quote
     env.filters["flag"] = sbatch_flag
+    env.filters["words"] = shell_words
     return env, name
 
 
 def render(config: Config, run_dir: Path, submit_dir: Path) -> Rendered:
     """Raises ValueError naming slurm.template (or the value) when the script cannot be made."""
     slurm = config.slurm
+    python = slurm.python or sys.executable
+    task_command, control_command = launch_commands(slurm, python)
     env, name = _environment(slurm.template)
     try:
         template = env.get_template(name)
@@ -97,7 +117,9 @@ def render(config: Config, run_dir: Path, submit_dir: Path) -> Rendered:
             run_dir=str(run_dir),
             submit_dir=str(submit_dir),
             output=filename_pattern(run_dir) + "/slurm-%j.out",
-            python=slurm.python or sys.executable,
+            python=python,
+            task_command=task_command,
+            control_command=control_command,
         )
     except jinja2.TemplateNotFound as error:
         where = "" if error.name == name else f" (included by {name})"
