@@ -1,0 +1,150 @@
+"""hpctrain-status: one row per run, what Slurm and the run's own journal say about it.
+
+    hpctrain-status                        # the recent runs under runs/, most recent first
+    hpctrain-status runs/multirun/2024-05-01/12-00-00 runs/2024-05-02/09-30-00
+    hpctrain-status --watch 10             # refresh every 10 s until Ctrl-C
+    hpctrain-status --json                 # machine-readable rows
+    hpctrain-status --plot curves.png      # loss and eval accuracy against step
+
+Exit 0 when no listed run failed, 1 when one did (FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY,
+CANCELLED before finishing, or a `failure` event that ended it), 2 for a user's mistake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from hpctrain.status import discover
+from hpctrain.status.plot import PlotUnavailable, draw, require_matplotlib
+from hpctrain.status.rows import Status, collect
+from hpctrain.status.table import render
+
+EXIT_OK = 0
+EXIT_FAILED_RUN = 1
+EXIT_USER_ERROR = 2
+DEFAULT_WATCH_S = 5.0
+# Move to the top left and clear the screen: the table is redrawn in place.
+_CLEAR = "\x1b[H\x1b[2J"
+
+
+def parser() -> argparse.ArgumentParser:
+    parse = argparse.ArgumentParser(
+        prog="hpctrain-status",
+        description="Where every run stands: job, state, restarts, step, loss, eval accuracy, last checkpoint.",
+    )
+    parse.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        metavar="RUN_OR_SWEEP_DIR",
+        help=f"run dirs, sweep dirs (all their points) or folders holding runs (default: {discover.DEFAULT_ROOT}/)",
+    )
+    parse.add_argument(
+        "-n",
+        "--limit",
+        type=int,
+        default=discover.DEFAULT_LIMIT,
+        help=f"at most this many runs from each folder searched, most recent first; 0 for all "
+        f"(default {discover.DEFAULT_LIMIT}; named run and sweep dirs are always shown)",
+    )
+    parse.add_argument(
+        "--watch",
+        nargs="?",
+        const=str(DEFAULT_WATCH_S),
+        default=None,
+        metavar="SECONDS",
+        help=f"redraw every SECONDS (default {DEFAULT_WATCH_S:g}) until Ctrl-C",
+    )
+    parse.add_argument("--json", action="store_true", help="print the rows as a JSON list instead of a table")
+    parse.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="also draw loss and eval accuracy against step (needs the `plot` extra)",
+    )
+    return parse
+
+
+def options(argv: list[str] | None) -> argparse.Namespace:
+    parse = parser()
+    args = parse.parse_args(argv)
+    if args.watch is not None:
+        # `--watch runs/`: argparse takes the path for SECONDS; it is a path, watched every 5 s.
+        try:
+            args.watch = float(args.watch)
+        except ValueError:
+            args.paths.insert(0, Path(args.watch))
+            args.watch = DEFAULT_WATCH_S
+        if args.watch <= 0:
+            parse.error(f"--watch: SECONDS must be > 0 (got {args.watch:g})")
+    if args.limit < 0:
+        parse.error(f"--limit: must be >= 0 (got {args.limit})")
+    return args
+
+
+def refresh(args: argparse.Namespace) -> Status:
+    """Find the runs again (a new run appears in a watched folder) and read them all."""
+    return collect(discover.run_dirs(args.paths, args.limit))
+
+
+def show(status: Status, args: argparse.Namespace) -> None:
+    for note in status.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if args.json:
+        # Under --watch, one JSON list a line: a reader takes each refresh as it comes.
+        print(json.dumps([row.to_json() for row in status.rows], indent=None if args.watch else 2))
+    elif status.rows:
+        print(render(status.rows))
+    else:
+        print("no runs found")
+    if args.plot is not None:
+        draw(status.rows, args.plot)
+
+
+def watch(args: argparse.Namespace) -> int:
+    clear = sys.stdout.isatty() and not args.json
+    code = EXIT_OK
+    try:
+        while True:
+            status = refresh(args)
+            if clear:
+                print(_CLEAR, end="")
+                print(f"hpctrain-status, every {args.watch:g} s, {time.strftime('%H:%M:%S')} (Ctrl-C to stop)\n")
+            show(status, args)
+            sys.stdout.flush()
+            code = EXIT_FAILED_RUN if status.any_failed else EXIT_OK
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        if clear:
+            print()
+        return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = options(argv)
+    try:
+        if args.plot is not None:
+            require_matplotlib()
+        if args.watch is not None:
+            return watch(args)
+        status = refresh(args)
+        show(status, args)
+        return EXIT_FAILED_RUN if status.any_failed else EXIT_OK
+    except (discover.NotARunDir, PlotUnavailable) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `hpctrain-status | head`: the reader has gone, which is not an error worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

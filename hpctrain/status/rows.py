@@ -1,0 +1,110 @@
+"""One row per run: everything the table, --json and the exit code need, gathered once."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpctrain.rundir import RunDir
+from hpctrain.status import slurm_query
+from hpctrain.status.checkpoint_age import newest_checkpoint
+from hpctrain.status.journal_summary import JournalSummary, summarize
+from hpctrain.status.metrics_tail import read_tail
+from hpctrain.status.run_state import decide
+
+
+@dataclass(frozen=True)
+class Row:
+    run_dir: Path
+    job_id: str | None  # None: trained on this machine with hpctrain-train
+    state: str
+    failed: bool
+    source: str  # who said the state: squeue | sacct | scontrol | journal
+    restarts: int
+    step: int | None
+    max_steps: int | None
+    loss: float | None
+    eval_accuracy: float | None
+    eval_loss: float | None
+    samples_per_s: float | None
+    checkpoint_step: int | None
+    checkpoint_age_s: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["run_dir"] = str(self.run_dir.resolve())
+        # JSON has no NaN: a diverged loss is null, as in metrics.jsonl.
+        return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+
+
+@dataclass
+class Status:
+    rows: list[Row]
+    notes: list[str]  # one line each: what could not be asked, and so where states come from
+
+    @property
+    def any_failed(self) -> bool:
+        return any(row.failed for row in self.rows)
+
+
+def collect(runs: list[Path], now: float | None = None) -> Status:
+    """Read every run's own files, then ask Slurm about all their jobs at once."""
+    now = time.time() if now is None else now
+    summaries: list[JournalSummary | str] = []
+    for run in runs:
+        try:
+            summaries.append(summarize(RunDir(run)))
+        except (OSError, ValueError) as error:  # unreadable files: say so on its row
+            summaries.append(getattr(error, "strerror", None) or str(error).splitlines()[0])
+    answer = slurm_query.query([s.job_id for s in summaries if isinstance(s, JournalSummary) and s.job_id])
+    rows = [
+        _row(run, summary, answer, now) if isinstance(summary, JournalSummary) else _unreadable(run, summary)
+        for run, summary in zip(runs, summaries)
+    ]
+    return Status(rows, answer.notes)
+
+
+def _row(run: Path, journal: JournalSummary, answer: slurm_query.SlurmAnswer, now: float) -> Row:
+    job = answer.jobs.get(journal.job_id) if journal.job_id else None
+    state = decide(job, journal)
+    metrics = read_tail(RunDir(run).metrics)
+    checkpoint = newest_checkpoint(RunDir(run).checkpoints)
+    steps = [s for s in (metrics.step, journal.last_step) if s is not None]
+    return Row(
+        run_dir=run,
+        job_id=journal.job_id,
+        state=state.label,
+        failed=state.failed,
+        source=job.source if job else "journal",
+        restarts=max(journal.restarts, job.restarts or 0) if job else journal.restarts,
+        step=max(steps) if steps else None,
+        max_steps=journal.total_steps or configured_max_steps(RunDir(run).config),
+        loss=metrics.loss,
+        eval_accuracy=metrics.eval_accuracy,
+        eval_loss=metrics.eval_loss,
+        samples_per_s=metrics.samples_per_s,
+        checkpoint_step=checkpoint.step if checkpoint else None,
+        checkpoint_age_s=max(0.0, now - checkpoint.written_at) if checkpoint else None,
+    )
+
+
+def _unreadable(run: Path, why: str) -> Row:
+    return Row(run, None, f"UNREADABLE ({why})", False, "journal", 0, *([None] * 8))
+
+
+def configured_max_steps(config: Path) -> int | None:
+    """trainer.max_steps of the run's config.yaml, before the first start says total_steps
+    (0 there means trainer.epochs decides, known only once the data is loaded)."""
+    try:
+        with open(config, encoding="utf-8") as file:
+            loaded = yaml.load(file, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    trainer = loaded.get("trainer") if isinstance(loaded, dict) else None
+    steps = trainer.get("max_steps") if isinstance(trainer, dict) else None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None

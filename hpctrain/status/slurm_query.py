@@ -1,0 +1,155 @@
+"""Ask Slurm about many jobs in few calls: what each job's state is now.
+
+One `squeue` for every job id (jobs queued or running), then one `sacct` for the ids squeue
+no longer lists (a site with accounting remembers every job), then one `scontrol` for the ids
+still unanswered (the controller keeps an ended job for MinJobAge seconds, 300 by default).
+Many small clusters have no accounting: sacct then fails, which is normal and not reported.
+A job none of them knows is left to the run's own journal. Calls go through `subprocess.run`
+with a list of arguments and a time limit; a missing command or a failing controller never
+raises, it adds a note.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+TIMEOUT_S = 30
+# `%i|%T|%r`: job id, state in full (PENDING, not PD), reason (BeginTime after a requeue).
+SQUEUE_FORMAT = "%i|%T|%r"
+SACCT_FIELDS = "JobIDRaw,State"
+_JOB_ID = re.compile(r"^\d+$")
+# One `scontrol -o show job` record. JobName comes before these fields and may hold any text,
+# so they are matched as the run of fields Slurm always prints together. Reason may hold spaces.
+_SCONTROL_ID = re.compile(r"^(?:scontrol: )?JobId=(\d+) ")
+_SCONTROL_STATE = re.compile(r" JobState=(\S+) Reason=(.*?) Dependency=\S* Requeue=\d+ Restarts=(\d+) ")
+# Another Slurm version may order them otherwise: then the first JobState= and Restarts= found.
+_SCONTROL_LOOSE = re.compile(r" JobState=(\S+) ")
+_SCONTROL_RESTARTS = re.compile(r" Restarts=(\d+) ")
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    state: str  # as Slurm spells it: RUNNING, PENDING, COMPLETED, PREEMPTED...
+    reason: str | None  # why it waits (squeue/scontrol); None when there is none
+    restarts: int | None  # Slurm's own count (scontrol only)
+    source: str  # the command that answered: squeue | sacct | scontrol
+
+
+@dataclass
+class SlurmAnswer:
+    jobs: dict[str, SlurmJob] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # one line each, for the user
+
+
+def query(job_ids: list[str], timeout_s: float = TIMEOUT_S) -> SlurmAnswer:
+    answer = SlurmAnswer()
+    wanted = sorted({j for j in job_ids if _JOB_ID.match(j)}, key=int)
+    if not wanted:
+        return answer
+    if shutil.which("squeue") is None:
+        answer.notes.append("squeue not found on PATH: states come from the runs' own journals")
+    else:
+        answer.jobs.update(_squeue(wanted, timeout_s, answer.notes))
+    left = [j for j in wanted if j not in answer.jobs]
+    if left and shutil.which("sacct") is not None:
+        answer.jobs.update(_sacct(left, timeout_s))
+    left = [j for j in wanted if j not in answer.jobs]
+    if left and shutil.which("scontrol") is not None:
+        answer.jobs.update(_scontrol(left, timeout_s, answer.notes))
+    return answer
+
+
+def _run(command: list[str], timeout_s: float, stdin: str | None = None) -> subprocess.CompletedProcess[str] | str:
+    """The finished call, or one line saying why there is no answer."""
+    try:
+        return subprocess.run(
+            command,
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return f"{command[0]}: no answer within {timeout_s:.0f} s"
+    except OSError as error:
+        return f"{command[0]}: {error.strerror or error}"
+
+
+def _squeue(job_ids: list[str], timeout_s: float, notes: list[str]) -> dict[str, SlurmJob]:
+    done = _run(["squeue", "-h", "-j", ",".join(job_ids), "-o", SQUEUE_FORMAT], timeout_s)
+    if isinstance(done, str):
+        notes.append(f"{done}; states come from scontrol and the runs' journals")
+        return {}
+    if done.returncode != 0:
+        # Asked about a single job it no longer lists, squeue fails with "Invalid job id
+        # specified"; about several, it lists those it knows. Both mean: not queued.
+        if "Invalid job id" not in done.stderr:
+            notes.append(f"squeue failed: {_first_line(done)}")
+        return {}
+    jobs = {}
+    for line in done.stdout.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) == 3 and _JOB_ID.match(parts[0]):
+            jobs[parts[0]] = SlurmJob(parts[1], _reason(parts[2]), None, "squeue")
+    return jobs
+
+
+def _sacct(job_ids: list[str], timeout_s: float) -> dict[str, SlurmJob]:
+    # -X: the job itself, not its steps; -P: `|` between fields. Without --duplicates a requeued
+    # job is listed once, as its latest instance.
+    done = _run(["sacct", "-n", "-P", "-X", "-j", ",".join(job_ids), "-o", SACCT_FIELDS], timeout_s)
+    if isinstance(done, str) or done.returncode != 0:
+        return {}  # "accounting storage is disabled": this site has no accounting
+    jobs = {}
+    for line in done.stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 2 and parts[0] in job_ids and parts[1]:
+            # "CANCELLED by 1000": the state is the first word.
+            jobs[parts[0]] = SlurmJob(parts[1].split()[0], None, None, "sacct")
+    return jobs
+
+
+def _scontrol(job_ids: list[str], timeout_s: float, notes: list[str]) -> dict[str, SlurmJob]:
+    # `scontrol show job` takes one id; fed commands on stdin, one scontrol answers them all.
+    # It fails (exit 1) when any id is unknown and still prints the others.
+    commands = "".join(f"show job {job_id}\n" for job_id in job_ids)
+    done = _run(["scontrol", "-o"], timeout_s, stdin=commands)
+    if isinstance(done, str):
+        notes.append(done)
+        return {}
+    jobs = {}
+    for line in done.stdout.splitlines():
+        found_id = _SCONTROL_ID.match(line)
+        if found_id and found_id.group(1) in job_ids:
+            job = _scontrol_record(line)
+            if job is not None:
+                jobs[found_id.group(1)] = job
+    if not jobs and done.returncode != 0 and "Invalid job id" not in done.stderr:
+        notes.append(f"scontrol failed: {_first_line(done)}")
+    return jobs
+
+
+def _scontrol_record(line: str) -> SlurmJob | None:
+    found = _SCONTROL_STATE.search(line)
+    if found:
+        state, reason, restarts = found.groups()
+        return SlurmJob(state, _reason(reason), int(restarts), "scontrol")
+    loose, restarts_found = _SCONTROL_LOOSE.search(line), _SCONTROL_RESTARTS.search(line)
+    if loose is None:
+        return None
+    return SlurmJob(loose.group(1), None, int(restarts_found.group(1)) if restarts_found else None, "scontrol")
+
+
+def _reason(text: str) -> str | None:
+    text = text.strip()
+    return None if text in ("", "None", "(None)", "(null)") else text
+
+
+def _first_line(done: subprocess.CompletedProcess[str]) -> str:
+    text = (done.stderr or done.stdout).strip()
+    return text.splitlines()[0] if text else f"exit {done.returncode}"
