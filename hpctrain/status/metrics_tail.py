@@ -33,12 +33,14 @@ class MetricsTail:
 def read_tail(path: Path, max_bytes_back: int = MAX_BYTES_BACK) -> MetricsTail:
     latest: dict[str, Any] | None = None
     evaluated: dict[str, Any] | None = None
-    for record in _records_backwards(path, max_bytes_back):
-        if latest is None and "step" in record:
-            latest = record
-        if "eval_loss" in record or "eval_accuracy" in record:
-            evaluated = record
-            break
+    for line in _lines_backwards(path, max_bytes_back):
+        if latest is None:
+            latest = _parse(line, "step")
+        # Most lines hold no evaluation: a byte search skips them without parsing JSON.
+        if b'"eval_' in line:
+            evaluated = _parse(line, "step")
+            if evaluated is not None:
+                break
     latest = latest or {}
     evaluated = evaluated or {}
     return MetricsTail(
@@ -51,7 +53,7 @@ def read_tail(path: Path, max_bytes_back: int = MAX_BYTES_BACK) -> MetricsTail:
     )
 
 
-def _records_backwards(path: Path, max_bytes_back: int) -> Iterator[dict[str, Any]]:
+def _lines_backwards(path: Path, max_bytes_back: int) -> Iterator[bytes]:
     try:
         with open(path, "rb") as file:
             yield from _read_backwards(file, max_bytes_back)
@@ -59,9 +61,8 @@ def _records_backwards(path: Path, max_bytes_back: int) -> Iterator[dict[str, An
         return
 
 
-def _read_backwards(file: BinaryIO, max_bytes_back: int) -> Iterator[dict[str, Any]]:
-    """Whole JSON lines from the end of the file backwards; a torn line (a writer killed
-    mid-line) is skipped like hpctrain.journal.read_jsonl does."""
+def _read_backwards(file: BinaryIO, max_bytes_back: int) -> Iterator[bytes]:
+    """Lines from the end of the file backwards, until max_bytes_back have been read."""
     end = file.seek(0, os.SEEK_END)
     position, carry = end, b""
     while position > 0 and end - position < max_bytes_back:
@@ -71,20 +72,19 @@ def _read_backwards(file: BinaryIO, max_bytes_back: int) -> Iterator[dict[str, A
         lines = (file.read(size) + carry).split(b"\n")
         # The first piece may be the end of a line that starts in the block before.
         carry = lines.pop(0) if position > 0 else b""
-        for line in reversed(lines):
-            record = _parse(line)
-            if record is not None:
-                yield record
+        yield from reversed(lines)
 
 
-def _parse(line: bytes) -> dict[str, Any] | None:
+def _parse(line: bytes, required: str) -> dict[str, Any] | None:
+    """One metrics record; None for a blank or torn line (a writer killed mid-line), which
+    hpctrain.journal.read_jsonl skips too."""
     if not line.strip():
         return None
     try:
         record = json.loads(line)
     except ValueError:
         return None
-    return record if isinstance(record, dict) else None
+    return record if isinstance(record, dict) and required in record else None
 
 
 def _number(value: Any, kind: type) -> Any:

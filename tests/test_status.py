@@ -1,0 +1,589 @@
+"""hpctrain-status: run dirs written by hand, a fake Slurm that logs its calls, then real Slurm.
+
+The fake squeue, sacct and scontrol are tiny shell scripts first on PATH; they answer with text
+in the formats the dev cluster's Slurm 22.05 prints (one-line `scontrol -o` records, echoed
+`scontrol: ` prompts when fed on stdin, "Invalid job id specified" for a forgotten job) and log
+every call, so the tests count how many times Slurm is asked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.cli import status as cli
+from hpctrain.status import discover, metrics_tail
+from hpctrain.status.rows import collect
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+NO_JOB_ID = "slurm_load_jobs error: Invalid job id specified"
+
+
+# ---- run dirs, written the way the trainer and hpctrain-submit write them --------------------
+
+
+def make_run(
+    root: Path,
+    events: list[dict] = (),  # type: ignore[assignment]
+    metrics: list[dict] = (),  # type: ignore[assignment]
+    job_id: str | None = None,
+    max_steps: int = 100,
+    checkpoints: dict[int, float] | None = None,  # step -> mtime
+) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / ".hydra").mkdir(exist_ok=True)
+    (root / "config.yaml").write_text(f"trainer:\n  max_steps: {max_steps}\n  log_every: 10\nslurm:\n  nodes: 1\n")
+    if job_id is not None:
+        (root / "submission.json").write_text(json.dumps({"job_id": job_id, "submitted_at": 1.0}))
+    if events:
+        (root / "events.jsonl").write_text("".join(json.dumps({"time": 1.0, **e}) + "\n" for e in events))
+    if metrics:
+        (root / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    for step, mtime in (checkpoints or {}).items():
+        (root / "checkpoints").mkdir(exist_ok=True)
+        for suffix in (".pt", ".json"):
+            path = root / "checkpoints" / f"step_{step:08d}{suffix}"
+            path.write_text("{}")
+            os.utime(path, (mtime, mtime))
+    return root
+
+
+def start(job_id: str | None = None, restart: int = 0, total_steps: int = 100) -> dict:
+    return {
+        "event": "start",
+        "job_id": job_id,
+        "restart": restart,
+        "world_size": 1,
+        "nodes": ["node1"],
+        "resumed_from_step": 0,
+        "total_steps": total_steps,
+    }
+
+
+def finish(step: int = 100) -> dict:
+    return {"event": "finish", "step": step, "loss": 0.1, "eval_accuracy": 0.9}
+
+
+def trained(steps: int, eval_every: int = 20) -> list[dict]:
+    lines = []
+    for step in range(10, steps + 1, 10):
+        line = {"step": step, "loss": 2.0 / step, "lr": 1e-3, "samples_per_s": 1000.0 + step}
+        if step % eval_every == 0:
+            line.update(eval_loss=1.0 / step, eval_accuracy=step / (steps + 1))
+        lines.append(line)
+    return lines
+
+
+def scontrol_record(job_id: str, state: str, reason: str = "None", restarts: int = 0) -> str:
+    """A `scontrol -o show job` line as the dev cluster prints it (a job name with spaces)."""
+    return (
+        f"JobId={job_id} JobName=lr sweep #2 UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901759 "
+        f"Nice=0 Account=(null) QOS=(null) JobState={state} Reason={reason} Dependency=(null) Requeue=1 "
+        f"Restarts={restarts} BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:22 TimeLimit=00:30:00 TimeMin=N/A "
+        "SubmitTime=2026-11-23T09:07:38 EligibleTime=2026-11-23T09:07:39 StartTime=2026-11-23T09:07:39 "
+        "Partition=batch AllocNode:Sid=localhost:1134 ReqNodeList=(null) ExcNodeList=(null) NodeList=node1 "
+        "BatchHost=node1 NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 Command=/runs/a b/job.sbatch "
+        "WorkDir=/work StdErr=/runs/a b/slurm-1.out StdIn=/dev/null StdOut=/runs/a b/slurm-1.out Power= "
+    )
+
+
+# ---- a fake Slurm ------------------------------------------------------------------------------
+
+FAKE_COMMAND = """#!/bin/sh
+# A stand-in for {name}: logs the call (and scontrol's commands on stdin), answers from files.
+echo "{name} $*" >> "$FAKE_SLURM/calls.log"
+if [ "{name}" = scontrol ]; then /bin/cat >> "$FAKE_SLURM/scontrol.stdin"; fi
+if [ -f "$FAKE_SLURM/{name}.out" ]; then /bin/cat "$FAKE_SLURM/{name}.out"; fi
+if [ -f "$FAKE_SLURM/{name}.err" ]; then /bin/cat "$FAKE_SLURM/{name}.err" >&2; fi
+exit "$(/bin/cat "$FAKE_SLURM/{name}.rc" 2>/dev/null || echo 0)"
+"""
+
+
+class FakeSlurm:
+    def __init__(self, folder: Path, commands: tuple[str, ...] = ("squeue", "sacct", "scontrol")) -> None:
+        self.folder = folder
+        self.bin = folder / "bin"
+        self.bin.mkdir(parents=True)
+        for name in commands:
+            script = self.bin / name
+            script.write_text(FAKE_COMMAND.format(name=name))
+            script.chmod(0o755)
+
+    def answer(self, name: str, out: str = "", err: str = "", rc: int = 0) -> None:
+        (self.folder / f"{name}.out").write_text(out)
+        (self.folder / f"{name}.err").write_text(err)
+        (self.folder / f"{name}.rc").write_text(str(rc))
+
+    def no_accounting(self) -> None:
+        self.answer("sacct", err="Slurm accounting storage is disabled\n", rc=1)
+
+    def calls(self, name: str | None = None) -> list[list[str]]:
+        log = self.folder / "calls.log"
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [line.split() for line in lines if name is None or line.split()[0] == name]
+
+    def scontrol_asked(self) -> list[str]:
+        path = self.folder / "scontrol.stdin"
+        return [line.split()[-1] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture
+def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
+    """Only the fake commands on PATH: the real Slurm (and its cluster) cannot answer."""
+    fake = FakeSlurm(tmp_path / "fake-slurm")
+    monkeypatch.setenv("PATH", str(fake.bin))
+    monkeypatch.setenv("FAKE_SLURM", str(fake.folder))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    return fake
+
+
+def run_status(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def rows_of(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, dict], str]:
+    """--json rows by run dir name."""
+    code, out, err = run_status(capsys, "--json", *args)
+    return code, {Path(row["run_dir"]).name: row for row in json.loads(out)}, err
+
+
+# ---- Slurm calls: few, whatever the number of runs --------------------------------------------
+
+
+def test_fifty_runs_cost_one_squeue_one_sacct_one_scontrol(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ids = [str(1000 + i) for i in range(50)]
+    for i, job_id in enumerate(ids):
+        # 0-14 running, 15-19 waiting for their first start, 20-49 finished.
+        events = [start(job_id)] if i < 15 else [] if i < 20 else [start(job_id), finish()]
+        make_run(tmp_path / "runs" / f"r{i:02d}", events, job_id=job_id)
+    queued, remembered = ids[:20], ids[20:40]  # the last 10: forgotten by Slurm, told by the journal
+    slurm.answer(
+        "squeue",
+        "".join(f"{j}|RUNNING|None\n" for j in queued[:15]) + "".join(f"{j}|PENDING|Resources\n" for j in queued[15:]),
+    )
+    slurm.no_accounting()
+    slurm.answer(
+        "scontrol",
+        "".join(f"scontrol: show job {j}\n{scontrol_record(j, 'COMPLETED')}\n" for j in remembered) + "scontrol: \n",
+        err=f"{NO_JOB_ID}\n" * 10,
+        rc=1,
+    )
+    code, rows, err = rows_of(capsys, "-n", "0", str(tmp_path / "runs"))
+    assert code == 0 and err == ""
+    assert len(slurm.calls("squeue")) == len(slurm.calls("sacct")) == len(slurm.calls("scontrol")) == 1
+    assert len(slurm.calls()) == 3
+    squeue = slurm.calls("squeue")[0]
+    assert squeue[1:4] == ["-h", "-j", ",".join(ids)] and squeue[-2:] == ["-o", "%i|%T|%r"]
+    assert slurm.calls("sacct")[0][5] == ",".join(ids[20:])  # only what squeue did not list
+    assert slurm.scontrol_asked() == ids[20:]  # one scontrol, every leftover id on its stdin
+    by_job = {row["job_id"]: row for row in rows.values()}
+    assert {by_job[j]["state"] for j in queued[:15]} == {"RUNNING"}
+    assert {by_job[j]["state"] for j in queued[15:]} == {"PENDING (Resources)"}
+    assert {(by_job[j]["state"], by_job[j]["source"]) for j in remembered} == {("COMPLETED", "scontrol")}
+    assert {(by_job[j]["state"], by_job[j]["source"]) for j in ids[40:]} == {("COMPLETED", "journal")}
+
+
+def test_no_job_ids_no_slurm_call(tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]) -> None:
+    make_run(tmp_path / "local", [start(), finish()], metrics=trained(100))
+    code, rows, _ = rows_of(capsys, str(tmp_path / "local"))
+    assert code == 0 and rows["local"]["state"] == "FINISHED" and rows["local"]["job_id"] is None
+    assert slurm.calls() == []
+
+
+def test_accounting_answers_before_scontrol(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_run(tmp_path / "done", [start("7"), finish()], job_id="7")
+    make_run(tmp_path / "cancelled", [start("8")], job_id="8")
+    make_run(tmp_path / "preempted", [start("9")], job_id="9")
+    slurm.answer("squeue")  # several ids, none queued: an empty answer, exit 0
+    slurm.answer("sacct", "7|COMPLETED\n8|CANCELLED by 1000\n9|PREEMPTED\n")
+    code, rows, _ = rows_of(capsys, *(str(tmp_path / n) for n in ("done", "cancelled", "preempted")))
+    assert slurm.calls("scontrol") == []  # sacct knew them all
+    assert slurm.calls("sacct")[0][1:] == ["-n", "-P", "-X", "-j", "7,8,9", "-o", "JobIDRaw,State"]
+    assert (rows["done"]["state"], rows["done"]["source"]) == ("COMPLETED", "sacct")
+    assert rows["cancelled"]["state"] == "CANCELLED" and rows["cancelled"]["failed"]
+    assert rows["preempted"]["state"] == "PREEMPTED"
+    assert code == 1  # cancelled before its finish
+
+
+# ---- states ------------------------------------------------------------------------------------
+
+
+def test_requeued_job_waits_with_its_cause(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    requeued = [
+        start("21"),
+        {"event": "checkpoint", "step": 40, "reason": "timelimit", "blocking_s": 0.1, "write_s": 0.2},
+        {"event": "requeue", "job_id": "21", "restart": 0, "cause": "timelimit", "excluded": []},
+    ]
+    make_run(tmp_path / "timelimit", requeued, metrics=trained(40), job_id="21")
+    # The batch node died: Slurm requeued it on its own, the journal has no word yet.
+    make_run(tmp_path / "node", [start("22")], metrics=trained(30), job_id="22")
+    make_run(tmp_path / "waiting", [], job_id="23")  # never started: an ordinary wait
+    slurm.answer("squeue", "21|PENDING|BeginTime\n22|PENDING|BeginTime\n23|PENDING|Priority\n")
+    code, rows, _ = rows_of(capsys, *(str(tmp_path / n) for n in ("timelimit", "node", "waiting")))
+    assert code == 0
+    assert rows["timelimit"]["state"] == "PENDING (requeued: timelimit)"
+    assert rows["timelimit"]["restarts"] == 1 and rows["timelimit"]["step"] == 40
+    assert rows["node"]["state"] == "PENDING (requeued)"
+    assert rows["waiting"]["state"] == "PENDING (Priority)"
+
+
+def test_states_from_scontrol_without_accounting(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_run(tmp_path / "held", [start("31")], job_id="31")
+    make_run(tmp_path / "oom", [start("32")], job_id="32")
+    slurm.answer("squeue", err=f"{NO_JOB_ID}\n", rc=1)  # asked about jobs it no longer lists
+    slurm.no_accounting()
+    slurm.answer(
+        "scontrol",
+        "scontrol: show job 31\n"
+        + scontrol_record("31", "PENDING", "BeginTime", 2)
+        + "\nscontrol: show job 32\n"
+        + scontrol_record("32", "OUT_OF_MEMORY")
+        + "\nscontrol: \n",
+        rc=0,
+    )
+    code, rows, err = rows_of(capsys, str(tmp_path / "held"), str(tmp_path / "oom"))
+    assert err == ""  # neither squeue's "Invalid job id" nor the missing accounting is news
+    assert (rows["held"]["state"], rows["held"]["restarts"]) == ("PENDING (requeued)", 2)
+    assert rows["oom"]["state"] == "OUT_OF_MEMORY" and rows["oom"]["failed"] and code == 1
+
+
+def test_journal_decides_when_slurm_forgot(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_run(tmp_path / "done", [start("41"), finish()], job_id="41")
+    make_run(
+        tmp_path / "mistake",
+        [{"event": "failure", "cause": "user_error", "message": "bad", "job_id": "42", "restart": 0}],
+        job_id="42",
+    )
+    budget = [
+        start("43"),
+        {"event": "failure", "job_id": "43", "cause": "crash", "nodes": [], "exit_code": 1},
+        {"event": "failure", "job_id": "43", "cause": "budget", "reason": "slurm.max_restarts spent"},
+    ]
+    make_run(tmp_path / "budget", budget, job_id="43")
+    make_run(tmp_path / "scancel", [start("44"), {"event": "cancelled", "job_id": "44", "step": 30}], job_id="44")
+    # Resubmitted after a failure: the new job has written nothing yet.
+    make_run(tmp_path / "again", [start("45"), budget[2] | {"job_id": "45"}], job_id="46")
+    slurm.answer("squeue")
+    slurm.no_accounting()
+    slurm.answer("scontrol", "scontrol: \n", err=f"{NO_JOB_ID}\n", rc=1)
+    names = ("done", "mistake", "budget", "scancel", "again")
+    code, rows, _ = rows_of(capsys, *(str(tmp_path / n) for n in names))
+    assert {n: rows[n]["state"] for n in names} == {
+        "done": "COMPLETED",
+        "mistake": "FAILED (user_error)",
+        "budget": "FAILED (budget)",
+        "scancel": "CANCELLED",
+        "again": "UNKNOWN",
+    }
+    assert {n for n in names if rows[n]["failed"]} == {"mistake", "budget", "scancel"}
+    assert code == 1
+
+
+def test_local_runs_from_their_journal(tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]) -> None:
+    make_run(tmp_path / "finished", [start(), finish()], metrics=trained(100))
+    make_run(
+        tmp_path / "ctrl-c", [start(), {"event": "checkpoint", "step": 30, "reason": "interrupt"}], metrics=trained(30)
+    )
+    make_run(tmp_path / "training", [start()], metrics=trained(50))
+    code, rows, _ = rows_of(capsys, *(str(tmp_path / n) for n in ("finished", "ctrl-c", "training")))
+    assert rows["finished"]["state"] == "FINISHED"
+    assert rows["ctrl-c"]["state"] == "STOPPED (interrupt)" and not rows["ctrl-c"]["failed"]
+    assert rows["training"]["state"] == "UNKNOWN"
+    assert code == 0 and slurm.calls() == []
+
+
+def test_no_squeue_on_path_rows_from_the_journal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    make_run(tmp_path / "run", [start("51"), finish()], metrics=trained(100), job_id="51")
+    code, out, err = run_status(capsys, str(tmp_path / "run"))
+    assert code == 0
+    assert "note: squeue not found on PATH" in err
+    assert "COMPLETED" in out.splitlines()[1] and "100/100" in out
+
+
+def test_squeue_that_cannot_reach_the_controller_is_a_note(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_run(tmp_path / "run", [start("61")], metrics=trained(20), job_id="61")
+    down = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"
+    slurm.answer("squeue", err=down, rc=1)
+    slurm.answer("sacct", err="sacct: error: Problem talking to the database: Connection refused\n", rc=1)
+    slurm.answer("scontrol", err=down, rc=1)
+    code, out, err = run_status(capsys, str(tmp_path / "run"))
+    assert code == 0 and "UNKNOWN" in out
+    assert "note: squeue failed: slurm_load_jobs error: Unable to contact slurm controller" in err
+    assert "note: scontrol failed" in err and "Traceback" not in err
+
+
+# ---- numbers of a row ----------------------------------------------------------------------------
+
+
+def test_row_numbers_and_table(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = time.time()
+    make_run(
+        tmp_path / "runs" / "a",
+        [start("71", total_steps=200)],
+        metrics=trained(70),
+        job_id="71",
+        max_steps=0,
+        checkpoints={40: now - 3 * 3600, 60: now - 5 * 60 - 5},
+    )
+    make_run(tmp_path / "runs" / "b", [], job_id="72", max_steps=500)  # queued: no start yet
+    slurm.answer("squeue", "71|RUNNING|None\n72|PENDING|Priority\n")
+    code, rows, _ = rows_of(capsys, str(tmp_path / "runs" / "a"), str(tmp_path / "runs" / "b"))
+    a = rows["a"]
+    assert (a["step"], a["max_steps"], a["checkpoint_step"]) == (70, 200, 60)  # total_steps of the start
+    assert a["loss"] == pytest.approx(2.0 / 70) and a["samples_per_s"] == pytest.approx(1070.0)
+    assert a["eval_accuracy"] == pytest.approx(60 / 71)  # the last evaluation, two lines back
+    assert 300 <= a["checkpoint_age_s"] < 320
+    assert (rows["b"]["step"], rows["b"]["max_steps"], rows["b"]["checkpoint_age_s"]) == (None, 500, None)
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_status(capsys, "runs/a", "runs/b")
+    header, first, second = out.splitlines()
+    assert header.split() == [
+        "JOB",
+        "STATE",
+        "RESTARTS",
+        "STEP",
+        "LOSS",
+        "EVAL",
+        "ACC",
+        "SAMPLES/S",
+        "CKPT",
+        "AGE",
+        "RUN",
+        "DIR",
+    ]
+    assert first.split() == ["71", "RUNNING", "0", "70/200", "0.0286", "0.8451", "1070", "5m", "runs/a"]
+    assert second.split() == ["72", "PENDING", "(Priority)", "0", "?/500", "-", "-", "-", "-", "runs/b"]
+    assert code == 0
+
+
+def test_metrics_tail_matches_a_full_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "metrics.jsonl"
+    lines = trained(3000, eval_every=500)
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 3010, "lo')  # a torn last line
+    monkeypatch.setattr(metrics_tail, "BLOCK_BYTES", 97)  # lines cross every block boundary
+    tail = metrics_tail.read_tail(path)
+    assert (tail.step, tail.loss, tail.samples_per_s) == (3000, 2.0 / 3000, 4000.0)
+    assert (tail.eval_step, tail.eval_accuracy) == (3000, 3000 / 3001)
+    lines[-1].pop("eval_accuracy"), lines[-1].pop("eval_loss")
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert metrics_tail.read_tail(path).eval_step == 2500
+    # A run that never evaluated: the search stops at the cap instead of reading everything.
+    assert metrics_tail.read_tail(path, max_bytes_back=2000).eval_step is None
+    path.write_text('{"step": 5, "loss": null, "lr": 0.1, "samples_per_s": 10.0}\n')
+    assert str(metrics_tail.read_tail(path).loss) == "nan"  # a diverged loss: nan, not "no loss"
+    assert metrics_tail.read_tail(tmp_path / "none.jsonl").step is None
+
+
+def test_a_hundred_long_runs_render_fast(tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]) -> None:
+    # The worst case: runs that never evaluate, so the search for an eval line reads back the
+    # whole file (or up to its cap).
+    line = json.dumps({"step": 10, "loss": 0.5, "lr": 1e-3, "samples_per_s": 1000.0}) + "\n"
+    metrics = line * 3000
+    for i in range(100):
+        run = make_run(
+            tmp_path / "runs" / f"{i:03d}", [start(str(2000 + i))], job_id=str(2000 + i), checkpoints={10: time.time()}
+        )
+        (run / "metrics.jsonl").write_text(metrics)
+    slurm.answer("squeue", "".join(f"{2000 + i}|RUNNING|None\n" for i in range(100)))
+    started = time.perf_counter()
+    code, out, _ = run_status(capsys, "-n", "0", str(tmp_path / "runs"))
+    elapsed = time.perf_counter() - started
+    assert code == 0 and len(out.splitlines()) == 101 and len(slurm.calls()) == 1
+    assert elapsed < 2.0, f"{elapsed:.2f} s for 100 runs"
+    print(f"100 runs: {elapsed:.3f} s")
+
+
+# ---- which runs ----------------------------------------------------------------------------------
+
+
+def test_sweep_dir_expands_to_its_points_in_order(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = tmp_path / "multirun" / "2026-01-02" / "10-00-00"
+    for point in range(12):
+        make_run(sweep / str(point), [start(str(300 + point))], job_id=str(300 + point))
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    slurm.answer("squeue", "".join(f"{300 + p}|RUNNING|None\n" for p in range(12)))
+    code, out, _ = run_status(capsys, "--json", "--limit", "3", str(sweep))  # named sweeps are not cut
+    points = [Path(row["run_dir"]).name for row in json.loads(out)]
+    assert points == [str(p) for p in range(12)] and len(slurm.calls()) == 1
+
+
+def test_default_is_the_recent_runs_under_runs(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # conf/config.yaml: hydra.run.dir runs/<date>/<time>, hydra.sweep.dir runs/multirun/<date>/<time>/<n>.
+    runs = [tmp_path / "runs" / "2026-01-01" / f"0{h}-00-00" for h in range(5)]
+    runs.append(tmp_path / "runs" / "multirun" / "2026-01-02" / "08-00-00" / "0")
+    for age, run in enumerate(reversed(runs)):
+        make_run(run, [start(), finish()])
+        for name in ("events.jsonl", "config.yaml"):
+            os.utime(run / name, (1e9 - age * 60, 1e9 - age * 60))
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text("defaults: []\n")  # a Hydra config folder, not a run
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_status(capsys, "--json")
+    shown = [Path(row["run_dir"]) for row in json.loads(out)]
+    assert shown == [run.resolve() for run in reversed(runs)]  # most recent first
+    code, out, _ = run_status(capsys, "--json", "-n", "2")
+    assert [Path(row["run_dir"]) for row in json.loads(out)] == [runs[-1].resolve(), runs[-2].resolve()]
+    (tmp_path / "runs").rename(tmp_path / "elsewhere")
+    code, out, err = run_status(capsys)
+    assert code == 2 and err.startswith("error: runs: no such directory")
+
+
+def test_a_path_that_is_not_a_run_is_named(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = make_run(tmp_path / "good", [start(), finish()])
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    cases = {
+        "empty": "is not a run dir, a sweep dir or a folder holding runs (no events.jsonl",
+        "file.txt": "is not a run dir (it is a file)",
+        "missing": ": no such directory",
+    }
+    for name, words in cases.items():
+        code, out, err = run_status(capsys, str(good), str(tmp_path / name))
+        assert code == 2 and out == "", err
+        assert err.startswith(f"error: {tmp_path / name}") and words in err and err.count("\n") == 1, err
+
+
+# ---- output forms ------------------------------------------------------------------------------
+
+
+def test_json_round_trip(tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]) -> None:
+    now = time.time()
+    make_run(tmp_path / "a", [start("81")], metrics=trained(50), job_id="81", checkpoints={50: now})
+    make_run(tmp_path / "b", [start(), finish()], metrics=trained(100))
+    slurm.answer("squeue", "81|RUNNING|None\n")
+    code, out, _ = run_status(capsys, "--json", str(tmp_path / "a"), str(tmp_path / "b"))
+    parsed = json.loads(out)
+    # What --json prints is what the rows hold, field for field, in the order given.
+    expected = [row.to_json() for row in collect([tmp_path / "a", tmp_path / "b"], now=now).rows]
+    for got, want in zip(parsed, expected, strict=True):
+        assert got.keys() == want.keys()
+        assert abs(got.pop("checkpoint_age_s") or 0) < 30 and abs(want.pop("checkpoint_age_s") or 0) < 30
+        assert got == want
+    assert [row["state"] for row in parsed] == ["RUNNING", "FINISHED"]
+    assert parsed[0]["run_dir"] == str((tmp_path / "a").resolve()) and parsed[1]["job_id"] is None
+
+
+def test_failed_run_makes_the_exit_code_non_zero(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_run(tmp_path / "ok", [start("91"), finish()], job_id="91")
+    make_run(tmp_path / "bad", [start("92")], job_id="92")
+    slurm.no_accounting()
+    slurm.answer("squeue", "")
+    slurm.answer("scontrol", scontrol_record("91", "COMPLETED") + "\n" + scontrol_record("92", "FAILED") + "\n")
+    assert run_status(capsys, str(tmp_path / "ok"))[0] == 0
+    code, out, _ = run_status(capsys, str(tmp_path / "ok"), str(tmp_path / "bad"))
+    assert code == 1 and "FAILED" in out
+    assert run_status(capsys, "--json", str(tmp_path / "bad"))[0] == 1
+
+
+def test_plot_writes_a_png(tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]) -> None:
+    # A resumed run logs steps 30..40 twice: the curve takes the later values.
+    resumed = trained(40) + trained(60)[2:]
+    make_run(tmp_path / "a", [start(), finish(60)], metrics=resumed)
+    make_run(tmp_path / "b", [start()])  # nothing logged yet
+    code, out, err = run_status(
+        capsys, "--plot", str(tmp_path / "curves.png"), str(tmp_path / "a"), str(tmp_path / "b")
+    )
+    assert code == 0, err
+    assert (tmp_path / "curves.png").read_bytes()[:8] == PNG_MAGIC
+    from hpctrain.status.plot import curves
+
+    loss = curves(tmp_path / "a")["loss"]
+    assert [s for s, _ in loss] == list(range(10, 61, 10))
+    code, _, err = run_status(capsys, "--plot", str(tmp_path / "no" / "dir.png"), str(tmp_path / "a"))
+    assert code == 2 and err.startswith(f"error: --plot: cannot write {tmp_path / 'no' / 'dir.png'}")
+
+
+def test_plot_without_matplotlib_says_how_to_install(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_run(tmp_path / "a", [start(), finish()], metrics=trained(100))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    code, out, err = run_status(capsys, "--plot", str(tmp_path / "c.png"), str(tmp_path / "a"))
+    assert code == 2 and out == "" and not (tmp_path / "c.png").exists()
+    assert err == "error: --plot needs matplotlib, which is not installed: pip install 'hpctrain[plot]'\n"
+
+
+def test_watch_redraws_until_ctrl_c(tmp_path: Path) -> None:
+    """The real command in a subprocess: SIGINT ends it quietly, with the last refresh's code."""
+    run = make_run(tmp_path / "run", [start(), finish()], metrics=trained(100))
+    env = {**os.environ, "PATH": str(tmp_path / "no-slurm"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain.cli.status", "--json", "--watch", "0.2", str(run)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        refreshes = [json.loads(proc.stdout.readline()) for _ in range(3)]  # under --watch: a line each
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert all(rows[0]["state"] == "FINISHED" for rows in refreshes)
+    # `--watch PATH`: argparse hands the path to --watch; it is taken as a path, every 5 s.
+    parsed = cli.options(["--watch", str(run)])
+    assert parsed.watch == cli.DEFAULT_WATCH_S and parsed.paths == [run]
+
+
+def test_a_users_mistake_through_the_real_command(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "hpctrain.cli.status", str(tmp_path / "nope")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr == f"error: {tmp_path / 'nope'}: no such directory\n"
+    done = subprocess.run(
+        [sys.executable, "-m", "hpctrain.cli.status", "--watch", "-1", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--watch: SECONDS must be > 0" in done.stderr
+
+
+def test_discover_search_stops_at_run_dirs(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "runs" / "a", [start()])
+    make_run(run / "checkpoints" / "looks-like-a-run", [start()])  # never searched: inside a run
+    assert discover.run_dirs([tmp_path / "runs"]) == [run]
