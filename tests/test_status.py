@@ -562,6 +562,23 @@ def test_watch_redraws_until_ctrl_c(tmp_path: Path) -> None:
     assert parsed.watch == cli.DEFAULT_WATCH_S and parsed.paths == [run]
 
 
+def test_watch_tables_are_told_apart_by_their_time(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_run(tmp_path / "bad", [{"event": "failure", "cause": "user_error", "message": "bad"}])
+    naps = []
+
+    def nap(seconds: float) -> None:  # the third nap is the user's Ctrl-C
+        naps.append(seconds)
+        if len(naps) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.time, "sleep", nap)
+    code, out, err = run_status(capsys, "--watch", "7", str(tmp_path / "bad"))
+    assert naps == [7.0] * 3 and code == 1 and err == ""  # the last table's code: a failed run
+    assert out.count("hpctrain-status, every 7 s,") == 3 and out.count("FAILED (user_error)") == 3
+
+
 def test_a_users_mistake_through_the_real_command(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
@@ -587,3 +604,133 @@ def test_discover_search_stops_at_run_dirs(tmp_path: Path) -> None:
     run = make_run(tmp_path / "runs" / "a", [start()])
     make_run(run / "checkpoints" / "looks-like-a-run", [start()])  # never searched: inside a run
     assert discover.run_dirs([tmp_path / "runs"]) == [run]
+
+
+# ---- the real Slurm dev cluster (no accounting: sacct fails there, as on many small sites) -------
+
+LOGGED_COMMAND = """#!/bin/sh
+# The real {name}, each call logged first.
+echo "{name} $*" >> "{log}"
+exec {real} "$@"
+"""
+LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING"}
+
+
+@pytest.fixture(scope="module")
+def cluster_env() -> dict[str, str]:
+    from slurmtools import start_cluster
+
+    return start_cluster()
+
+
+def logged_slurm(env: dict[str, str], folder: Path) -> tuple[dict[str, str], Path]:
+    """(env with squeue, sacct and scontrol logging each call before running the real one, the log)."""
+    import shutil
+
+    bin_dir, log = folder / "logged-bin", folder / "slurm-calls.log"
+    bin_dir.mkdir(parents=True)
+    for name in ("squeue", "sacct", "scontrol"):
+        real = shutil.which(name, path=env["PATH"])
+        assert real, f"{name} not on the dev cluster's PATH"
+        (bin_dir / name).write_text(LOGGED_COMMAND.format(name=name, log=log, real=real))
+        (bin_dir / name).chmod(0o755)
+    return {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}, log
+
+
+def status_json(env: dict[str, str], *runs: Path) -> tuple[int, dict[str, dict], str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "hpctrain.cli.status", "--json", *map(str, runs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, {Path(row["run_dir"]).name: row for row in json.loads(done.stdout)}, done.stderr
+
+
+def calls(log: Path) -> list[str]:
+    calls = [line.split()[0] for line in log.read_text().splitlines()] if log.exists() else []
+    log.unlink(missing_ok=True)
+    return calls
+
+
+@pytest.mark.slurm
+def test_a_real_job_from_the_queue_to_completed(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    from slurmtools import job_output, submit, wait_finished
+
+    env, log = logged_slurm(cluster_env, tmp_path)
+    # A job Slurm has forgotten (older than MinJobAge, no accounting): its journal says how it ended.
+    forgotten = make_run(tmp_path / "forgotten", [start("999999", total_steps=20), finish(20)], job_id="999999")
+    run = tmp_path / "run"
+    job_ids, _ = submit(cluster_env, run, "trainer.max_steps=20", "trainer.log_every=5", "trainer.eval_every=10")
+    seen = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        code, rows, err = status_json(env, run, forgotten)
+        # Two runs: one squeue for both; while the job is queued or running nothing else is asked.
+        asked = calls(log)
+        assert asked[0] == "squeue" and asked.count("squeue") == 1 and len(asked) <= 3, asked
+        seen.append(rows["run"]["state"])
+        if rows["run"]["state"].split()[0] not in LIVE:
+            break
+        assert rows["run"]["job_id"] == job_ids[0] and rows["run"]["source"] == "squeue"
+        time.sleep(0.5)
+    assert seen[0].split()[0] in {"PENDING", "RUNNING"}, seen
+    assert wait_finished(cluster_env, job_ids[0]) == "COMPLETED", job_output(run)
+    code, rows, err = status_json(env, run, forgotten)
+    assert calls(log) == ["squeue", "sacct", "scontrol"]  # sacct fails here: no accounting
+    assert err == ""  # a site without accounting is normal, not worth a note
+    done = rows["run"]
+    assert (done["state"], done["source"], done["step"], done["max_steps"]) == ("COMPLETED", "scontrol", 20, 20)
+    assert done["eval_accuracy"] is not None and done["checkpoint_step"] == 20 and done["restarts"] == 0
+    assert (rows["forgotten"]["state"], rows["forgotten"]["source"]) == ("COMPLETED", "journal")
+    assert code == 0
+    table = subprocess.run(
+        [sys.executable, "-m", "hpctrain.cli.status", str(run)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert table.stdout.splitlines()[1].split()[:4] == [job_ids[0], "COMPLETED", "0", "20/20"], table.stdout
+
+
+@pytest.mark.slurm
+def test_a_site_without_accounting_falls_back_to_the_journal(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """One forgotten job: the real squeue fails ("Invalid job id specified"), the real sacct
+    fails (accounting storage is disabled), the real scontrol does not know it either."""
+    env, log = logged_slurm(cluster_env, tmp_path)
+    failed = make_run(
+        tmp_path / "failed",
+        [start("999998"), {"event": "failure", "job_id": "999998", "cause": "budget", "reason": "spent"}],
+        job_id="999998",
+    )
+    code, rows, err = status_json(env, failed)
+    assert calls(log) == ["squeue", "sacct", "scontrol"]
+    assert err == "" and code == 1
+    assert (rows["failed"]["state"], rows["failed"]["source"]) == ("FAILED (budget)", "journal")
+
+
+@pytest.mark.slurm
+def test_a_real_time_limit_requeue_shows_its_cause(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    """The time-limit warning sent by hand: the job saves, writes `requeue` (timelimit) and
+    Slurm holds it PENDING with Reason=BeginTime; status says why it waits, then it finishes."""
+    from slurmtools import job_output, lift_requeue_hold, submit, wait_finished, wait_for_step
+
+    env, log = logged_slurm(cluster_env, tmp_path)
+    run = tmp_path / "run"
+    (job_id,), _ = submit(cluster_env, run, "trainer.max_steps=3000", "trainer.log_every=10", "trainer.eval_every=0")
+    wait_for_step(run, 20)
+    subprocess.run(["scancel", "--signal=USR2", "--full", job_id], env=cluster_env, check=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        code, rows, err = status_json(env, run)
+        if rows["run"]["state"].startswith("PENDING"):
+            break
+        time.sleep(0.5)
+    waiting = rows["run"]
+    assert waiting["state"] == "PENDING (requeued: timelimit)", job_output(run)
+    assert waiting["restarts"] == 1 and waiting["source"] == "squeue" and code == 0
+    assert calls(log)[-1:] == ["squeue"]
+    lift_requeue_hold(cluster_env, job_id)
+    assert wait_finished(cluster_env, job_id, timeout_s=600) == "COMPLETED", job_output(run)
+    code, rows, err = status_json(env, run)
+    assert (rows["run"]["state"], rows["run"]["step"], rows["run"]["restarts"]) == ("COMPLETED", 3000, 1)
+    assert code == 0

@@ -114,6 +114,7 @@ def watch(args: argparse.Namespace) -> int:
             status = refresh(args)
             if clear:
                 print(_CLEAR, end="")
+            if not args.json:  # into a file or a pipe, each table is told apart by its time
                 print(f"hpctrain-status, every {args.watch:g} s, {time.strftime('%H:%M:%S')} (Ctrl-C to stop)\n")
             show(status, args)
             sys.stdout.flush()

@@ -60,7 +60,7 @@ def collect(runs: list[Path], now: float | None = None) -> Status:
         try:
             summaries.append(summarize(RunDir(run)))
         except (OSError, ValueError) as error:  # unreadable files: say so on its row
-            summaries.append(getattr(error, "strerror", None) or str(error).splitlines()[0])
+            summaries.append(getattr(error, "strerror", None) or (str(error) or type(error).__name__).splitlines()[0])
     answer = slurm_query.query([s.job_id for s in summaries if isinstance(s, JournalSummary) and s.job_id])
     rows = [
         _row(run, summary, answer, now) if isinstance(summary, JournalSummary) else _unreadable(run, summary)
