@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -31,8 +32,8 @@ NO_JOB_ID = "slurm_load_jobs error: Invalid job id specified"
 
 def make_run(
     root: Path,
-    events: list[dict] = (),  # type: ignore[assignment]
-    metrics: list[dict] = (),  # type: ignore[assignment]
+    events: Sequence[dict] = (),
+    metrics: Sequence[dict] = (),
     job_id: str | None = None,
     max_steps: int = 100,
     checkpoints: dict[int, float] | None = None,  # step -> mtime
@@ -309,6 +310,10 @@ def test_local_runs_from_their_journal(tmp_path: Path, slurm: FakeSlurm, capsys:
     assert rows["ctrl-c"]["state"] == "STOPPED (interrupt)" and not rows["ctrl-c"]["failed"]
     assert rows["training"]["state"] == "UNKNOWN"
     assert code == 0 and slurm.calls() == []
+    broken = make_run(tmp_path / "broken")
+    (broken / "events.jsonl").mkdir()  # unreadable as a file: said on its row, the others still shown
+    code, rows, _ = rows_of(capsys, str(broken), str(tmp_path / "finished"))
+    assert rows["broken"]["state"] == "UNREADABLE (Is a directory)" and rows["finished"]["state"] == "FINISHED"
 
 
 def test_no_squeue_on_path_rows_from_the_journal(
@@ -676,6 +681,7 @@ def test_a_real_job_from_the_queue_to_completed(cluster_env: dict[str, str], tmp
             break
         assert rows["run"]["job_id"] == job_ids[0] and rows["run"]["source"] == "squeue"
         time.sleep(0.5)
+    print("states seen:", seen)
     assert seen[0].split()[0] in {"PENDING", "RUNNING"}, seen
     assert wait_finished(cluster_env, job_ids[0]) == "COMPLETED", job_output(run)
     code, rows, err = status_json(env, run, forgotten)
