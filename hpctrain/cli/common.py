@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hpctrain.config import Config, differences, fingerprint, identity, save_resolved, to_typed
+from hpctrain.metrics.extras import check_extras
 from hpctrain.rundir import RunDir, remove_empty_parents
 
 # Hydra's own files in a fresh output dir; a run dir holding nothing else can go on a bad config.
@@ -49,6 +50,7 @@ def prepare_run_dir(cfg: DictConfig) -> tuple[Config, RunDir]:
     run = RunDir(Path(hydra_cfg.runtime.output_dir))
     try:
         config, resolved = to_typed(cfg, hydra_cfg.overrides.task)
+        check_extras(config.metrics)  # the training processes would refuse to start without them
     except ValueError as error:
         discard_if_empty(run.root)
         fail(str(error))

@@ -307,10 +307,11 @@ class MetricsConfig:
     tensorboard_dir: str = ""
     # An MLflow run per hpctrain run (needs the `mlflow` extra).
     mlflow: bool = False
-    # Empty means MLFLOW_TRACKING_URI from the environment, else MLflow's default (./mlruns).
+    # Empty means MLFLOW_TRACKING_URI from the environment, else a file store in the run dir
+    # (<run dir>/mlruns). Keep it the same across requeues: the run goes on in the same MLflow run.
     mlflow_tracking_uri: str = ""
     mlflow_experiment: str = "hpctrain"
-    # Empty means the run dir's path relative to the outputs folder.
+    # Empty means the run dir's path relative to the working directory (runs/2026-01-31/12-00-00).
     mlflow_run_name: str = ""
 
     def __post_init__(self) -> None:
