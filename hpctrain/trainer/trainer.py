@@ -22,7 +22,8 @@ from hpctrain.config import Config, fingerprint, identity
 from hpctrain.data.splits import Splits
 from hpctrain.dist import DistContext
 from hpctrain.errors import UserError
-from hpctrain.journal import Journal, JsonLines
+from hpctrain.journal import Journal
+from hpctrain.metrics import MetricSinks, open_sinks
 from hpctrain.rundir import RunDir
 from hpctrain.signals import StopFlag
 from hpctrain.trainer import components, loaders
@@ -60,7 +61,7 @@ class Trainer:
         self.state = TrainState()
         self.stop = stop or StopFlag(config.slurm.signal)
         self.journal = Journal(self.run.events, enabled=ctx.is_main)
-        self.metrics = JsonLines(self.run.metrics, enabled=ctx.is_main)
+        self.metrics = MetricSinks()  # opened by train(), once the resumed step is known
         parts = components.build(config, ctx, self._total_steps_for)
         self.raw_model, self.model = parts.raw_model, parts.model
         self.optimizer, self.scheduler, self.loss_fn = parts.optimizer, parts.scheduler, parts.loss_fn
@@ -79,9 +80,25 @@ class Trainer:
         """Train to the end (returns the final metrics) or raise StopTraining after a save."""
         self._resume()
         self._journal_start()
+        self.metrics = open_sinks(self.config, self.run.root, self.state.step, self.ctx.is_main)
         cfg = self.config.trainer
         samples_per_step = self.config.data.batch_size * cfg.grad_accum * self.ctx.world_size
-        progress = Progress(self.ctx, samples_per_step, self.total_steps)
+        progress = Progress(self.ctx, samples_per_step, self.total_steps, self.state.step, cfg.progress_bar)
+        outcome = "failed"
+        try:
+            last = self._train(progress)
+            outcome = "finished"
+            return last
+        except StopTraining:
+            outcome = "stopped"
+            raise
+        finally:
+            progress.close()
+            self.metrics.close(outcome)
+
+    def _train(self, progress: Progress) -> dict[str, Any]:
+        """The steps, from the resumed state to the end or a stop."""
+        cfg = self.config.trainer
         batches = self._micro_batches()
         pending_stop = self._start_stop_vote()
         self.model.train()
