@@ -43,3 +43,28 @@ def test_bad_value_is_refused_before_anything_is_written(tmp_path: Path) -> None
     done = submit(tmp_path, dict(os.environ), "slurm.nodes=-1")
     assert done.returncode == 2 and "slurm.nodes" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_dir_of_an_older_hpctrain_resumes_and_watch_settings_may_change(tmp_path: Path) -> None:
+    """A run dir written before keys were added to the schema (its config.yaml lacks them) is the
+    same run when they hold their defaults; switching a metrics sink or the progress bar is not
+    another run; a changed learning rate is."""
+    import yaml
+
+    first = submit(tmp_path, dict(os.environ), "dry_run=true")
+    assert first.returncode == 0, first.stderr
+    config_path = tmp_path / "run" / "config.yaml"
+    config = yaml.safe_load(config_path.read_text())
+    for key in ("srun_args", "task_prefix", "control_python"):
+        del config["slurm"][key]
+    del config["slurm"]["restart_budget"]["hang"]
+    del config["trainer"]["progress_bar"]
+    del config["metrics"]
+    config_path.write_text(yaml.safe_dump(config))
+
+    again = submit(tmp_path, dict(os.environ), "dry_run=true", "metrics.tensorboard=true", "trainer.progress_bar=off")
+    assert again.returncode == 0, again.stderr
+    assert yaml.safe_load(config_path.read_text())["metrics"]["tensorboard"] is True
+
+    changed = submit(tmp_path, dict(os.environ), "dry_run=true", "optim.lr=0.5")
+    assert changed.returncode == 2 and "optim.lr" in changed.stderr and "Traceback" not in changed.stderr

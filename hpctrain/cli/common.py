@@ -114,13 +114,41 @@ def _refuse_a_different_config(run: RunDir, resolved: DictConfig) -> None:
         )
 
 
+# Keys that say how a run is submitted or watched, not what it trains: starting a run dir again
+# may change them (a dry run then the real one; TensorBoard switched on for the rest of a run).
+_NOT_WHAT_A_RUN_IS = {
+    None: ("dry_run", "metrics"),
+    "slurm": ("submit_parallelism",),
+    "trainer": ("progress_bar",),
+}
+# Sections with a fixed schema: a key a newer hpctrain added to them is missing from an older
+# run's config.yaml, and its default is what that run trained with.
+_SCHEMA_SECTIONS = ("data", "trainer", "slurm")
+
+
 def _what_a_run_is(tree: object) -> dict:
-    """A config less what changes only how it is submitted: a dry run, then the real one."""
-    plain = dict(tree) if isinstance(tree, dict) else {}
-    plain.pop("dry_run", None)
-    if isinstance(plain.get("slurm"), dict):
-        plain["slurm"] = {k: v for k, v in plain["slurm"].items() if k != "submit_parallelism"}
+    """A config less what changes only how it is submitted or watched, with the defaults of keys
+    added since it was written filled in."""
+    plain = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (tree if isinstance(tree, dict) else {}).items()}
+    defaults = OmegaConf.to_container(OmegaConf.structured(Config))
+    for section in _SCHEMA_SECTIONS:
+        if isinstance(plain.get(section), dict):
+            plain[section] = _with_missing_defaults(plain[section], defaults[section])
+    for section, keys in _NOT_WHAT_A_RUN_IS.items():
+        where = plain if section is None else plain.get(section)
+        for key in keys if isinstance(where, dict) else ():
+            where.pop(key, None)
     return plain
+
+
+def _with_missing_defaults(values: dict, defaults: dict) -> dict:
+    merged = dict(values)
+    for key, default in defaults.items():
+        if key not in merged:
+            merged[key] = default
+        elif isinstance(merged[key], dict) and isinstance(default, dict):
+            merged[key] = _with_missing_defaults(merged[key], default)
+    return merged
 
 
 def _refuse_checkpoints_of_another_model(run: RunDir, config: Config) -> None:
