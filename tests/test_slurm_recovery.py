@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -83,12 +84,19 @@ def test_preemption_saves_at_the_signal_step_and_resumes_exactly(slurm_env, tmp_
 def test_time_limit_requeues_until_done(slurm_env, tmp_path: Path) -> None:
     run_dir = tmp_path / "timelimited"
     # 1-minute allocations, warned 40 s ahead (Slurm may warn up to a minute early). Each step
-    # takes at least 25 ms in the job, so its 3000 steps need over 75 s of training: several
-    # allocations on any machine. The reference trains the same config without the pause.
-    config = [*RUN, "model._target_=helpers.paced.PacedConvNet", "trainer.max_steps=3000", "slurm.time=1",
+    # takes at least 42 ms in the job, so its 1500 steps need over 63 s of training: more than one
+    # allocation on any machine. The reference trains the same config without the pause.
+    config = [*RUN, "model._target_=helpers.paced.PacedConvNet", "trainer.max_steps=1500", "slurm.time=1",
               "slurm.signal_delay_s=40"]
-    paced_env = {**slurm_env, PAUSE_ENV: "0.025", "PYTHONPATH": with_test_helpers(slurm_env)}
+    paced_env = {**slurm_env, PAUSE_ENV: "0.042", "PYTHONPATH": with_test_helpers(slurm_env)}
     (job_id,), _ = submit(paced_env, run_dir, *config)
+    # The paced job leaves the CPU mostly idle: the unpaced reference trains meanwhile.
+    reference = tmp_path / "reference"
+    reference_run = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={reference}", *config],
+        env={**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         state = job_field(slurm_env, job_id, "JobState")
@@ -102,9 +110,9 @@ def test_time_limit_requeues_until_done(slurm_env, tmp_path: Path) -> None:
     requeues = of("requeue", run_dir)
     assert requeues and {e["cause"] for e in requeues} == {"timelimit"}, events(run_dir)
     assert len(of("start", run_dir)) == len(requeues) + 1
-    assert of("finish", run_dir)[0]["step"] == 3000
-    reference = tmp_path / "reference"
-    train_locally({**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}, reference, *config)
+    assert of("finish", run_dir)[0]["step"] == 1500
+    output, _ = reference_run.communicate(timeout=600)
+    assert reference_run.returncode == 0, output[-3000:]
     assert same_weights(run_dir, reference)
 
 
