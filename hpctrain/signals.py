@@ -1,7 +1,8 @@
 """Stop requests from signals, agreed on by every rank at a step boundary.
 
-A handler only records the request. At each step boundary `agreed()` all-reduces it, so every
-rank stops after the same step, saves collectively and exits with a code the batch script reads.
+A handler only records the request. At step boundaries the ranks all-reduce it (`agreed()`, or
+hpctrain.trainer.stop_vote without stalling a step), so every rank stops after the same step,
+saves collectively and exits with a code the batch script reads.
 Never checkpoint inside the handler: it may interrupt a collective.
 """
 

@@ -29,6 +29,7 @@ from hpctrain.signals import StopFlag
 from hpctrain.trainer import components, loaders
 from hpctrain.trainer.evaluate import evaluate, flatten
 from hpctrain.trainer.progress import Progress
+from hpctrain.trainer.stop_vote import StopVote
 from hpctrain.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,8 @@ class Trainer:
         """The steps, from the resumed state to the end or a stop."""
         cfg = self.config.trainer
         batches = self._micro_batches()
-        pending_stop = self._start_stop_vote()
+        vote = StopVote(self.stop, self.ctx)
+        vote.start(self.state.step)
         self.model.train()
         last: dict[str, Any] = {}
         while self.state.step < self.total_steps:
@@ -111,7 +113,7 @@ class Trainer:
             evaluate_now = final or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
             if evaluate_now or step % cfg.log_every == 0:
                 last = self._log(progress, evaluate_now)
-            reason, pending_stop = self._stop_vote(pending_stop)
+            reason = vote.poll(step)
             if reason and not final:
                 self._save(reason, background=False)
                 raise StopTraining(reason, step)
@@ -144,7 +146,7 @@ class Trainer:
 
     def _step(self, batches: Iterator[tuple[torch.Tensor, ...]]) -> torch.Tensor:
         accum = self.config.trainer.grad_accum
-        step_loss = torch.zeros((), device=self.ctx.device)
+        step_loss: torch.Tensor | None = None
         ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
         for micro in range(accum):
             inputs, target = loaders.to_device(next(batches), self.ctx.device)
@@ -153,10 +155,13 @@ class Trainer:
             with contextlib.nullcontext() if sync else self.model.no_sync():  # type: ignore[operator]
                 with self._autocast():
                     output, target = flatten(self.model(inputs), target)
-                    loss = self.loss_fn(output.float(), target) / accum
+                    loss = self.loss_fn(output.float(), target)
+                    if accum > 1:  # no extra kernel per step in the common case
+                        loss = loss / accum
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
-            step_loss += loss.detach()
+            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         self._optimizer_step()
+        assert step_loss is not None  # grad_accum >= 1
         return step_loss
 
     def _optimizer_step(self) -> None:
@@ -190,24 +195,6 @@ class Trainer:
                 yield batch
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
-
-    # ---- stop requests ------------------------------------------------------------------------
-
-    def _start_stop_vote(self) -> Any:
-        """Start the all-reduce of this boundary's stop flag; it completes during the next step."""
-        if not self.ctx.distributed:
-            return None
-        flag = torch.tensor([self.stop.requested], dtype=torch.int32, device=self.ctx.device)
-        return flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
-
-    def _stop_vote(self, pending: Any) -> tuple[str | None, Any]:
-        """The reason every rank agreed on one boundary ago (one step of latency, no stall)."""
-        if not self.ctx.distributed:
-            return self.stop.agreed(self.ctx), None
-        flag, work = pending
-        work.wait()
-        reason = self.stop.reason_for(int(flag.item()))
-        return reason, self._start_stop_vote()
 
     # ---- checkpoints ------------------------------------------------------------------------
 
