@@ -94,6 +94,22 @@ def lift_requeue_hold(env: dict[str, str], job_id: str, timeout_s: float = 120) 
     subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], env=env, capture_output=True)
 
 
+def finish_lifting_holds(env: dict[str, str], job_id: str, timeout_s: float = 900) -> str:
+    """Until the job ends, starting it at once whenever a requeue left it waiting for its
+    BeginTime (as lift_requeue_hold, for jobs that requeue any number of times); its end state."""
+    ended = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+    deadline = time.monotonic() + timeout_s
+    state = None
+    while time.monotonic() < deadline:
+        state = job_field(env, job_id, "JobState")
+        if state in ended:
+            return state
+        if state == "PENDING" and job_field(env, job_id, "Reason") == "BeginTime":
+            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], env=env, capture_output=True)
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} still {state} after {timeout_s:.0f} s")
+
+
 def wait_for_step(run_dir: Path, step: int, timeout_s: float = 300) -> None:
     """Until metrics.jsonl shows a logged step >= `step` (training is under way)."""
     import json

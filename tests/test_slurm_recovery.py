@@ -14,6 +14,7 @@ import torch
 from helpers.paced import PAUSE_ENV
 from slurmtools import (
     events,
+    finish_lifting_holds,
     job_field,
     job_output,
     lift_requeue_hold,
@@ -97,16 +98,7 @@ def test_time_limit_requeues_until_done(slurm_env, tmp_path: Path) -> None:
         env={**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
     )
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        state = job_field(slurm_env, job_id, "JobState")
-        if state == "COMPLETED" or state in ("FAILED", "CANCELLED", "TIMEOUT"):
-            break
-        if state == "PENDING" and job_field(slurm_env, job_id, "Reason") == "BeginTime":
-            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], env=slurm_env,
-                           capture_output=True)
-        time.sleep(1)
-    assert job_field(slurm_env, job_id, "JobState") == "COMPLETED", job_output(run_dir)
+    assert finish_lifting_holds(slurm_env, job_id) == "COMPLETED", job_output(run_dir)
     requeues = of("requeue", run_dir)
     assert requeues and {e["cause"] for e in requeues} == {"timelimit"}, events(run_dir)
     assert len(of("start", run_dir)) == len(requeues) + 1
@@ -178,8 +170,8 @@ def test_restart_budget_stops_a_job_that_always_fails(slurm_env, tmp_path: Path)
     # allowed, then stop. (A bad model argument is a user's mistake: it stops at once, no restart.)
     (job_id,), _ = submit(slurm_env, run_dir, "trainer.max_steps=20", "slurm.restart_budget.crash=1",
                           "loss._target_=torch.nn.MSELoss")
-    lift_requeue_hold(slurm_env, job_id)
-    assert wait_finished(slurm_env, job_id, timeout_s=300) == "FAILED", job_output(run_dir)
+    # Waiting for PENDING would catch the job before its first start; lift the requeue's hold.
+    assert finish_lifting_holds(slurm_env, job_id, timeout_s=300) == "FAILED", job_output(run_dir)
     crashes = [e for e in of("failure", run_dir) if e["cause"] == "crash"]
     assert len(crashes) == 2
     assert [e["cause"] for e in of("requeue", run_dir)] == ["crash"]
