@@ -188,6 +188,12 @@ def test_submit_refuses_a_newline_naming_the_key(tmp_path: Path, override: str, 
     assert not list(cwd.iterdir()), f"left behind: {list(cwd.rglob('*'))}"
 
 
+def test_flags_that_only_start_like_hpctrains_own_are_taken() -> None:
+    # --exclusive is not --exclude; --no-kill and --nodelist are srun's own, not abbreviations.
+    words = ["--exclusive", "--no-kill", "--nodelist=node1", "--mpi=pmix", "--container-image=x"]
+    assert SlurmConfig(srun_args=words).srun_args == words
+
+
 @pytest.mark.parametrize(
     "values, key, words",
     [
@@ -197,6 +203,8 @@ def test_submit_refuses_a_newline_naming_the_key(tmp_path: Path, override: str, 
         ({"srun_args": ["-N2"]}, "slurm.srun_args[0]", "-N2 is set by hpctrain"),
         ({"srun_args": ["--exclude=node1"]}, "slurm.srun_args[0]", "--exclude is set by hpctrain"),
         ({"srun_args": ["--kill-on-bad-exit=0"]}, "slurm.srun_args[0]", "is set by hpctrain"),
+        ({"srun_args": ["--kill-on=0"]}, "slurm.srun_args[0]", "--kill-on is set by hpctrain"),
+        ({"srun_args": ["--ntasks-per-n=2"]}, "slurm.srun_args[0]", "--ntasks-per-n is set by hpctrain"),
         ({"task_prefix": ["env", ""]}, "slurm.task_prefix[1]", "must not be empty"),
     ],
 )

@@ -278,12 +278,18 @@ def _check_srun_args(words: list[str]) -> None:
         )
     for index, word in enumerate(words):
         name = word.split("=", 1)[0]
-        owned = name in _SRUN_OWNED_LONG or (not word.startswith("--") and word[:2] in _SRUN_OWNED_SHORT)
+        owned = _srun_owned_long(name) or (not word.startswith("--") and word[:2] in _SRUN_OWNED_SHORT)
         _require(
             not owned,
             f"slurm.srun_args[{index}]",
             f"{name} is set by hpctrain (slurm.nodes, slurm.ntasks_per_node, failed nodes); leave it out",
         )
+
+
+def _srun_owned_long(name: str) -> bool:
+    # srun (getopt_long) also takes a long option by any unambiguous start of its name:
+    # `--kill-on` is --kill-on-bad-exit, `--exclu` --exclude.
+    return name.startswith("--") and len(name) > 3 and any(owned.startswith(name) for owned in _SRUN_OWNED_LONG)
 
 
 def _check_task_prefix(words: list[str]) -> None:
