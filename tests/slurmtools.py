@@ -67,20 +67,28 @@ def job_field(env: dict[str, str], job_id: str, field: str) -> str | None:
     return match.group(1) if match else None
 
 
-def wait_for_state(env: dict[str, str], job_id: str, states: set[str], timeout_s: float) -> str:
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+
+
+def wait_for_state(
+    env: dict[str, str], job_id: str, states: set[str], timeout_s: float, lift_holds: bool = False
+) -> str:
+    """Until the job is in one of `states`. With lift_holds, a job that a requeue left waiting for
+    its BeginTime (~120 s) is started at once, however often it requeues (see lift_requeue_hold)."""
     deadline = time.monotonic() + timeout_s
     state = None
     while time.monotonic() < deadline:
         state = job_field(env, job_id, "JobState")
         if state in states:
             return state
+        if lift_holds and state == "PENDING" and job_field(env, job_id, "Reason") == "BeginTime":
+            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], env=env, capture_output=True)
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} still {state} after {timeout_s:.0f} s, wanted {sorted(states)}")
 
 
-def wait_finished(env: dict[str, str], job_id: str, timeout_s: float = 300) -> str:
-    return wait_for_state(env, job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"},
-                          timeout_s)
+def wait_finished(env: dict[str, str], job_id: str, timeout_s: float = 300, lift_holds: bool = False) -> str:
+    return wait_for_state(env, job_id, ENDED, timeout_s, lift_holds)
 
 
 def job_output(run_dir: Path) -> str:
@@ -92,22 +100,6 @@ def lift_requeue_hold(env: dict[str, str], job_id: str, timeout_s: float = 120) 
     depends on this (it needs a PENDING job and, on a real site, the right to change it)."""
     wait_for_state(env, job_id, {"PENDING"}, timeout_s)
     subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], env=env, capture_output=True)
-
-
-def finish_lifting_holds(env: dict[str, str], job_id: str, timeout_s: float = 900) -> str:
-    """Until the job ends, starting it at once whenever a requeue left it waiting for its
-    BeginTime (as lift_requeue_hold, for jobs that requeue any number of times); its end state."""
-    ended = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-    deadline = time.monotonic() + timeout_s
-    state = None
-    while time.monotonic() < deadline:
-        state = job_field(env, job_id, "JobState")
-        if state in ended:
-            return state
-        if state == "PENDING" and job_field(env, job_id, "Reason") == "BeginTime":
-            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], env=env, capture_output=True)
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} still {state} after {timeout_s:.0f} s")
 
 
 def wait_for_step(run_dir: Path, step: int, timeout_s: float = 300) -> None:

@@ -19,7 +19,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from clitools import assert_refused, run_cli
 from slurmtools import (
     events,
     job_field,
@@ -171,21 +170,6 @@ def test_a_newline_or_nul_in_a_word_is_refused_naming_it(key: str, bad: str, why
 def test_a_newline_in_control_python_is_refused() -> None:
     with pytest.raises(ValueError, match=r"slurm\.control_python: must be a single line"):
         SlurmConfig(control_python="/usr/bin/python\nrm -rf ~")
-
-
-@pytest.mark.parametrize(
-    "override, key",
-    [
-        ("slurm.task_prefix=['apptainer','exec\n#SBATCH --uid=0']", "slurm.task_prefix[1]"),
-        ("slurm.srun_args=['--comment=a\nrm -rf ~']", "slurm.srun_args[0]"),
-        ("slurm.control_python='python\nid'", "slurm.control_python"),
-    ],
-)
-def test_submit_refuses_a_newline_naming_the_key(tmp_path: Path, override: str, key: str) -> None:
-    cwd = tmp_path / "project"
-    done = run_cli("submit", override, "dry_run=true", cwd=cwd)
-    assert_refused(done, 2, f"error: {key}:", "single line")
-    assert not list(cwd.iterdir()), f"left behind: {list(cwd.rglob('*'))}"
 
 
 def test_flags_that_only_start_like_hpctrains_own_are_taken() -> None:

@@ -14,7 +14,6 @@ import torch
 from helpers.paced import PAUSE_ENV
 from slurmtools import (
     events,
-    finish_lifting_holds,
     job_field,
     job_output,
     lift_requeue_hold,
@@ -98,7 +97,7 @@ def test_time_limit_requeues_until_done(slurm_env, tmp_path: Path) -> None:
         env={**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
     )
-    assert finish_lifting_holds(slurm_env, job_id) == "COMPLETED", job_output(run_dir)
+    assert wait_finished(slurm_env, job_id, timeout_s=900, lift_holds=True) == "COMPLETED", job_output(run_dir)
     requeues = of("requeue", run_dir)
     assert requeues and {e["cause"] for e in requeues} == {"timelimit"}, events(run_dir)
     assert len(of("start", run_dir)) == len(requeues) + 1
@@ -171,7 +170,7 @@ def test_restart_budget_stops_a_job_that_always_fails(slurm_env, tmp_path: Path)
     (job_id,), _ = submit(slurm_env, run_dir, "trainer.max_steps=20", "slurm.restart_budget.crash=1",
                           "loss._target_=torch.nn.MSELoss")
     # Waiting for PENDING would catch the job before its first start; lift the requeue's hold.
-    assert finish_lifting_holds(slurm_env, job_id, timeout_s=300) == "FAILED", job_output(run_dir)
+    assert wait_finished(slurm_env, job_id, timeout_s=300, lift_holds=True) == "FAILED", job_output(run_dir)
     crashes = [e for e in of("failure", run_dir) if e["cause"] == "crash"]
     assert len(crashes) == 2
     assert [e["cause"] for e in of("requeue", run_dir)] == ["crash"]

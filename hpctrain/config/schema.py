@@ -16,10 +16,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-
-def _require(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ValueError(f"{key}: {message}")
+from hpctrain.config.checks import check_srun_args, check_task_prefix, require, single_line
 
 
 @dataclass
@@ -36,13 +33,13 @@ class DataConfig:
     pin_memory: bool = True
 
     def __post_init__(self) -> None:
-        _require(self.batch_size >= 1, "data.batch_size", f"must be >= 1 (got {self.batch_size})")
-        _require(
+        require(self.batch_size >= 1, "data.batch_size", f"must be >= 1 (got {self.batch_size})")
+        require(
             self.eval_batch_size >= 0,
             "data.eval_batch_size",
             f"must be >= 0, 0 meaning data.batch_size (got {self.eval_batch_size})",
         )
-        _require(self.num_workers >= 0, "data.num_workers", f"must be >= 0 (got {self.num_workers})")
+        require(self.num_workers >= 0, "data.num_workers", f"must be >= 0 (got {self.num_workers})")
 
 
 @dataclass
@@ -93,33 +90,33 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         for key in ("max_steps", "epochs", "eval_every", "ckpt_every", "hang_timeout_s"):
             value = getattr(self, key)
-            _require(value >= 0, f"trainer.{key}", f"must be >= 0 (got {value})")
+            require(value >= 0, f"trainer.{key}", f"must be >= 0 (got {value})")
         for key in ("log_every", "nprocs", "threads", "grad_accum", "collective_timeout_s"):
             value = getattr(self, key)
-            _require(value >= 1, f"trainer.{key}", f"must be >= 1 (got {value})")
-        _require(
+            require(value >= 1, f"trainer.{key}", f"must be >= 1 (got {value})")
+        require(
             self.max_steps > 0 or self.epochs > 0,
             "trainer.max_steps",
             "set trainer.max_steps or trainer.epochs to a positive number",
         )
-        _require(
+        require(
             self.keep_checkpoints >= 2,
             "trainer.keep_checkpoints",
             f"must be >= 2 so a torn newest checkpoint has one to fall back on (got {self.keep_checkpoints})",
         )
-        _require(self.grad_clip >= 0, "trainer.grad_clip", f"must be >= 0 (got {self.grad_clip})")
-        _require(
+        require(self.grad_clip >= 0, "trainer.grad_clip", f"must be >= 0 (got {self.grad_clip})")
+        require(
             self.precision in ("bf16", "fp16", "fp32"),
             "trainer.precision",
             f"must be bf16, fp16 or fp32 (got {self.precision!r})",
         )
-        _require(
+        require(
             self.backend in ("auto", "gloo", "nccl"),
             "trainer.backend",
             f"must be auto, gloo or nccl (got {self.backend!r})",
         )
-        _require(self.bucket_cap_mb > 0, "trainer.bucket_cap_mb", f"must be > 0 (got {self.bucket_cap_mb})")
-        _require(
+        require(self.bucket_cap_mb > 0, "trainer.bucket_cap_mb", f"must be > 0 (got {self.bucket_cap_mb})")
+        require(
             self.progress_bar in ("auto", "on", "off"),
             "trainer.progress_bar",
             f"must be auto, on or off (got {self.progress_bar!r})",
@@ -197,44 +194,44 @@ class SlurmConfig:
     def __post_init__(self) -> None:
         for key in ("spare_nodes", "max_restarts"):
             value = getattr(self, key)
-            _require(value >= 0, f"slurm.{key}", f"must be >= 0 (got {value})")
+            require(value >= 0, f"slurm.{key}", f"must be >= 0 (got {value})")
         for cause, budget in self.restart_budget.items():
-            _require(
+            require(
                 cause in RESTART_CAUSES,
                 f"slurm.restart_budget.{cause}",
                 f"unknown cause; the causes are {', '.join(RESTART_CAUSES)}",
             )
-            _require(budget >= 0, f"slurm.restart_budget.{cause}", f"must be >= 0 (got {budget})")
+            require(budget >= 0, f"slurm.restart_budget.{cause}", f"must be >= 0 (got {budget})")
         for key in ("nodes", "submit_parallelism"):
             value = getattr(self, key)
-            _require(value >= 1, f"slurm.{key}", f"must be >= 1 (got {value})")
+            require(value >= 1, f"slurm.{key}", f"must be >= 1 (got {value})")
         for key in ("ntasks_per_node", "cpus_per_task"):
             value = getattr(self, key)
-            _require(value is None or value >= 1, f"slurm.{key}", f"must be >= 1 or null (got {value})")
-        _require(self.gpus_per_node >= 0, "slurm.gpus_per_node", f"must be >= 0 (got {self.gpus_per_node})")
-        _require(self.signal_delay_s >= 0, "slurm.signal_delay_s", f"must be >= 0 (got {self.signal_delay_s})")
-        _require(
+            require(value is None or value >= 1, f"slurm.{key}", f"must be >= 1 or null (got {value})")
+        require(self.gpus_per_node >= 0, "slurm.gpus_per_node", f"must be >= 0 (got {self.gpus_per_node})")
+        require(self.signal_delay_s >= 0, "slurm.signal_delay_s", f"must be >= 0 (got {self.signal_delay_s})")
+        require(
             self.gpu_bind in ("all", "per_task"), "slurm.gpu_bind", f"must be all or per_task (got {self.gpu_bind!r})"
         )
-        _require(
+        require(
             bool(_SLURM_TIME.match(self.time)),
             "slurm.time",
             f"{self.time!r} is not a Slurm time limit; use minutes, HH:MM:SS or D-HH:MM:SS",
         )
-        _require(self.signal in _SIGNALS, "slurm.signal", f"must be one of {', '.join(_SIGNALS)} (got {self.signal!r})")
+        require(self.signal in _SIGNALS, "slurm.signal", f"must be one of {', '.join(_SIGNALS)} (got {self.signal!r})")
         for key in ("mem", "partition", "account", "qos", "constraint", "exclude", "job_name", "template", "python"):
-            _single_line(f"slurm.{key}", getattr(self, key))
+            single_line(f"slurm.{key}", getattr(self, key))
         for index, flag in enumerate(self.extra):
-            _single_line(f"slurm.extra[{index}]", flag)
-            _require(
+            single_line(f"slurm.extra[{index}]", flag)
+            require(
                 flag.startswith("-"), f"slurm.extra[{index}]", f"must be a flag like --mail-type=END (got {flag!r})"
             )
         for index, line in enumerate(self.setup):
-            _single_line(f"slurm.setup[{index}]", line)
-        _check_srun_args(self.srun_args)
-        _check_task_prefix(self.task_prefix)
-        _single_line("slurm.control_python", self.control_python)
-        _require(
+            single_line(f"slurm.setup[{index}]", line)
+        check_srun_args(self.srun_args)
+        check_task_prefix(self.task_prefix)
+        single_line("slurm.control_python", self.control_python)
+        require(
             self.mem is None or bool(_SLURM_MEM.match(self.mem)),
             "slurm.mem",
             f"{self.mem!r} is not a Slurm memory size; use a whole number with K, M, G or T (64G), or 0 for all",
@@ -245,61 +242,6 @@ class SlurmConfig:
         if self.ntasks_per_node is not None:
             return self.ntasks_per_node
         return self.gpus_per_node or 1
-
-
-def _single_line(key: str, value: Optional[str]) -> None:
-    # A newline would end an #SBATCH line and start a shell command: never let one through.
-    if value is not None:
-        _require("\n" not in value and "\r" not in value, key, "must be a single line (it contains a newline)")
-        _require("\0" not in value, key, "must not contain a NUL character")
-
-
-# srun flags that set what hpctrain itself decides for the training step: its shape (slurm.nodes,
-# slurm.ntasks_per_node), the nodes it leaves out after a failure, and ending every task with one.
-_SRUN_OWNED_LONG = ("--nodes", "--ntasks", "--ntasks-per-node", "--exclude", "--kill-on-bad-exit")
-_SRUN_OWNED_SHORT = ("-N", "-n", "-x", "-K")
-
-
-def _words(key: str, words: list[str]) -> None:
-    """Each word is one shell argument: a single line, and not empty (an empty word would be
-    taken as a program or an option's value by the command reading it)."""
-    for index, word in enumerate(words):
-        _single_line(f"{key}[{index}]", word)
-        _require(word != "", f"{key}[{index}]", "must not be empty")
-
-
-def _check_srun_args(words: list[str]) -> None:
-    _words("slurm.srun_args", words)
-    if words:  # a first word that is no flag would be, to srun, the program to run
-        _require(
-            words[0].startswith("-"),
-            "slurm.srun_args[0]",
-            f"must be an srun flag like --container-image=IMAGE (got {words[0]!r})",
-        )
-    for index, word in enumerate(words):
-        name = word.split("=", 1)[0]
-        owned = _srun_owned_long(name) or (not word.startswith("--") and word[:2] in _SRUN_OWNED_SHORT)
-        _require(
-            not owned,
-            f"slurm.srun_args[{index}]",
-            f"{name} is set by hpctrain (slurm.nodes, slurm.ntasks_per_node, failed nodes); leave it out",
-        )
-
-
-def _srun_owned_long(name: str) -> bool:
-    # srun (getopt_long) also takes a long option by any unambiguous start of its name:
-    # `--kill-on` is --kill-on-bad-exit, `--exclu` --exclude.
-    return name.startswith("--") and len(name) > 3 and any(owned.startswith(name) for owned in _SRUN_OWNED_LONG)
-
-
-def _check_task_prefix(words: list[str]) -> None:
-    _words("slurm.task_prefix", words)
-    if words:  # srun reads words before the program as its own flags
-        _require(
-            not words[0].startswith("-"),
-            "slurm.task_prefix[0]",
-            f"must be a program like apptainer (got {words[0]!r}); srun's own flags go in slurm.srun_args",
-        )
 
 
 @dataclass
@@ -322,8 +264,8 @@ class MetricsConfig:
 
     def __post_init__(self) -> None:
         for key in ("tensorboard_dir", "mlflow_tracking_uri", "mlflow_experiment", "mlflow_run_name"):
-            _single_line(f"metrics.{key}", getattr(self, key))
-        _require(bool(self.mlflow_experiment), "metrics.mlflow_experiment", "must not be empty")
+            single_line(f"metrics.{key}", getattr(self, key))
+        require(bool(self.mlflow_experiment), "metrics.mlflow_experiment", "must not be empty")
 
 
 @dataclass
