@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,32 @@ class RunDir:
     @property
     def model(self) -> Path:
         return self.root / "model.pt"
+
+
+# checkpoints/step_XXXXXXXX.pt with its step_XXXXXXXX.json, written last: a checkpoint counts
+# from the moment its .json exists. Here, not in hpctrain.checkpoint, so that tools reading run
+# dirs (hpctrain-status, the submit checks) need no torch.
+_CHECKPOINT_META = re.compile(r"^step_(\d{8,})\.json$")
+
+
+@dataclass(frozen=True)
+class CheckpointFiles:
+    step: int
+    data: Path
+    meta: Path
+
+
+def checkpoint_files(folder: Path, step: int) -> CheckpointFiles:
+    stem = f"step_{step:08d}"
+    return CheckpointFiles(step, folder / f"{stem}.pt", folder / f"{stem}.json")
+
+
+def checkpoints_in(folder: Path) -> list[CheckpointFiles]:
+    """Complete-looking checkpoints (with their .json), newest first."""
+    if not folder.is_dir():
+        return []
+    steps = [int(m.group(1)) for m in map(_CHECKPOINT_META.match, os.listdir(folder)) if m]
+    return [checkpoint_files(folder, step) for step in sorted(steps, reverse=True)]
 
 
 def restrict_umask() -> int:

@@ -16,28 +16,21 @@ import io
 import json
 import logging
 import os
-import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
-log = logging.getLogger(__name__)
+from hpctrain.rundir import CheckpointFiles as Entry
+from hpctrain.rundir import checkpoint_files as paths_for
+from hpctrain.rundir import checkpoints_in as entries
 
-_NAME = re.compile(r"^step_(\d{8,})\.json$")
+log = logging.getLogger(__name__)
 
 
 class NoUsableCheckpoint(RuntimeError):
     """Checkpoints exist but none can be loaded: the run must not silently start over."""
-
-
-@dataclass(frozen=True)
-class Entry:
-    step: int
-    data: Path
-    meta: Path
 
 
 @contextlib.contextmanager
@@ -89,11 +82,6 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def paths_for(folder: Path, step: int) -> Entry:
-    stem = f"step_{step:08d}"
-    return Entry(step, folder / f"{stem}.pt", folder / f"{stem}.json")
-
-
 def write(folder: Path, step: int, state: dict[str, Any], info: dict[str, Any]) -> Entry:
     """Write one checkpoint atomically. On any error (a full disk) the temporary files are
     removed and the earlier checkpoints are untouched."""
@@ -126,18 +114,6 @@ def write(folder: Path, step: int, state: dict[str, Any], info: dict[str, Any]) 
             path.unlink(missing_ok=True)
         raise
     return entry
-
-
-def entries(folder: Path) -> list[Entry]:
-    """Complete-looking checkpoints (with their .json), newest first."""
-    if not folder.is_dir():
-        return []
-    found = []
-    for path in folder.iterdir():
-        match = _NAME.match(path.name)
-        if match:
-            found.append(paths_for(folder, int(match.group(1))))
-    return sorted(found, key=lambda e: e.step, reverse=True)
 
 
 def has_any(folder: Path) -> bool:

@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hpctrain.config import Config, differences, fingerprint, identity, save_resolved, to_typed
 from hpctrain.metrics.extras import check_extras
-from hpctrain.rundir import RunDir, remove_empty_parents
+from hpctrain.rundir import RunDir, checkpoints_in, remove_empty_parents
 
 # Hydra's own files in a fresh output dir; a run dir holding nothing else can go on a bad config.
 _HYDRA_FILES = {".hydra"}
@@ -155,11 +155,7 @@ def _refuse_checkpoints_of_another_model(run: RunDir, config: Config) -> None:
     """Resuming checkpoints of another model, dataset or optimizer would train this config from
     the wrong state; the trainer refuses them too, but here nothing has started yet. Reads only
     the newest checkpoint's small .json (older checkpoints did not record a fingerprint)."""
-    from hpctrain.checkpoint import store  # torch: only when the run dir holds checkpoints
-
-    if not run.checkpoints.is_dir():
-        return
-    for entry in store.entries(run.checkpoints):
+    for entry in checkpoints_in(run.checkpoints):
         try:
             meta = json.loads(entry.meta.read_text())
         except (OSError, ValueError):

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# hpctrain/checkpoint/store.py writes step_XXXXXXXX.pt, then step_XXXXXXXX.json last: a
-# checkpoint counts from the moment its .json exists, so the .json's mtime is its age.
-_META = re.compile(r"^step_(\d{8,})\.json$")
+from hpctrain.rundir import checkpoints_in
 
 
 @dataclass(frozen=True)
@@ -19,19 +15,11 @@ class NewestCheckpoint:
 
 
 def newest_checkpoint(folder: Path) -> NewestCheckpoint | None:
-    newest: NewestCheckpoint | None = None
-    try:
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                match = _META.match(entry.name)
-                if not match:
-                    continue
-                try:
-                    written_at = entry.stat().st_mtime
-                except OSError:  # removed by the writer's rotation while we looked
-                    continue
-                if newest is None or written_at > newest.written_at:
-                    newest = NewestCheckpoint(int(match.group(1)), written_at)
-    except OSError:  # no checkpoints/ yet
-        return None
-    return newest
+    # A checkpoint counts from the moment its .json is written (last), so that file's mtime is
+    # its age. Steps only grow within a run: the highest step is the newest checkpoint.
+    for files in checkpoints_in(folder):
+        try:
+            return NewestCheckpoint(files.step, files.meta.stat().st_mtime)
+        except OSError:  # removed by the writer's rotation while we looked
+            continue
+    return None
