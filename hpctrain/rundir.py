@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -31,6 +32,18 @@ class RunDir:
     @property
     def model(self) -> Path:
         return self.root / "model.pt"
+
+    @property
+    def submission(self) -> Path:
+        return self.root / "submission.json"
+
+    def submitted_job_id(self) -> str | None:
+        """The id of the job last submitted from this run dir (hpctrain-submit), or None."""
+        try:
+            job_id = json.loads(self.submission.read_text())["job_id"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return str(job_id) if job_id else None
 
 
 # checkpoints/step_XXXXXXXX.pt with its step_XXXXXXXX.json, written last: a checkpoint counts

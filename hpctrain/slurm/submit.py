@@ -78,11 +78,8 @@ def write_script(point: Point, submit_dir: Path) -> str:
 def live_job(run: RunDir) -> str | None:
     """`JOBID (STATE)` when the job last submitted from this run dir is still queued or
     running: a second job would train in the same run dir at the same time."""
-    try:
-        job_id = str(json.loads((run.root / "submission.json").read_text())["job_id"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not job_id.isdigit() or shutil.which("squeue") is None:
+    job_id = run.submitted_job_id()
+    if job_id is None or not job_id.isdigit() or shutil.which("squeue") is None:
         return None
     try:
         done = subprocess.run(
@@ -148,7 +145,7 @@ def _record(point: Point, job_id: str) -> None:
         "python": point.config.slurm.python or sys.executable,
         "hpctrain_version": __version__,
     }
-    (point.run.root / "submission.json").write_text(json.dumps(record, indent=2) + "\n")
+    point.run.submission.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _user() -> str:

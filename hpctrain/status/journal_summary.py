@@ -7,9 +7,7 @@ truth for a run trained with hpctrain-train, and the fallback when Slurm no long
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hpctrain.journal import read_jsonl
@@ -34,7 +32,7 @@ class JournalSummary:
 
 def summarize(run: RunDir) -> JournalSummary:
     events = read_jsonl(run.events)
-    job_id = submitted_job_id(run.root)
+    job_id = run.submitted_job_id()
     starts = [e for e in events if e.get("event") == "start"]
     if job_id is None and starts:
         job_id = _job_of(starts[-1])
@@ -52,14 +50,6 @@ def summarize(run: RunDir) -> JournalSummary:
         cause=cause,
         last_step=next((s for s in reversed(steps) if s is not None), None),
     )
-
-
-def submitted_job_id(root: Path) -> str | None:
-    try:
-        job_id = json.loads((root / "submission.json").read_text())["job_id"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return str(job_id) if job_id else None
 
 
 def current_attempt(events: list[dict[str, Any]], job_id: str | None) -> list[dict[str, Any]]:
