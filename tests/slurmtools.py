@@ -15,9 +15,10 @@ from types import ModuleType
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# Its own folder and ports, so the suite never fights a developer's cluster.
-CLUSTER_DIR = "/tmp/hpctrain-devcluster-suite"
-PORT_BASE = 18817
+# Its own folder and ports, so the suite never fights a developer's cluster. Two checkouts testing
+# side by side on one machine each set their own (HPCTRAIN_TEST_CLUSTER_DIR, HPCTRAIN_TEST_PORT_BASE).
+CLUSTER_DIR = os.environ.get("HPCTRAIN_TEST_CLUSTER_DIR", "/tmp/hpctrain-devcluster-suite")
+PORT_BASE = int(os.environ.get("HPCTRAIN_TEST_PORT_BASE", "18817"))
 NODES = 3
 GPUS_PER_NODE = 2
 

@@ -20,8 +20,8 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "devcluster.py"
 # Not the developer's default cluster (/tmp/hpctrain-devcluster, ports 16817..).
-TEST_DIR = "/tmp/hpctrain-devcluster-test"
-TEST_PORT_BASE = 17817
+TEST_DIR = os.environ.get("HPCTRAIN_TEST_CLUSTER_DIR", "/tmp/hpctrain-devcluster-suite") + "-devcluster"
+TEST_PORT_BASE = int(os.environ.get("HPCTRAIN_TEST_PORT_BASE", "18817")) - 1000
 NODES = 2
 GPUS_PER_NODE = 2
 JOB_TIMEOUT_S = 180.0
