@@ -1,7 +1,9 @@
-"""Exit codes of a training process, read by the batch script (hpctrain/slurm/control.py)."""
+"""Kept for imports written before hpctrain.run: every exit code lives in hpctrain.run.exitcodes."""
 
-FINISHED = 0
-EXIT_REQUEUE = 75  # time limit near: saved; requeue me and I resume
-EXIT_STOPPED = 76  # SIGTERM (preemption, scancel) or Ctrl-C: saved; the batch script decides
-EXIT_HANG = 77  # no step finished within trainer.hang_timeout_s: the watchdog ended the process
-EXIT_USER_ERROR = 78  # a bad value or file (sysexits EX_CONFIG), already told: do not retry, fix it
+from hpctrain.run.exitcodes import (  # noqa: F401
+    EXIT_HANG,
+    EXIT_REQUEUE,
+    EXIT_STOPPED,
+    EXIT_USER_ERROR,
+    FINISHED,
+)

@@ -6,15 +6,14 @@ Exit code 0 when the run finished (a `finish` event), 1 when the job ended witho
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from hpctrain.journal import read_jsonl
-from hpctrain.rundir import RunDir
+from hpctrain.run.events import Finish, read_events
+from hpctrain.run.paths import RunDir
 
 # Slurm states after which the job will not run again by itself.
 _ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
@@ -35,13 +34,13 @@ def job_state(job_id: str) -> str | None:
 
 
 def finished(run: RunDir) -> dict | None:
-    ends = [e for e in read_jsonl(run.events) if e.get("event") == "finish"]
-    return ends[-1] if ends else None
+    ends = [e for e in read_events(run.events) if isinstance(e, Finish)]
+    return ends[-1].to_record() if ends else None
 
 
 def follow(run_dir: Path, poll_s: float = 1.0, out=sys.stdout) -> int:
     run = RunDir(run_dir)
-    job_id = json.loads((run_dir / "submission.json").read_text())["job_id"]
+    job_id = run.submitted_job_id() or ""
     offsets: dict[Path, int] = {}
     state = None
     while True:
@@ -52,6 +51,8 @@ def follow(run_dir: Path, poll_s: float = 1.0, out=sys.stdout) -> int:
                 offsets[log] = file.tell()
             out.write(chunk.decode(errors="replace"))
         out.flush()
+        # A refused requeue goes on in a new job (submission.json names it): follow that one.
+        job_id = run.submitted_job_id() or job_id
         new_state = job_state(job_id)
         if new_state != state:
             print(f"hpctrain-follow: job {job_id} {new_state}", file=sys.stderr)
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Stream a submitted run's log until the job ends.")
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
-    if not (args.run_dir / "submission.json").is_file():
+    if RunDir(args.run_dir).submitted_job_id() is None:
         sys.exit(f"error: {args.run_dir} holds no submission.json: was it submitted with hpctrain-submit?")
     sys.exit(follow(args.run_dir))
 

@@ -1,95 +1,10 @@
-"""The run directory contract: the files users, tools and a requeued job read."""
+"""Kept for imports written before hpctrain.run: the run dir's paths live in hpctrain.run.paths."""
 
-from __future__ import annotations
-
-import json
-import os
-import re
-from dataclasses import dataclass
-from pathlib import Path
-
-
-@dataclass(frozen=True)
-class RunDir:
-    root: Path
-
-    @property
-    def config(self) -> Path:
-        return self.root / "config.yaml"
-
-    @property
-    def events(self) -> Path:
-        return self.root / "events.jsonl"
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / "metrics.jsonl"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def model(self) -> Path:
-        return self.root / "model.pt"
-
-    @property
-    def submission(self) -> Path:
-        return self.root / "submission.json"
-
-    def submitted_job_id(self) -> str | None:
-        """The id of the job last submitted from this run dir (hpctrain-submit), or None."""
-        try:
-            job_id = json.loads(self.submission.read_text())["job_id"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        return str(job_id) if job_id else None
-
-
-# checkpoints/step_XXXXXXXX.pt with its step_XXXXXXXX.json, written last: a checkpoint counts
-# from the moment its .json exists. Here, not in hpctrain.checkpoint, so that tools reading run
-# dirs (hpctrain-status, the submit checks) need no torch.
-_CHECKPOINT_META = re.compile(r"^step_(\d{8,})\.json$")
-
-
-@dataclass(frozen=True)
-class CheckpointFiles:
-    step: int
-    data: Path
-    meta: Path
-
-
-def checkpoint_files(folder: Path, step: int) -> CheckpointFiles:
-    stem = f"step_{step:08d}"
-    return CheckpointFiles(step, folder / f"{stem}.pt", folder / f"{stem}.json")
-
-
-def checkpoints_in(folder: Path) -> list[CheckpointFiles]:
-    """Complete-looking checkpoints (with their .json), newest first."""
-    if not folder.is_dir():
-        return []
-    steps = [int(m.group(1)) for m in map(_CHECKPOINT_META.match, os.listdir(folder)) if m]
-    return [checkpoint_files(folder, step) for step in sorted(steps, reverse=True)]
-
-
-def restrict_umask() -> int:
-    """Never make a file or folder writable by everyone, whatever umask the user has (000 on
-    some shared machines): add `o-w` to this process's umask, which every file hpctrain writes,
-    Hydra's run dir, sbatch's job (SLURM_UMASK) and its slurm-%j.out inherit. Group write is
-    the user's choice and stays. Returns the umask now in force."""
-    mask = os.umask(0) | 0o002
-    os.umask(mask)
-    return mask
-
-
-def remove_empty_parents(path: Path) -> None:
-    """After removing a run dir made by a failed command: the folders Hydra made for it
-    (`runs/<date>/`), as long as they are empty, up to but never including the current directory."""
-    here = Path.cwd().resolve()
-    parent = path.resolve().parent
-    while parent != here and here in parent.parents:
-        try:
-            parent.rmdir()  # only an empty folder goes
-        except OSError:
-            return
-        parent = parent.parent
+from hpctrain.run.paths import (  # noqa: F401
+    CheckpointFiles,
+    RunDir,
+    checkpoint_files,
+    checkpoints_in,
+    remove_empty_parents,
+    restrict_umask,
+)

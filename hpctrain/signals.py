@@ -15,20 +15,19 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.dist import DistContext
-from hpctrain.exitcodes import EXIT_REQUEUE, EXIT_STOPPED
+from hpctrain.run.causes import StopReason
+from hpctrain.run.exitcodes import WORKER_SAVED_AND_STOPPED, WORKER_SAVED_FOR_TIMELIMIT
 
-# Larger wins when ranks saw different signals.
-_CODES = {"timelimit": 1, "preempt": 2, "interrupt": 3}
-_REASONS = {code: reason for reason, code in _CODES.items()}
+_REASONS = {reason.urgency: reason for reason in StopReason}
 
 
 class StopFlag:
     def __init__(self, timelimit_signal: str = "USR2") -> None:
         self.requested = 0
         self.signal_names = {
-            getattr(signal, f"SIG{timelimit_signal}"): "timelimit",
-            signal.SIGTERM: "preempt",
-            signal.SIGINT: "interrupt",
+            getattr(signal, f"SIG{timelimit_signal}"): StopReason.TIMELIMIT,
+            signal.SIGTERM: StopReason.PREEMPT,
+            signal.SIGINT: StopReason.INTERRUPT,
         }
 
     def install(self) -> None:
@@ -36,9 +35,9 @@ class StopFlag:
             signal.signal(signum, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.requested = max(self.requested, _CODES[self.signal_names[signum]])
+        self.requested = max(self.requested, self.signal_names[signum].urgency)
 
-    def agreed(self, ctx: DistContext) -> str | None:
+    def agreed(self, ctx: DistContext) -> StopReason | None:
         """Collective: the stop reason every rank agrees on, or None to go on."""
         if ctx.distributed:
             # int32: supported by every backend's MAX reduction, unlike bool.
@@ -50,9 +49,10 @@ class StopFlag:
         return self.reason_for(code)
 
     @staticmethod
-    def reason_for(code: int) -> str | None:
+    def reason_for(code: int) -> StopReason | None:
         return _REASONS.get(code)
 
 
 def exit_code(reason: str) -> int:
-    return EXIT_REQUEUE if reason == "timelimit" else EXIT_STOPPED
+    """A training process's exit code after a save forced by `reason` (hpctrain.run.exitcodes)."""
+    return WORKER_SAVED_FOR_TIMELIMIT if reason == StopReason.TIMELIMIT else WORKER_SAVED_AND_STOPPED

@@ -3,7 +3,9 @@
 A hung collective or a stuck filesystem would otherwise burn the allocation until the time
 limit. The trainer calls `beat()` after every step (and around evaluation and saving); if no
 beat comes for `timeout_s`, every thread's stack is dumped to stderr (the Slurm .out file) and
-the process exits with EXIT_HANG, which the batch script counts against the `hang` budget.
+a `failure` event (cause `hang`, the rank) is written to the journal, and the process exits
+with WORKER_HUNG. The batch script counts the event against the `hang` budget: srun passes a
+task's exit code on as another when --kill-on-bad-exit ends the other tasks.
 """
 
 from __future__ import annotations
@@ -14,15 +16,20 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
-from hpctrain.exitcodes import EXIT_HANG
+from hpctrain.run.causes import Cause
+from hpctrain.run.events import Failure, Journal
+from hpctrain.run.exitcodes import WORKER_HUNG
 
 log = logging.getLogger(__name__)
 
 
 class Watchdog:
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, on_hang: Callable[[float], None] | None = None) -> None:
         self.timeout_s = timeout_s
+        self.on_hang = on_hang  # called with the idle seconds before the process ends
         self._last = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="hpctrain-watchdog", daemon=True)
@@ -43,8 +50,38 @@ class Watchdog:
         while not self._stop.wait(period):
             idle = time.monotonic() - self._last
             if idle > self.timeout_s:
-                log.error("no training step finished for %.0f s (trainer.hang_timeout_s=%s): ending this "
-                          "process so the job can recover; stacks follow", idle, self.timeout_s)
+                log.error(
+                    "no training step finished for %.0f s (trainer.hang_timeout_s=%s): ending this "
+                    "process so the job can recover; stacks follow",
+                    idle,
+                    self.timeout_s,
+                )
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 sys.stderr.flush()
-                os._exit(EXIT_HANG)  # no cleanup: the threads that would run it are the stuck ones
+                self._report(idle)
+                os._exit(WORKER_HUNG)  # no cleanup: the threads that would run it are the stuck ones
+
+    def _report(self, idle_s: float) -> None:
+        if self.on_hang is None:
+            return
+        try:
+            self.on_hang(idle_s)
+        except Exception:  # a stuck or full filesystem must not keep a hung process alive
+            log.exception("could not record the hang in the journal")
+
+
+def hang_reporter(events: Path, rank: int) -> Callable[[float], None]:
+    """Writes the hang to events.jsonl from whichever rank's watchdog saw it."""
+
+    def report(idle_s: float) -> None:
+        Journal(events).write_event(
+            Failure(
+                job_id=os.environ.get("SLURM_JOB_ID"),
+                restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+                cause=Cause.HANG,
+                rank=rank,
+                reason=f"no training step finished for {idle_s:.0f} s",
+            )
+        )
+
+    return report

@@ -2,10 +2,10 @@
 
 `python -m hpctrain.worker RUN_DIR` is the command srun or torchrun starts on every task; the
 local launcher calls `run` in each spawned process. Both read the run dir's config.yaml.
-Exit codes: 0 finished; signals.EXIT_REQUEUE / EXIT_STOPPED after a signal-forced checkpoint;
-EXIT_USER_ERROR after a user's mistake (checkpoints of another model, a missing data file), told
-as one `error:` line and a `failure` event (cause `user_error`), which the batch script does not
-retry.
+Exit codes (hpctrain.run.exitcodes): WORKER_FINISHED; WORKER_SAVED_FOR_TIMELIMIT /
+WORKER_SAVED_AND_STOPPED after a signal-forced checkpoint; WORKER_USER_ERROR after a user's
+mistake (checkpoints of another model, a missing data file), told as one `error:` line and a
+`failure` event (cause `user_error`), which the batch script does not retry.
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from hpctrain.checkpoint import NoUsableCheckpoint
 from hpctrain.config import load_run_config
 from hpctrain.dist import DistContext
 from hpctrain.errors import UserError
-from hpctrain.exitcodes import EXIT_USER_ERROR
-from hpctrain.journal import Journal
+from hpctrain.run.causes import Cause
+from hpctrain.run.events import Failure, Journal
+from hpctrain.run.exitcodes import WORKER_FINISHED, WORKER_USER_ERROR
+from hpctrain.run.paths import RunDir
 from hpctrain.signals import StopFlag, exit_code
 from hpctrain.trainer.trainer import StopTraining, Trainer
 
@@ -51,9 +53,13 @@ def _report(error: Exception, run_dir: Path, ctx: DistContext) -> None:
         log.error("%s", error)
         return
     print(f"error: {error}", file=sys.stderr, flush=True)
-    Journal(run_dir / "events.jsonl").event(
-        "failure", cause="user_error", message=str(error), job_id=os.environ.get("SLURM_JOB_ID"),
-        restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+    Journal(RunDir(run_dir).events).write_event(
+        Failure(
+            job_id=os.environ.get("SLURM_JOB_ID"),
+            restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+            cause=Cause.USER_ERROR,
+            message=str(error),
+        )
     )
 
 
@@ -87,7 +93,7 @@ def spawned(local_rank: int, nprocs: int, store_path: str, run_dir: str) -> None
     try:
         run(Path(run_dir), DistContext.for_spawn(local_rank, nprocs, store_path))
     except UserError:  # told already; the exit code says so to the launcher
-        sys.exit(EXIT_USER_ERROR)
+        sys.exit(WORKER_USER_ERROR)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,8 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         reason = run(args.run_dir, DistContext.from_env())
     except UserError:
-        sys.exit(EXIT_USER_ERROR)
-    sys.exit(exit_code(reason) if reason else 0)
+        sys.exit(WORKER_USER_ERROR)
+    sys.exit(exit_code(reason) if reason else WORKER_FINISHED)
 
 
 if __name__ == "__main__":

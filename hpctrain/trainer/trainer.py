@@ -30,7 +30,7 @@ from hpctrain.trainer import components, loaders
 from hpctrain.trainer.evaluate import evaluate, flatten
 from hpctrain.trainer.progress import Progress
 from hpctrain.trainer.stop_vote import StopVote
-from hpctrain.watchdog import Watchdog
+from hpctrain.watchdog import Watchdog, hang_reporter
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ class StopTraining(Exception):
 
 class Trainer:
     def __init__(self, config: Config, ctx: DistContext, run_dir: Path, stop: StopFlag | None = None) -> None:
-        self.watchdog = Watchdog(config.trainer.hang_timeout_s).start()
+        on_hang = hang_reporter(RunDir(Path(run_dir)).events, ctx.rank)
+        self.watchdog = Watchdog(config.trainer.hang_timeout_s, on_hang).start()
         self.config = config
         self.ctx = ctx
         self.run = RunDir(Path(run_dir))

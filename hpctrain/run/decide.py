@@ -1,0 +1,218 @@
+"""Recovery as a pure function: from what happened to what the batch script does next.
+
+`decide(history, outcome, cluster, budgets)` runs when a training step (one srun) has ended;
+`decide_begin(history, cluster, budgets)` when the batch script starts again. Both read and call
+nothing: hpctrain/slurm/control.py gathers the facts, calls them, writes the returned events and
+hands the action to the batch shell. tests/test_decide.py is their table.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hpctrain.run.causes import Action, Cause, CheckpointReason, StopReason
+from hpctrain.run.events import Cancelled, Checkpoint, Event, Failure, Finish, Relaunch, Requeue, Start
+from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_SAVED_AND_STOPPED, WORKER_SAVED_FOR_TIMELIMIT
+from hpctrain.run.facts import Budgets, ClusterView, Outcome, Service
+
+
+@dataclass(frozen=True)
+class History:
+    job_id: str
+    restart: int  # SLURM_RESTART_COUNT of this life
+    events: tuple[Event, ...]  # the run's events for this job and the jobs it was resubmitted from
+    since_launch: tuple[Event, ...] = ()  # written since the step that just ended was launched
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    events: tuple[Event, ...] = ()  # for the journal, in order
+    excluded: tuple[str, ...] = ()  # requeue: the job's ExcNodeList; relaunch: srun --exclude
+    message: str = ""  # one line for the job's output
+
+
+def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Budgets) -> Decision:
+    since = history.since_launch
+    if outcome.exit_code == 0 or any(isinstance(e, Finish) for e in since):
+        return Decision(Action.FINISH, message="finished")
+    if any(_is(e, Cause.USER_ERROR) for e in since):
+        # A bad value or file: every retry would fail alike; the worker said why.
+        return Decision(Action.FAIL, message="a training process refused the config (see the error line)")
+    mark = _marks(history)
+    if outcome.terminated:
+        # scancel signals this shell (a preemption does not, until its grace ends): stop. Slurm
+        # requeues a preempted job whose grace ran out on its own; decide_begin then tells so.
+        return Decision(
+            Action.STOP, (Cancelled(**mark, step=last_checkpoint_step(history.events)),), message="cancelled"
+        )
+    lost = lost_nodes(since, outcome, cluster)
+    cause = classify(since, outcome, lost)
+    written: list[Event] = []
+    if lost:
+        written.append(Failure(**mark, cause=Cause.NODE_FAILURE, nodes=lost, exit_code=outcome.exit_code))
+    if cause in (Cause.CRASH, Cause.HANG) and not any(_is(e, cause) for e in since):
+        written.append(Failure(**mark, cause=cause, nodes=[], exit_code=outcome.exit_code))
+    spent = over_budget(history.events, cause, budgets)
+    if spent:
+        written.append(Failure(**mark, cause=Cause.BUDGET, reason=spent, action=Action.FAIL.value))
+        return Decision(Action.FAIL, tuple(written), message=spent)
+    keep_out = _keep_out(outcome, cluster, lost)
+    if cause is Cause.NODE_FAILURE:
+        relaunch = _relaunch(history, outcome, cluster, keep_out, lost)
+        if relaunch:
+            return Decision(
+                Action.RELAUNCH,
+                (*written, relaunch),
+                tuple(relaunch.excluded),
+                f"relaunch on {','.join(relaunch.nodes)}",
+            )
+    excluded = sorted(keep_out)
+    written.append(Requeue(**mark, cause=cause, excluded=excluded))
+    return Decision(Action.REQUEUE, tuple(written), tuple(excluded), f"requeue ({cause.value})")
+
+
+def decide_begin(history: History, cluster: ClusterView, budgets: Budgets) -> Decision | None:
+    """At a start of the batch script: a restart Slurm made without the batch script asking
+    (its node died, a preemption's grace ran out, an administrator requeued) is recorded and
+    counted. None: nothing to record, train."""
+    ours = sum(1 for e in history.events if isinstance(e, Requeue) and e.job_id == history.job_id)
+    if history.restart <= ours:
+        return None
+    mark = _marks(history)
+    previous = _last_life(history.events)
+    written: list[Event] = []
+    if any(isinstance(e, Cancelled) or _saved_for(e) is StopReason.PREEMPT for e in previous):
+        cause = Cause.PREEMPT  # the tasks saved for SIGTERM, then Slurm requeued: a preemption
+    else:
+        cause = Cause.NODE_FAILURE
+        nodes = next((e.nodes for e in reversed(previous) if isinstance(e, Start)), [])
+        written.append(Failure(**mark, cause=cause, nodes=cluster.failed(nodes), by="slurm"))
+    written.append(Requeue(**mark, cause=cause, by="slurm"))
+    spent = over_budget(history.events, cause, budgets)
+    if spent:
+        written.append(Failure(**mark, cause=Cause.BUDGET, reason=spent, action=Action.FAIL.value))
+        return Decision(Action.FAIL, tuple(written), message=spent)
+    return Decision(Action.REQUEUE, tuple(written), message=f"restarted by Slurm ({cause.value})")
+
+
+# ---- the pieces, each a pure function of the facts ------------------------------------------------
+
+
+def classify(since: Sequence[Event], outcome: Outcome, lost: list[str]) -> Cause:
+    """Why the step ended, judged only by this step's events: a life that died before `start`
+    is not judged by the previous life's stop."""
+    saved = next((r for r in map(_saved_for, reversed(since)) if r), None)
+    if outcome.warned or saved is StopReason.TIMELIMIT or outcome.exit_code == WORKER_SAVED_FOR_TIMELIMIT:
+        return Cause.TIMELIMIT  # the allocation ends soon: only a requeue helps, whatever else failed
+    if saved in (StopReason.PREEMPT, StopReason.INTERRUPT) or outcome.exit_code == WORKER_SAVED_AND_STOPPED:
+        return Cause.PREEMPT  # SIGTERM to the tasks but not to this shell: Slurm's preemption
+    if lost:
+        return Cause.NODE_FAILURE
+    if outcome.exit_code == WORKER_HUNG or any(_is(e, Cause.HANG) for e in since):
+        return Cause.HANG  # the watchdog wrote it: srun may pass its exit code on as another
+    return Cause.CRASH
+
+
+def lost_nodes(since: Sequence[Event], outcome: Outcome, cluster: ClusterView) -> list[str]:
+    """The step's nodes that failed or left the allocation (an idle spare failing is not the
+    step's loss; a drained node is not a failed one)."""
+    starts = [e for e in since if isinstance(e, Start)]
+    # Before its `start`, the step ran (or tried to) on every allocated node not excluded.
+    launched_on = set(cluster.original or cluster.allocated) - set(outcome.excluded)
+    step_nodes = set(starts[-1].nodes) if starts else launched_on
+    gone = step_nodes - set(cluster.allocated) if cluster.allocated else set()
+    return sorted(gone | set(cluster.failed(sorted(step_nodes))))
+
+
+def over_budget(events: Sequence[Event], cause: Cause, budgets: Budgets) -> str | None:
+    done = restarts_by_cause(events)
+    if done[cause.value] + 1 > budgets.allowed(cause):
+        return f"restart budget for {cause.value} spent ({done[cause.value]} of {budgets.allowed(cause)})"
+    if sum(done.values()) + 1 > budgets.total:
+        return f"slurm.max_restarts spent ({sum(done.values())} of {budgets.total} restarts in all)"
+    return None
+
+
+def lineage(events: Sequence[Event], job_id: str) -> tuple[Event, ...]:
+    """The events of this run's job and of the jobs it was resubmitted from (a refused requeue
+    goes on in a new job: its budgets go on too). Events without a job (checkpoints) stay."""
+    jobs, grew = {job_id}, True
+    while grew:
+        before = len(jobs)
+        jobs |= {e.job_id for e in events if isinstance(e, Failure) and e.new_job_id in jobs and e.job_id}
+        grew = len(jobs) > before
+    return tuple(e for e in events if e.job_id is None or e.job_id in jobs)
+
+
+def restarts_by_cause(events: Sequence[Event]) -> Counter[str]:
+    return Counter(str(getattr(e, "cause", "")) for e in events if isinstance(e, (Requeue, Relaunch)))
+
+
+def checkpoint_interval_s(events: Sequence[Event]) -> float | None:
+    """Seconds between periodic checkpoints in one life (median), or None before two."""
+    gaps, previous = [], None
+    for event in events:
+        if isinstance(event, Start):
+            previous = None
+        elif isinstance(event, Checkpoint) and event.reason == CheckpointReason.PERIODIC.value:
+            if previous is not None:
+                gaps.append(event.time - previous)
+            previous = event.time
+    return statistics.median(gaps) if gaps else None
+
+
+def last_checkpoint_step(events: Sequence[Event]) -> int | None:
+    steps = [e.step for e in events if isinstance(e, Checkpoint)]
+    return steps[-1] if steps else None
+
+
+def _relaunch(
+    history: History, outcome: Outcome, cluster: ClusterView, keep_out: set[str], lost: list[str]
+) -> Relaunch | None:
+    """A relaunch on the nodes left, when enough of them are in service (a drained spare is
+    not) and the allocation has time for at least one checkpoint interval before its warning."""
+    if outcome.warned or cluster.time_left_s is None:
+        return None
+    survivors = [n for n in cluster.allocated if n not in keep_out and cluster.service(n) is Service.UP]
+    interval = checkpoint_interval_s(history.events) or outcome.signal_delay_s
+    if len(survivors) < outcome.nodes_wanted or cluster.time_left_s < outcome.signal_delay_s + interval:
+        return None
+    excluded = sorted(keep_out | set(cluster.drained(cluster.allocated)))
+    return Relaunch(
+        **_marks(history),
+        cause=Cause.NODE_FAILURE,
+        failed=lost,
+        excluded=excluded,
+        nodes=survivors[: outcome.nodes_wanted],
+        spare_nodes=len(survivors) - outcome.nodes_wanted,
+    )
+
+
+def _keep_out(outcome: Outcome, cluster: ClusterView, lost: list[str]) -> set[str]:
+    """The user's slurm.exclude, the nodes lost now, and nodes excluded earlier that Slurm has
+    not returned to service: one that is back is allowed again."""
+    earlier = {n for n in outcome.excluded if cluster.service(n) is not Service.UP}
+    return set(outcome.user_exclude) | set(lost) | (earlier - set(outcome.user_exclude))
+
+
+def _last_life(events: Sequence[Event]) -> Sequence[Event]:
+    starts = [i for i, e in enumerate(events) if isinstance(e, Start)]
+    return events[starts[-1] :] if starts else ()
+
+
+def _saved_for(event: Event) -> StopReason | None:
+    if isinstance(event, Checkpoint) and event.reason in {r.value for r in StopReason}:
+        return StopReason(event.reason)
+    return None
+
+
+def _is(event: Event, cause: Cause) -> bool:
+    return isinstance(event, Failure) and event.cause == cause.value
+
+
+def _marks(history: History) -> dict:
+    return {"job_id": history.job_id, "restart": history.restart}

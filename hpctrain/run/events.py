@@ -1,0 +1,135 @@
+"""events.jsonl as typed records: one class per event, one writer (Journal) and one reader.
+
+The names and fields are the README's contract; fields are only ever added. Each record keeps
+the fields it does not know (`extra`), so a journal written by a newer or older hpctrain reads
+back whole. The JSON-lines plumbing (torn lines, NaN) is in hpctrain.run.jsonlines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hpctrain.run.jsonlines import JsonLines, read_jsonl
+
+
+@dataclass(frozen=True)
+class Event:
+    name: ClassVar[str] = ""
+    time: float = 0.0
+    job_id: str | None = None  # the Slurm job (None for hpctrain-train)
+    restart: int = 0  # SLURM_RESTART_COUNT of the life that wrote it
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_record(self) -> dict[str, Any]:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        record = {"event": self.name, **{k: v for k, v in fields.items() if v is not None}, **self.extra}
+        return {k: (v.value if hasattr(v, "value") else v) for k, v in record.items()}
+
+
+@dataclass(frozen=True)
+class Start(Event):
+    name: ClassVar[str] = "start"
+    world_size: int = 0
+    nodes: list[str] = field(default_factory=list)
+    resumed_from_step: int = 0
+    total_steps: int | None = None
+    ranks: list[Any] | None = None  # each rank's node, GPU and device
+
+
+@dataclass(frozen=True)
+class Checkpoint(Event):
+    name: ClassVar[str] = "checkpoint"
+    step: int = 0
+    reason: str = "periodic"  # a CheckpointReason
+    blocking_s: float | None = None
+    write_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Requeue(Event):
+    name: ClassVar[str] = "requeue"
+    cause: str = ""  # a Cause
+    excluded: list[str] | None = None  # the job's ExcNodeList for its next start
+    by: str | None = None  # None: hpctrain asked; "slurm": Slurm did it on its own
+
+
+@dataclass(frozen=True)
+class Relaunch(Event):
+    name: ClassVar[str] = "relaunch"
+    cause: str = ""
+    failed: list[str] = field(default_factory=list)  # nodes that failed in this life
+    excluded: list[str] = field(default_factory=list)  # srun --exclude of the new step
+    nodes: list[str] = field(default_factory=list)  # nodes the new step may run on
+    spare_nodes: int = 0  # nodes left over after this relaunch
+
+
+@dataclass(frozen=True)
+class Failure(Event):
+    name: ClassVar[str] = "failure"
+    cause: str = ""
+    nodes: list[str] | None = None
+    exit_code: int | None = None
+    message: str | None = None  # a user's mistake, as the worker told it
+    reason: str | None = None  # why a budget is spent, or a requeue refused
+    by: str | None = None
+    rank: int | None = None  # the rank whose watchdog saw a hang
+    action: str | None = None  # what the control step did next (an Action, or "resubmit")
+    new_job_id: str | None = None  # requeue_refused, resubmitted: the job the run goes on in
+
+
+@dataclass(frozen=True)
+class Cancelled(Event):
+    name: ClassVar[str] = "cancelled"
+    step: int | None = None  # the newest checkpoint's step
+
+
+@dataclass(frozen=True)
+class Finish(Event):
+    name: ClassVar[str] = "finish"
+    step: int = 0  # final metrics are in `extra` (eval_accuracy, eval_loss, loss, ...)
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.name: cls for cls in (Start, Checkpoint, Requeue, Relaunch, Failure, Cancelled, Finish)
+}
+
+
+def from_record(record: dict[str, Any]) -> Event | None:
+    """The typed event of one journal line; None for a line that is not a known event."""
+    cls = EVENT_TYPES.get(record.get("event", ""))
+    if cls is None:
+        return None
+    known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+    fields = {k: v for k, v in record.items() if k in known}
+    if fields.get("job_id") is not None:
+        fields["job_id"] = str(fields["job_id"])
+    fields["restart"] = int(fields.get("restart") or 0)
+    extra = {k: v for k, v in record.items() if k not in known and k != "event"}
+    return cls(**fields, extra=extra)
+
+
+def read_events(path: Path, offset: int = 0) -> list[Event]:
+    """Every known event of a journal from byte `offset` on, in order (torn and unknown lines
+    skipped)."""
+    return [e for e in map(from_record, read_jsonl(path, offset)) if e is not None]
+
+
+class Journal(JsonLines):
+    """events.jsonl: the one writer. Every record has `event` and `time` (UNIX seconds)."""
+
+    def write_event(self, event: Event) -> None:
+        stamped = dataclasses.replace(event, time=event.time or round(time.time(), 3))
+        self.write(stamped.to_record())
+
+    def event(self, name: str, **fields: Any) -> None:
+        """`Journal(path).event("checkpoint", step=..)`: checked against the typed events."""
+        cls = EVENT_TYPES.get(name)
+        if cls is None:
+            raise ValueError(f"unknown event {name!r}; the events are {', '.join(EVENT_TYPES)}")
+        record = from_record({"event": name, "time": round(time.time(), 3), **fields})
+        assert record is not None
+        self.write_event(record)

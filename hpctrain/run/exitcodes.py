@@ -1,0 +1,37 @@
+"""Every exit code hpctrain's processes use, in one table: which process exits with which code.
+
+Three processes, three contracts:
+  - a training process (`python -m hpctrain.worker`, or a rank spawned by hpctrain-train): read
+    by the batch script's control step, never by a user directly;
+  - the batch script of a job (sbatch_templates/ddp.sbatch.j2) and its control step: what Slurm
+    shows as the job's exit code;
+  - the console scripts (hpctrain-train, hpctrain-submit, hpctrain-status, hpctrain-follow): what
+    a user's shell sees. 2 for a user's mistake is the convention of argparse and of most CLIs.
+"""
+
+from __future__ import annotations
+
+# ---- a training process ---------------------------------------------------------------------
+WORKER_FINISHED = 0
+WORKER_SAVED_FOR_TIMELIMIT = 75  # the time limit is near: saved; requeue me and I resume
+WORKER_SAVED_AND_STOPPED = 76  # SIGTERM (preemption, scancel) or Ctrl-C: saved; the batch script decides
+WORKER_HUNG = 77  # no step finished within trainer.hang_timeout_s: the watchdog ended the process
+WORKER_USER_ERROR = 78  # a bad value or file (sysexits EX_CONFIG), already told: do not retry, fix it
+
+# ---- the batch script and its control step -----------------------------------------------------
+BATCH_FINISHED = 0
+BATCH_FAILED = 1  # the run cannot go on here: a `failure` event and the output say why
+CONTROL_BUDGET_SPENT = 3  # `control begin`: a restart budget is spent; the job ends FAILED
+BATCH_RESUBMITTED = 4  # scontrol refused the requeue; the run goes on in a new job (never COMPLETED)
+
+# ---- console scripts ----------------------------------------------------------------------------
+CLI_OK = 0
+CLI_REFUSED = 1  # hpctrain-submit: sbatch refused; hpctrain-status: a listed run failed
+CLI_USER_ERROR = 2  # a mistake in the command line or config, told as one `error:` line
+
+# Names used before this table existed; the meaning is the worker's.
+FINISHED = WORKER_FINISHED
+EXIT_REQUEUE = WORKER_SAVED_FOR_TIMELIMIT
+EXIT_STOPPED = WORKER_SAVED_AND_STOPPED
+EXIT_HANG = WORKER_HUNG
+EXIT_USER_ERROR = WORKER_USER_ERROR

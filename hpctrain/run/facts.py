@@ -1,0 +1,143 @@
+"""What the control step knows when it decides: plain typed facts, and the parsers that make
+them from Slurm's own text (so they are tested on text captured from a real cluster).
+
+Nothing here calls Slurm or reads a file; hpctrain/slurm/control.py gathers the text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from hpctrain.run.causes import RESTART_CAUSES, Cause, Word
+
+
+class Service(Word):
+    """A node as recovery sees it."""
+
+    UP = "up"  # idle, allocated, mixed, completing, ...: usable
+    DRAINED = "drained"  # an administrator took it out (drain, draining, drained, maint, reboot): not failed
+    FAILED = "failed"  # down, fail, failing, not responding: whatever ran there is lost
+
+
+# sinfo %T names (Slurm 22.05's `sinfo -t` list, plus `failing`, which %T shows but -t refuses).
+_FAILED = {"down", "fail", "failing", "unknown", "boot_fail", "inval", "future", "no_respond"}
+_DRAINED = {
+    "drain",
+    "drained",
+    "draining",
+    "maint",
+    "reboot",
+    "reboot^",
+    "reboot_issued",
+    "reboot_requested",
+    "power_down",
+    "powered_down",
+    "powering_down",
+}
+# Flags sinfo appends to %T: `*` the node does not respond; the others are power and
+# reservation marks that leave the node in service.
+_NOT_RESPONDING = "*"
+_FLAGS = "*~#!%$@^-"
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    state: str  # sinfo's %T as Slurm gave it (`draining`, `down*`, `idle`)
+    reason: str = ""  # sinfo's %E ("none" when Slurm has none)
+
+    @property
+    def service(self) -> Service:
+        base = self.state.rstrip(_FLAGS).lower()
+        if self.state.endswith(_NOT_RESPONDING) or base in _FAILED:
+            return Service.FAILED
+        if base in _DRAINED or self.state.lower() in _DRAINED:
+            return Service.DRAINED
+        return Service.UP
+
+
+def parse_sinfo_nodes(text: str) -> dict[str, NodeState]:
+    """`sinfo -N -h -a -o '%N|%T|%E'`: one line per node and partition (a node in two
+    partitions shows twice, alike). Raises ValueError on a line of another shape."""
+    nodes: dict[str, NodeState] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", 2)
+        if len(parts) != 3 or not parts[0] or not parts[1]:
+            raise ValueError(f"sinfo line not of the form NODE|STATE|REASON: {line!r}")
+        nodes[parts[0]] = NodeState(parts[0], parts[1], parts[2])
+    return nodes
+
+
+_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
+
+
+def parse_time_left(text: str) -> float | None:
+    """`squeue -h -j ID -o %L`: seconds left (`D-HH:MM:SS`, `HH:MM:SS`, `MM:SS`), inf for
+    UNLIMITED, None for NOT_SET / INVALID. Raises ValueError on anything else."""
+    word = text.strip()
+    if word == "UNLIMITED":
+        return float("inf")
+    if word in ("NOT_SET", "INVALID"):
+        return None
+    match = _SLURM_TIME.match(word)
+    if not match:
+        raise ValueError(f"squeue %L gave {word!r}, not a time left")
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The allocation and every node as Slurm sees them when a step has ended."""
+
+    nodes: dict[str, NodeState] = field(default_factory=dict)  # every node Slurm lists
+    allocated: tuple[str, ...] = ()  # the job's nodes now (with --no-kill a failed one leaves)
+    original: tuple[str, ...] = ()  # the job's nodes when this life began
+    time_left_s: float | None = None  # None: unknown (a relaunch is then not risked)
+
+    def service(self, node: str) -> Service:
+        """A node sinfo does not list was removed: not in service. Without sinfo's answer at
+        all (a container without Slurm's commands) every node counts as up."""
+        if not self.nodes:
+            return Service.UP
+        state = self.nodes.get(node)
+        return state.service if state else Service.FAILED
+
+    def failed(self, nodes: tuple[str, ...] | list[str]) -> list[str]:
+        return sorted(n for n in nodes if self.service(n) is Service.FAILED)
+
+    def drained(self, nodes: tuple[str, ...] | list[str]) -> list[str]:
+        return sorted(n for n in nodes if self.service(n) is Service.DRAINED)
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """slurm.restart_budget per cause, and slurm.max_restarts in all (None: their sum)."""
+
+    per_cause: dict[str, int]
+    max_restarts: int | None = None
+
+    @property
+    def total(self) -> int:
+        if self.max_restarts is not None:
+            return self.max_restarts
+        return sum(self.per_cause.get(c.value, 0) for c in RESTART_CAUSES)
+
+    def allowed(self, cause: Cause) -> int:
+        return self.per_cause.get(cause.value, 0)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a training step (one srun) ended, as the batch shell saw it."""
+
+    exit_code: int | None  # srun's; None: no step was launched (a signal came first)
+    terminated: bool = False  # the batch shell got SIGTERM: scancel (or a preemption's grace ran out)
+    warned: bool = False  # the batch shell got the time-limit signal
+    excluded: tuple[str, ...] = ()  # srun --exclude of this step (earlier relaunches)
+    user_exclude: tuple[str, ...] = ()  # slurm.exclude, expanded: always kept out
+    nodes_wanted: int = 1  # slurm.nodes: training nodes a step needs
+    signal_delay_s: float = 0.0  # slurm.signal_delay_s: the warning comes this long before the end

@@ -1,0 +1,60 @@
+"""JSON-lines files of a run dir: one object a line, appended and flushed at once.
+
+`events.jsonl` (what happened, typed in hpctrain.run.events) and `metrics.jsonl` (numbers):
+whole lines, so `tail -f`, `hpctrain-status` and a requeued job (which appends to the same
+files) all see whole lines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def _finite(value: Any) -> Any:
+    # JSON has no NaN or Infinity; a diverged loss is written as null rather than breaking readers.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+class JsonLines:
+    def __init__(self, path: Path, enabled: bool = True) -> None:
+        self.path = path
+        self.enabled = enabled
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        line = json.dumps(_finite(record), allow_nan=False)
+        with open(self.path, "a+b") as file:
+            # A process killed mid-write leaves a torn last line: start on a fresh line so this
+            # record is not glued to the fragment.
+            if file.tell() > 0:
+                file.seek(-1, 2)
+                if file.read(1) != b"\n":
+                    line = "\n" + line
+            file.write((line + "\n").encode("utf-8"))
+
+
+def read_jsonl(path: Path, offset: int = 0) -> list[dict[str, Any]]:
+    """All whole lines of a JSON-lines file from byte `offset` on; a torn line (a killed
+    writer) is skipped."""
+    if not path.exists():
+        return []
+    records = []
+    with open(path, "rb") as file:
+        file.seek(offset)
+        text = file.read().decode("utf-8", errors="replace")
+    for line in text.splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
