@@ -184,8 +184,9 @@ class SlurmConfig:
     # Extra nodes allocated beside `nodes` (with --no-kill): when a training node fails, the step
     # is relaunched at once on the survivors from the last checkpoint, without a requeue.
     spare_nodes: int = 0
-    # Requeues and relaunches of the job in all, whatever the cause.
-    max_restarts: int = 20
+    # Requeues and relaunches of the job in all, whatever the cause; null: the sum of the
+    # per-cause budgets (108 by default), so every budget below can be reached.
+    max_restarts: Optional[int] = None
     # Restarts allowed per cause; past one, the job stops with a `failure` event.
     restart_budget: dict[str, int] = field(
         default_factory=lambda: {"preempt": 50, "timelimit": 50, "node_failure": 5, "crash": 1, "hang": 2}
@@ -194,7 +195,7 @@ class SlurmConfig:
     def __post_init__(self) -> None:
         for key in ("spare_nodes", "max_restarts"):
             value = getattr(self, key)
-            require(value >= 0, f"slurm.{key}", f"must be >= 0 (got {value})")
+            require(value is None or value >= 0, f"slurm.{key}", f"must be >= 0 (got {value})")
         for cause, budget in self.restart_budget.items():
             require(
                 cause in RESTART_CAUSES,

@@ -19,14 +19,17 @@ from hpctrain.run.jsonlines import JsonLines, read_jsonl
 @dataclass(frozen=True)
 class Event:
     name: ClassVar[str] = ""
+    # Fields written even when None (null: hpctrain-train has no job); others only when known.
+    always: ClassVar[tuple[str, ...]] = ("job_id",)
     time: float = 0.0
     job_id: str | None = None  # the Slurm job (None for hpctrain-train)
-    restart: int = 0  # SLURM_RESTART_COUNT of the life that wrote it
+    restart: int | None = None  # SLURM_RESTART_COUNT of the life that wrote it
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_record(self) -> dict[str, Any]:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        record = {"event": self.name, **{k: v for k, v in fields.items() if v is not None}, **self.extra}
+        kept = {k: v for k, v in fields.items() if v is not None or k in self.always}
+        record = {"event": self.name, **kept, **self.extra}
         return {k: (v.value if hasattr(v, "value") else v) for k, v in record.items()}
 
 
@@ -43,6 +46,7 @@ class Start(Event):
 @dataclass(frozen=True)
 class Checkpoint(Event):
     name: ClassVar[str] = "checkpoint"
+    always: ClassVar[tuple[str, ...]] = ()
     step: int = 0
     reason: str = "periodic"  # a CheckpointReason
     blocking_s: float | None = None
@@ -90,6 +94,7 @@ class Cancelled(Event):
 @dataclass(frozen=True)
 class Finish(Event):
     name: ClassVar[str] = "finish"
+    always: ClassVar[tuple[str, ...]] = ()
     step: int = 0  # final metrics are in `extra` (eval_accuracy, eval_loss, loss, ...)
 
 
@@ -107,7 +112,8 @@ def from_record(record: dict[str, Any]) -> Event | None:
     fields = {k: v for k, v in record.items() if k in known}
     if fields.get("job_id") is not None:
         fields["job_id"] = str(fields["job_id"])
-    fields["restart"] = int(fields.get("restart") or 0)
+    if fields.get("restart") is not None:
+        fields["restart"] = int(fields["restart"])
     extra = {k: v for k, v in record.items() if k not in known and k != "event"}
     return cls(**fields, extra=extra)
 

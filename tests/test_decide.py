@@ -1,0 +1,354 @@
+"""Recovery as a table: every fault alone and in the combinations real sites send together.
+
+Each row: what happened before (the run's journal), what this step wrote, how the step ended,
+what Slurm says about the nodes (text captured from the dev cluster, tests/fixtures/slurm) ->
+the action, the events written (event:cause) and the nodes kept out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from hpctrain.run.causes import Action
+from hpctrain.run.decide import History, checkpoint_interval_s, decide, decide_begin, lineage
+from hpctrain.run.events import Cancelled, Checkpoint, Event, Failure, Finish, Relaunch, Requeue, Start
+from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_SAVED_AND_STOPPED, WORKER_SAVED_FOR_TIMELIMIT
+from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes
+
+FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
+JOB = "41"
+DEFAULTS = {"preempt": 50, "timelimit": 50, "node_failure": 5, "crash": 1, "hang": 2}
+
+
+def sinfo(name: str) -> dict:
+    return parse_sinfo_nodes((FIXTURES / f"sinfo_{name}.txt").read_text())
+
+
+def start(*nodes: str, t: float = 100.0, restart: int = 0) -> Start:
+    return Start(time=t, job_id=JOB, restart=restart, nodes=list(nodes), world_size=len(nodes))
+
+
+def ckpt(step: int, reason: str, t: float) -> Checkpoint:
+    return Checkpoint(time=t, step=step, reason=reason)
+
+
+def requeue(cause: str, t: float = 50.0, excluded: list[str] | None = None) -> Requeue:
+    return Requeue(time=t, job_id=JOB, cause=cause, excluded=excluded or [])
+
+
+def failure(cause: str, t: float = 150.0, **fields) -> Failure:
+    return Failure(time=t, job_id=JOB, cause=cause, **fields)
+
+
+# A run that checkpointed every 20 s in its earlier life: one checkpoint interval is 20 s.
+EARLIER = (start("node1", "node2", t=0.0), ckpt(20, "periodic", 20.0), ckpt(40, "periodic", 40.0))
+
+
+@dataclass
+class Row:
+    before: tuple[Event, ...]  # the journal before this step was launched
+    since: tuple[Event, ...]  # written by this step
+    outcome: Outcome
+    nodes: str = "idle"  # the sinfo fixture
+    allocated: tuple[str, ...] = ("node1", "node2")
+    original: tuple[str, ...] = ("node1", "node2")
+    time_left_s: float | None = 3000.0
+    budgets: dict = field(default_factory=lambda: dict(DEFAULTS))
+    max_restarts: int | None = None
+    # expected:
+    action: Action = Action.REQUEUE
+    events: list[str] = field(default_factory=list)
+    excluded: tuple[str, ...] = ()
+
+
+def out(code: int | None, **fields) -> Outcome:
+    return Outcome(exit_code=code, nodes_wanted=2, signal_delay_s=30.0, **fields)
+
+
+TIMELIMIT_SAVE = (start("node1", "node2", t=100.0), ckpt(55, "timelimit", 160.0))
+PREEMPT_SAVE = (start("node1", "node2", t=100.0), ckpt(55, "preempt", 160.0))
+SPARE = {"allocated": ("node1", "node2", "node3"), "original": ("node1", "node2", "node3")}
+
+ROWS = {
+    # ---- every fault alone ----
+    "finished": Row(EARLIER, (start("node1", "node2"), Finish(time=200.0, step=600)), out(0), action=Action.FINISH),
+    "user's mistake": Row((), (failure("user_error", message="model.foo"),), out(78), action=Action.FAIL),
+    "time limit": Row(
+        EARLIER, TIMELIMIT_SAVE, out(WORKER_SAVED_FOR_TIMELIMIT, warned=True), events=["requeue:timelimit"]
+    ),
+    "preemption": Row(EARLIER, PREEMPT_SAVE, out(WORKER_SAVED_AND_STOPPED), events=["requeue:preempt"]),
+    "scancel": Row(
+        EARLIER, PREEMPT_SAVE, out(WORKER_SAVED_AND_STOPPED, terminated=True), action=Action.STOP, events=["cancelled"]
+    ),
+    "crash": Row(EARLIER, (start("node1", "node2"),), out(1), events=["failure:crash", "requeue:crash"]),
+    "hang (srun passes the watchdog's 77 on as another code)": Row(
+        EARLIER, (start("node1", "node2"), failure("hang", rank=1)), out(137), events=["requeue:hang"]
+    ),
+    "hang seen by its exit code alone": Row(
+        EARLIER, (start("node1", "node2"),), out(WORKER_HUNG), events=["failure:hang", "requeue:hang"]
+    ),
+    "node failure, no spare: requeue without it": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(137),
+        nodes="node_down_while_held",
+        allocated=("node1",),
+        events=["failure:node_failure", "requeue:node_failure"],
+        excluded=("node2",),
+    ),
+    "node failure, spare up: relaunch at once": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(137),
+        nodes="node_down_while_held",
+        **{**SPARE, "allocated": ("node1", "node3")},
+        action=Action.RELAUNCH,
+        events=["failure:node_failure", "relaunch:node_failure"],
+        excluded=("node2",),
+    ),
+    # ---- the cases of the issue ----
+    "drained spare + time limit: requeue, not relaunch": Row(
+        EARLIER,
+        TIMELIMIT_SAVE,
+        out(WORKER_SAVED_FOR_TIMELIMIT, warned=True),
+        nodes="spare_draining",
+        **SPARE,
+        events=["requeue:timelimit"],
+    ),
+    "drained spare + preemption: requeue, not relaunch": Row(
+        EARLIER,
+        PREEMPT_SAVE,
+        out(WORKER_SAVED_AND_STOPPED),
+        nodes="spare_draining",
+        **SPARE,
+        events=["requeue:preempt"],
+    ),
+    "node failing after the time-limit warning: requeue": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(137, warned=True),
+        nodes="node_down_while_held",
+        **{**SPARE, "allocated": ("node1", "node3")},
+        events=["failure:node_failure", "requeue:timelimit"],
+        excluded=("node2",),
+    ),
+    "node failure with too little time left for a checkpoint interval: requeue": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(137),
+        nodes="node_down_while_held",
+        **{**SPARE, "allocated": ("node1", "node3")},
+        time_left_s=45.0,
+        events=["failure:node_failure", "requeue:node_failure"],
+        excluded=("node2",),
+    ),
+    "node failure, time left unknown: requeue": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(137),
+        nodes="node_down_while_held",
+        **{**SPARE, "allocated": ("node1", "node3")},
+        time_left_s=None,
+        events=["failure:node_failure", "requeue:node_failure"],
+        excluded=("node2",),
+    ),
+    "life dying before start after a time-limit stop: crash": Row(
+        (*EARLIER, ckpt(55, "timelimit", 60.0), requeue("timelimit", 61.0)),
+        (),
+        out(1),
+        events=["failure:crash", "requeue:crash"],
+    ),
+    "time-limit warning during start-up: time limit": Row(
+        EARLIER, (), out(140, warned=True), events=["requeue:timelimit"]
+    ),
+    "time-limit warning before srun started (no step launched)": Row(
+        EARLIER, (), out(None, warned=True), events=["requeue:timelimit"]
+    ),
+    "scancel before srun started": Row(
+        EARLIER, (), out(None, terminated=True), action=Action.STOP, events=["cancelled"]
+    ),
+    "slurm.exclude is kept in the requeue's ExcNodeList": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(1, user_exclude=("node9",)),
+        events=["failure:crash", "requeue:crash"],
+        excluded=("node9",),
+    ),
+    "a node excluded earlier and back in service is allowed again": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(1, excluded=("node3",)),
+        nodes="idle",
+        events=["failure:crash", "requeue:crash"],
+    ),
+    "a node excluded earlier and still down stays out": Row(
+        EARLIER,
+        (start("node1", "node3"),),
+        out(1, excluded=("node2",)),
+        nodes="node_down_while_held",
+        allocated=("node1", "node3"),
+        original=("node1", "node2", "node3"),
+        events=["failure:crash", "requeue:crash"],
+        excluded=("node2",),
+    ),
+    # ---- combinations ----
+    "preemption during a background write": Row(
+        EARLIER,
+        (start("node1", "node2"), ckpt(61, "preempt", 170.0), ckpt(60, "periodic", 171.0)),
+        out(WORKER_SAVED_AND_STOPPED),
+        events=["requeue:preempt"],
+    ),
+    "scancel during a forced save (killed before it was written)": Row(
+        EARLIER, (start("node1", "node2"),), out(143, terminated=True), action=Action.STOP, events=["cancelled"]
+    ),
+    "a node failing while the job relaunches on a spare": Row(
+        (
+            *EARLIER,
+            failure("node_failure", 45.0, nodes=["node2"]),
+            Relaunch(time=46.0, job_id=JOB, cause="node_failure", failed=["node2"], excluded=["node2"]),
+        ),
+        (),
+        out(137, excluded=("node2",)),
+        nodes="node_down_while_held",
+        allocated=("node1",),
+        original=("node1", "node2", "node3"),
+        events=["failure:node_failure", "requeue:node_failure"],
+        excluded=("node2", "node3"),
+    ),
+    "the same node failing twice": Row(
+        (
+            *EARLIER,
+            failure("node_failure", 45.0, nodes=["node2"]),
+            requeue("node_failure", 46.0, ["node2"]),
+            start("node1", "node2", t=90.0, restart=1),
+        ),
+        (start("node1", "node2", t=100.0, restart=1),),
+        out(137),
+        nodes="node_down_while_held",
+        allocated=("node1",),
+        events=["failure:node_failure", "requeue:node_failure"],
+        excluded=("node2",),
+    ),
+    "the same node failing past its budget": Row(
+        (*EARLIER, requeue("node_failure", 46.0, ["node2"])),
+        (start("node1", "node2"),),
+        out(137),
+        nodes="node_down_while_held",
+        allocated=("node1",),
+        budgets={**DEFAULTS, "node_failure": 1},
+        action=Action.FAIL,
+        events=["failure:node_failure", "failure:budget"],
+    ),
+    "a budget spent by a mix of causes": Row(
+        (*EARLIER, requeue("preempt", 41.0), requeue("timelimit", 42.0), requeue("node_failure", 43.0)),
+        (start("node1", "node2"),),
+        out(1),
+        max_restarts=3,
+        action=Action.FAIL,
+        events=["failure:crash", "failure:budget"],
+    ),
+    "the crash budget spent": Row(
+        (*EARLIER, failure("crash", 44.0), requeue("crash", 45.0)),
+        (start("node1", "node2"),),
+        out(1),
+        action=Action.FAIL,
+        events=["failure:crash", "failure:budget"],
+    ),
+    "the default budgets can all be reached (49 preemptions before)": Row(
+        (*EARLIER, *(requeue("preempt", 41.0) for _ in range(49))),
+        PREEMPT_SAVE,
+        out(WORKER_SAVED_AND_STOPPED),
+        events=["requeue:preempt"],
+    ),
+}
+
+
+@pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
+def test_decide(row: Row) -> None:
+    cluster = ClusterView(sinfo(row.nodes), row.allocated, row.original, row.time_left_s)
+    history = History(JOB, 0, (*row.before, *row.since), row.since)
+    decision = decide(history, row.outcome, cluster, Budgets(row.budgets, row.max_restarts))
+    assert decision.action is row.action, decision.message
+    assert [_named(e) for e in decision.events] == row.events
+    assert decision.excluded == row.excluded
+    for event in decision.events:
+        assert (event.job_id, event.restart) == (JOB, 0)
+
+
+def _named(event: Event) -> str:
+    cause = getattr(event, "cause", None)
+    return f"{event.name}:{cause}" if cause else event.name
+
+
+def test_relaunch_names_the_nodes_and_leaves_drained_ones_out() -> None:
+    # node2 failed; node3 (a spare) is up; node1 trains on. slurm.nodes=1 here.
+    cluster = ClusterView(sinfo("node_down_while_held"), ("node1", "node3"), ("node1", "node2", "node3"), 600.0)
+    history = History(JOB, 0, (*EARLIER, start("node1", "node2")), (start("node1", "node2"),))
+    outcome = Outcome(exit_code=137, nodes_wanted=1, signal_delay_s=30.0)
+    relaunch = decide(history, outcome, cluster, Budgets(DEFAULTS)).events[-1]
+    assert isinstance(relaunch, Relaunch)
+    assert (relaunch.failed, relaunch.nodes, relaunch.spare_nodes, relaunch.excluded) == (
+        ["node2"],
+        ["node1"],
+        1,
+        ["node2"],
+    )
+    drained = ClusterView(sinfo("spare_draining"), ("node1", "node2", "node3"), ("node1", "node2", "node3"), 600.0)
+    lost_two = Outcome(exit_code=137, nodes_wanted=2, signal_delay_s=30.0)
+    history = History(JOB, 0, EARLIER, (start("node1", "node2"),))
+    gone = ClusterView(drained.nodes, ("node1", "node3"), drained.original, 600.0)  # node2 left the allocation
+    decision = decide(history, lost_two, gone, Budgets(DEFAULTS))
+    assert decision.action is Action.REQUEUE  # the only spare is draining: no relaunch onto it
+
+
+# ---- a start of the batch script ----
+
+
+def test_a_first_start_records_nothing() -> None:
+    assert decide_begin(History(JOB, 0, ()), ClusterView(sinfo("idle")), Budgets(DEFAULTS)) is None
+    ours = History(JOB, 1, (*EARLIER, requeue("timelimit", 41.0)))
+    assert decide_begin(ours, ClusterView(sinfo("idle")), Budgets(DEFAULTS)) is None
+
+
+def test_the_batch_node_dying_is_slurms_own_requeue() -> None:
+    history = History(JOB, 1, EARLIER)
+    decision = decide_begin(history, ClusterView(sinfo("node_down_while_held")), Budgets(DEFAULTS))
+    assert decision is not None and decision.action is Action.REQUEUE
+    assert [_named(e) for e in decision.events] == ["failure:node_failure", "requeue:node_failure"]
+    assert decision.events[0].nodes == ["node2"] and decision.events[1].by == "slurm"
+
+
+def test_a_preemption_whose_grace_ran_out_is_counted_as_preemption() -> None:
+    history = History(JOB, 1, (*EARLIER, Cancelled(time=50.0, job_id=JOB, step=40)))
+    decision = decide_begin(history, ClusterView(sinfo("idle")), Budgets(DEFAULTS))
+    assert decision is not None and [_named(e) for e in decision.events] == ["requeue:preempt"]
+
+
+def test_slurms_own_requeue_past_the_budget_fails() -> None:
+    history = History(JOB, 2, (*EARLIER, Requeue(time=41.0, job_id=JOB, cause="node_failure", by="slurm")))
+    decision = decide_begin(history, ClusterView(sinfo("idle")), Budgets({**DEFAULTS, "node_failure": 1}))
+    assert decision is not None and decision.action is Action.FAIL
+    assert [_named(e) for e in decision.events] == ["failure:node_failure", "requeue:node_failure", "failure:budget"]
+
+
+# ---- the history the decisions read ----
+
+
+def test_a_resubmitted_run_keeps_its_budgets() -> None:
+    events = (
+        Requeue(time=1.0, job_id="40", cause="crash"),  # an unrelated older job of this run dir
+        Requeue(time=2.0, job_id="41", cause="timelimit"),
+        Failure(time=3.0, job_id="41", cause="requeue_refused", action="resubmit", new_job_id="42"),
+        Checkpoint(time=4.0, step=10, reason="periodic"),
+        Start(time=5.0, job_id="42"),
+    )
+    assert [e.time for e in lineage(events, "42")] == [2.0, 3.0, 4.0, 5.0]
+
+
+def test_checkpoint_interval_is_measured_within_a_life() -> None:
+    events = (*EARLIER, start("node1", "node2", t=300.0), ckpt(60, "periodic", 330.0), ckpt(80, "periodic", 360.0))
+    assert checkpoint_interval_s(events) == 25.0  # median of 20 and 30; the gap across lives not counted
+    assert checkpoint_interval_s(EARLIER[:2]) is None
