@@ -3,6 +3,7 @@ spares and restart budgets. Each run ends with weights bit-identical to an unint
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -214,3 +215,59 @@ def test_torn_newest_checkpoint_falls_back_and_stays_exact(slurm_env, tmp_path: 
     reference = tmp_path / "reference"
     train_locally(slurm_env, reference, *config, "trainer.nprocs=2")
     assert same_weights(run_dir, reference)
+
+
+def test_recovery_cases_side_by_side(slurm_env, tmp_path: Path) -> None:
+    """Four faults at once, each on one node: the time-limit signal before srun starts, a
+    requeue Slurm refuses, a hang, and a crash with the user's slurm.exclude."""
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    crash = ["trainer.max_steps=20", "loss._target_=torch.nn.MSELoss", "slurm.restart_budget.crash=1"]
+    configs = {
+        # A job Slurm will not requeue (a site's policy, here --no-requeue): the run dir is submitted again.
+        "refused": [*crash, "slurm.extra=['--no-requeue']"],
+        "hang": ["trainer.max_steps=50", "model._target_=helpers.stuck.StuckAfter", "trainer.hang_timeout_s=20",
+                 "trainer.eval_every=0", "slurm.restart_budget.hang=0"],
+        "exclude": [*crash, "slurm.exclude=node3"],
+        # Last: the warning comes while a setup line runs: the shell survives (set -u), launches
+        # nothing, requeues.
+        "early_warning": [*RUN, "trainer.max_steps=40", "slurm.setup=['sleep 30']"],
+    }
+    jobs = {name: submit(env, tmp_path / name, *config)[0][0] for name, config in configs.items()}
+    runs = {name: tmp_path / name for name in configs}
+
+    wait_for_state(slurm_env, jobs["early_warning"], {"RUNNING"}, 120)
+    time.sleep(2)
+    assert "hpctrain: job" not in job_output(runs["early_warning"]), "the setup line ended before the signal"
+    subprocess.run(["scancel", "--batch", "--signal=USR2", jobs["early_warning"]], env=slurm_env, check=True)
+
+    # The user's exclusion survives the requeue's ExcNodeList (it used to be replaced).
+    wait_for_state(slurm_env, jobs["exclude"], {"PENDING"}, 300)
+    assert job_field(slurm_env, jobs["exclude"], "ExcNodeList") == "node3", job_output(runs["exclude"])
+    assert [e["excluded"] for e in of("requeue", runs["exclude"])] == [["node3"]]
+
+    assert wait_finished(slurm_env, jobs["early_warning"], 600, lift_holds=True) == "COMPLETED", job_output(
+        runs["early_warning"])
+    assert [e["cause"] for e in of("requeue", runs["early_warning"])] == ["timelimit"]
+    assert [s["restart"] for s in of("start", runs["early_warning"])] == [1]  # nothing launched in life 0
+    assert "unbound variable" not in job_output(runs["early_warning"])
+
+    # Refused requeue: never COMPLETED; the run went on in a new job that spent the crash budget.
+    assert job_field(slurm_env, jobs["refused"], "Requeue") == "0"
+    assert wait_finished(slurm_env, jobs["refused"], 300) == "FAILED", job_output(runs["refused"])
+    refused = [e for e in of("failure", runs["refused"]) if e["cause"] == "requeue_refused"]
+    assert len(refused) == 1 and refused[0]["action"] == "resubmit", events(runs["refused"])
+    assert "disabled" in refused[0]["reason"]  # scontrol's own words
+    again = refused[0]["new_job_id"]
+    assert json.loads((runs["refused"] / "submission.json").read_text())["job_id"] == again
+    assert wait_finished(slurm_env, again, 300) == "FAILED", job_output(runs["refused"])
+    spent = [e for e in of("failure", runs["refused"]) if e["cause"] == "budget"]
+    assert len(spent) == 1 and spent[0]["job_id"] == again and "crash" in spent[0]["reason"]
+
+    # A hang is counted as a hang, whatever exit code srun passed on.
+    assert wait_finished(slurm_env, jobs["hang"], 300) == "FAILED", job_output(runs["hang"])
+    causes = [e["cause"] for e in of("failure", runs["hang"])]
+    assert causes[0] == "hang" and causes[-1] == "budget" and "crash" not in causes, events(runs["hang"])
+    assert "hang" in of("failure", runs["hang"])[-1]["reason"]
+
+    assert wait_finished(slurm_env, jobs["exclude"], 300, lift_holds=True) == "FAILED", job_output(runs["exclude"])
+    assert all("node3" not in s["nodes"] for s in of("start", runs["exclude"]))
