@@ -21,11 +21,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hpctrain.config import Config, differences, fingerprint, identity, save_resolved, to_typed
 from hpctrain.metrics.extras import check_extras
-from hpctrain.rundir import RunDir, checkpoints_in, remove_empty_parents
+from hpctrain.run.exitcodes import CLI_USER_ERROR
+from hpctrain.run.paths import RunDir, checkpoints_in, remove_empty_parents
 
 # Hydra's own files in a fresh output dir; a run dir holding nothing else can go on a bad config.
 _HYDRA_FILES = {".hydra"}
-EXIT_USER_ERROR = 2
+EXIT_USER_ERROR = CLI_USER_ERROR  # the console scripts' code for a user's mistake
 
 
 def fail(message: str) -> NoReturn:

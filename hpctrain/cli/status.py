@@ -19,14 +19,15 @@ import sys
 import time
 from pathlib import Path
 
+from hpctrain.run.exitcodes import CLI_OK, CLI_REFUSED, CLI_USER_ERROR
 from hpctrain.status import discover
 from hpctrain.status.plot import PlotUnavailable, draw, require_matplotlib
 from hpctrain.status.rows import Status, collect
 from hpctrain.status.table import render
 
-EXIT_OK = 0
-EXIT_FAILED_RUN = 1
-EXIT_USER_ERROR = 2
+EXIT_OK = CLI_OK
+EXIT_FAILED_RUN = CLI_REFUSED  # a listed run failed
+EXIT_USER_ERROR = CLI_USER_ERROR
 DEFAULT_WATCH_S = 5.0
 # Move to the top left and clear the screen: the table is redrawn in place.
 _CLEAR = "\x1b[H\x1b[2J"

@@ -31,7 +31,8 @@ from hpctrain.cli.common import (
     run_dir_key,
     single_line,
 )
-from hpctrain.rundir import restrict_umask
+from hpctrain.run.exitcodes import CLI_REFUSED
+from hpctrain.run.paths import restrict_umask
 from hpctrain.slurm import sbatch
 from hpctrain.slurm.submit import (
     Point,
@@ -44,7 +45,7 @@ from hpctrain.slurm.submit import (
 
 hconfig.register()
 
-EXIT_REFUSED = 1
+EXIT_REFUSED = CLI_REFUSED  # sbatch refused
 
 
 def prepare_point(cfg: DictConfig) -> Point:

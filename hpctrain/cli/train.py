@@ -13,10 +13,10 @@ from hpctrain import config as hconfig
 from hpctrain import logs
 from hpctrain.cli.common import EXIT_USER_ERROR, prepare_run_dir
 from hpctrain.errors import UserError
-from hpctrain.exitcodes import EXIT_USER_ERROR as WORKER_USER_ERROR
-from hpctrain.journal import read_jsonl
 from hpctrain.launch import launch_local
-from hpctrain.rundir import RunDir, restrict_umask
+from hpctrain.run.exitcodes import WORKER_USER_ERROR
+from hpctrain.run.jsonlines import read_jsonl
+from hpctrain.run.paths import RunDir, restrict_umask
 
 log = logging.getLogger("hpctrain")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.rundir import checkpoints_in
+from hpctrain.run.paths import checkpoints_in
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hpctrain.journal import read_jsonl
-from hpctrain.rundir import RunDir
+from hpctrain.run.jsonlines import read_jsonl
+from hpctrain.run.paths import RunDir
 
 # Saves forced by a signal (the trainer's StopTraining reasons): the attempt stopped there.
 _SIGNAL_SAVES = {"timelimit", "preempt", "interrupt"}

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hpctrain.journal import read_jsonl
-from hpctrain.rundir import RunDir
+from hpctrain.run.jsonlines import read_jsonl
+from hpctrain.run.paths import RunDir
 from hpctrain.status.rows import Row
 from hpctrain.status.table import shown_path
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from hpctrain.rundir import RunDir
+from hpctrain.run.paths import RunDir
 from hpctrain.status import slurm_query
 from hpctrain.status.checkpoint_age import newest_checkpoint
 from hpctrain.status.journal_summary import JournalSummary, summarize
