@@ -145,12 +145,7 @@ class Checkpointer:
                 f"{self.folder}: the checkpoint at step {step} was written by a run with a different model, data "
                 f"or optimizer{f' ({changed})' if changed else ''}; refusing to resume it: {self._what_to_do()}"
             )
-        saved_world = state.get("world_size")
+        # Another world size is refused by the trainer (the data position is its concern).
         rngs = state["rng"]
-        if saved_world != self.ctx.world_size:
-            log.warning(
-                "resuming a world of %s processes with %d: data order continues, but the run is no longer "
-                "bit-identical to an uninterrupted one", saved_world, self.ctx.world_size,
-            )
         state["rng"] = rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else None
         return state

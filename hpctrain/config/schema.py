@@ -29,6 +29,9 @@ class DataConfig:
     eval_batch_size: int = 0
     # DataLoader worker processes per training process (0 loads in the training process).
     num_workers: int = 0
+    # Keep the workers alive from one epoch to the next (with num_workers > 0). Either way a
+    # resumed run is exact: workers reseed their generators per batch (hpctrain.data.worker_seeds).
+    persistent_workers: bool = True
     # Page-locked host memory for faster host-to-GPU copies; ignored on CPU.
     pin_memory: bool = True
 

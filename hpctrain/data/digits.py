@@ -17,6 +17,7 @@ import math
 import torch
 from torch.utils.data import TensorDataset
 
+from hpctrain.data.augment import PixelNoise
 from hpctrain.data.splits import Splits
 
 log = logging.getLogger(__name__)
@@ -36,22 +37,22 @@ def _num_test(n: int, test_fraction: float) -> int:
     return min(max(k, 1), n - 1)
 
 
-def digits(test_fraction: float = 0.2, split_seed: int = 0) -> Splits:
+def digits(test_fraction: float = 0.2, split_seed: int = 0, noise_std: float = 0.0) -> Splits:
     """Return the digits dataset as `Splits` of `(image [1, 8, 8] float32, label int64)`.
 
     Args:
         test_fraction: share of the 1,797 images held out for eval, in (0, 1).
         split_seed: seeds the permutation that decides the split; the same seed always gives
             the same split.
+        noise_std: standard deviation of Gaussian noise added to every training image each time
+            it is fetched (augmentation; 0 turns it off). Eval images never get noise.
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction (got {test_fraction}) must be in (0, 1)")
     try:
         from sklearn.datasets import load_digits
     except ImportError as e:  # Only this dataset needs sklearn; keep it an optional dependency.
-        raise ImportError(
-            "the digits dataset needs scikit-learn: pip install scikit-learn"
-        ) from e
+        raise ImportError("the digits dataset needs scikit-learn: pip install scikit-learn") from e
 
     raw = load_digits()
     images = torch.as_tensor(raw.images, dtype=torch.float32).div_(_MAX_PIXEL).unsqueeze(1)
@@ -65,7 +66,8 @@ def digits(test_fraction: float = 0.2, split_seed: int = 0) -> Splits:
     train_idx, eval_idx = perm[: n - n_test], perm[n - n_test :]
 
     log.debug("digits: %d train / %d eval images (split_seed=%d)", n - n_test, n_test, split_seed)
+    train = TensorDataset(images[train_idx], labels[train_idx])
     return Splits(
-        train=TensorDataset(images[train_idx], labels[train_idx]),
+        train=PixelNoise(train, noise_std) if noise_std else train,
         eval=TensorDataset(images[eval_idx], labels[eval_idx]),
     )

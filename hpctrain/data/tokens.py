@@ -35,8 +35,7 @@ def _generators(seed: int) -> tuple[torch.Generator, torch.Generator, torch.Gene
     """
     children = np.random.SeedSequence(seed).spawn(3)
     return tuple(  # type: ignore[return-value]
-        torch.Generator().manual_seed(int(c.generate_state(1, dtype=np.uint64)[0] >> 1))
-        for c in children
+        torch.Generator().manual_seed(int(c.generate_state(1, dtype=np.uint64)[0] >> 1)) for c in children
     )
 
 
@@ -92,6 +91,10 @@ def synthetic_tokens(
 
     log.debug(
         "synthetic_tokens: vocab=%d seq_len=%d train=%d eval=%d seed=%d",
-        vocab_size, seq_len, num_train, num_eval, seed,
+        vocab_size,
+        seq_len,
+        num_train,
+        num_eval,
+        seed,
     )
     return Splits(train=split(num_train, train_gen), eval=split(num_eval, eval_gen))

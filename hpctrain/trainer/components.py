@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from hpctrain.config import Config, targets
+from hpctrain.config import Config, TrainerConfig, targets
 from hpctrain.data.splits import Splits
 from hpctrain.dist import DistContext
 
@@ -18,6 +20,7 @@ from hpctrain.dist import DistContext
 class Components:
     raw_model: nn.Module  # the user's module: what model.pt and checkpoints hold
     model: nn.Module  # what the step calls: DDP-wrapped and maybe compiled
+    ddp: DistributedDataParallel | None  # the DDP wrapper inside `model` (no_sync), if distributed
     optimizer: torch.optim.Optimizer
     scheduler: Any  # an LR scheduler, or None
     loss_fn: nn.Module
@@ -38,26 +41,41 @@ def build(config: Config, ctx: DistContext, total_steps_for: Any) -> Components:
     torch.manual_seed(config.trainer.seed)
     raw_model = targets.build(config.model).to(ctx.device)
     torch.manual_seed(rank_seed(config.trainer.seed, ctx.rank))
-    model = wrap(raw_model, config, ctx)
+    model, ddp = wrap(raw_model, config.trainer, ctx)
     optimizer = targets.build(config.optim, raw_model.parameters())
     scheduler = None
     if config.sched is not None:
         extra = {"total_steps": total_steps_for(splits)} if targets.accepts(config.sched, "total_steps") else {}
         scheduler = targets.build(config.sched, optimizer, **extra)
     loss_fn = targets.build(config.loss)
-    return Components(raw_model, model, optimizer, scheduler, loss_fn, splits)
+    return Components(raw_model, model, ddp, optimizer, scheduler, loss_fn, splits)
 
 
-def wrap(raw_model: nn.Module, config: Config, ctx: DistContext) -> nn.Module:
+def wrap(
+    raw_model: nn.Module, trainer: TrainerConfig, ctx: DistContext
+) -> tuple[nn.Module, DistributedDataParallel | None]:
+    """(what the step calls, the DDP wrapper inside it or None on one process)."""
     model: nn.Module = raw_model
+    ddp = None
     if ctx.distributed:
-        model = DistributedDataParallel(
+        model = ddp = DistributedDataParallel(
             raw_model,
             device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-            bucket_cap_mb=config.trainer.bucket_cap_mb,
-            gradient_as_bucket_view=config.trainer.gradient_as_bucket_view,
+            bucket_cap_mb=trainer.bucket_cap_mb,
+            gradient_as_bucket_view=trainer.gradient_as_bucket_view,
         )
-    if config.trainer.compile:
-        # Compiling the DDP wrapper lets Dynamo split graphs at bucket boundaries (DDPOptimizer).
+    if trainer.compile:
+        # Compiling the DDP wrapper lets Dynamo split graphs at bucket boundaries (DDPOptimizer),
+        # so all-reduces overlap the backward. The result is no DDP instance, which is why the
+        # wrapper is returned too: no_sync must be entered on it (see grad_sync).
         model = torch.compile(model)  # type: ignore[assignment]
-    return model
+    return model, ddp
+
+
+def grad_sync(ddp: DistributedDataParallel | None, last: bool) -> AbstractContextManager[Any]:
+    """The context of a micro-batch's forward and backward: gradients all-reduce on the last
+    micro-batch of a step only; before it, DDP's no_sync keeps them local (no communication).
+    Dynamo runs DDP's forward hooks eagerly, so no_sync holds for a compiled DDP model too."""
+    if last or ddp is None:
+        return contextlib.nullcontext()
+    return ddp.no_sync()

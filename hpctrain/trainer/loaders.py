@@ -1,14 +1,24 @@
-"""Data loaders: a shuffled, sharded training stream and an exact, unpadded eval shard."""
+"""Data loaders: a shuffled, sharded training stream and an exact, unpadded eval shard.
+
+The training stream is exact across resumes whatever `data.num_workers` is: the sample order is a
+function of (seed, epoch, world size, rank) and the randomness a dataset draws in a worker
+process (augmentation) is seeded per batch from (seed, epoch, rank, batch number in the epoch).
+Seeding per worker would not do: a run resumed mid-epoch hands its first batch to worker 0,
+which in the uninterrupted run may have been worker 1, with another number of draws behind it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from hpctrain.config import DataConfig
+from hpctrain.data.worker_seeds import SeededBatch, WorkerSeeded, batch_seed
 from hpctrain.dist import DistContext
+from hpctrain.errors import UserError
 
 
 class TrainSampler(DistributedSampler):
@@ -33,6 +43,31 @@ class TrainSampler(DistributedSampler):
         return self.num_samples - self.start_at
 
 
+class TrainBatches(Sampler[SeededBatch]):
+    """The training loader's batch sampler: this rank's full batches of one epoch from a
+    position, each carrying the seed its worker draws the batch's randomness from."""
+
+    def __init__(self, sampler: TrainSampler, batch_size: int) -> None:
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.first_batch = 0  # batches of this epoch already consumed (a resume starts later)
+
+    def start(self, epoch: int, batch_in_epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+        self.sampler.start_at = batch_in_epoch * self.batch_size
+        self.first_batch = batch_in_epoch
+
+    def __iter__(self) -> Iterator[SeededBatch]:
+        indices = list(self.sampler)
+        sampler, size = self.sampler, self.batch_size
+        for k in range(len(indices) // size):  # full batches only, on every world size alike
+            seed = batch_seed(sampler.seed, sampler.epoch, sampler.rank, self.first_batch + k)
+            yield SeededBatch(indices[k * size : (k + 1) * size], seed)
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.batch_size
+
+
 class EvalShard(Sampler[int]):
     """Rank r takes indices r, r+W, r+2W, ...: no padding, so every sample counts once."""
 
@@ -46,18 +81,22 @@ class EvalShard(Sampler[int]):
         return len(self.indices)
 
 
+def _worker_options(data: DataConfig, ctx: DistContext) -> dict[str, Any]:
+    return {
+        "num_workers": data.num_workers,
+        "pin_memory": data.pin_memory and ctx.device.type == "cuda",
+    }
+
+
 def train_loader(dataset: Dataset, data: DataConfig, ctx: DistContext, seed: int) -> DataLoader:
+    batches = TrainBatches(TrainSampler(dataset, ctx, seed), data.batch_size)
     return DataLoader(
-        dataset,
-        batch_size=data.batch_size,
-        sampler=TrainSampler(dataset, ctx, seed),
-        # Full batches only: every step then has the same global batch on any world size.
-        drop_last=True,
-        num_workers=data.num_workers,
-        pin_memory=data.pin_memory and ctx.device.type == "cuda",
-        persistent_workers=data.num_workers > 0,
+        WorkerSeeded(dataset),
+        batch_sampler=batches,
+        persistent_workers=data.num_workers > 0 and data.persistent_workers,
         # Its own generator: creating an iterator must not draw from the global RNG (dropout).
         generator=torch.Generator().manual_seed(seed),
+        **_worker_options(data, ctx),
     )
 
 
@@ -66,24 +105,54 @@ def eval_loader(dataset: Dataset, data: DataConfig, ctx: DistContext) -> DataLoa
         dataset,
         batch_size=data.eval_batch_size or data.batch_size,
         sampler=EvalShard(len(dataset), ctx),  # type: ignore[arg-type]
-        num_workers=data.num_workers,
-        pin_memory=data.pin_memory and ctx.device.type == "cuda",
         generator=torch.Generator().manual_seed(0),
+        **_worker_options(data, ctx),
     )
 
 
-def reseed(loader: DataLoader, seed: int, epoch: int) -> None:
-    """Reset the loader's generator for `epoch`, wherever in the run the epoch starts."""
-    assert loader.generator is not None
+def _batches(loader: DataLoader) -> TrainBatches:
+    batches = loader.batch_sampler
+    if not isinstance(batches, TrainBatches):
+        raise TypeError(f"not a training loader from hpctrain.trainer.loaders.train_loader: {batches!r}")
+    return batches
+
+
+def start_epoch(loader: DataLoader, seed: int, epoch: int, batch_in_epoch: int) -> None:
+    """Point the loader at `epoch`, `batch_in_epoch` batches in; its next iterator starts there."""
+    _batches(loader).start(epoch, batch_in_epoch)
+    # Worker start-up seeds come from the loader's own generator; reset per epoch, a resumed run
+    # draws the same ones (the batches' randomness is seeded per batch anyway).
+    assert loader.generator is not None  # train_loader always gives it one
     loader.generator.manual_seed(seed * 1_000_003 + epoch)
+
+
+def resume_world_refusal(saved_world: int | None, world_size: int, step: int) -> str | None:
+    """Why a checkpoint written by `saved_world` processes cannot resume with `world_size`, or None.
+
+    Its data position counts this rank's batches of a shard that exists only at that world size,
+    its steps are global batches of data.batch_size x processes x trainer.grad_accum, and its RNG
+    streams are per rank: another process count can neither continue the epoch's order nor the
+    run's arithmetic, so it is refused rather than resumed approximately."""
+    if saved_world is None or saved_world == world_size:
+        return None
+    return (
+        f"the checkpoint at step {step} was written by {saved_world} processes and this run has {world_size}; "
+        f"its data position and global batch belong to {saved_world} processes. Resume with {saved_world} "
+        f"processes (trainer.nprocs={saved_world} locally, slurm.nodes x slurm.ntasks_per_node = {saved_world} "
+        f"on Slurm), or train this config in a new run dir (hydra.run.dir=...)"
+    )
+
+
+def check_resume_world(saved_world: int | None, world_size: int, step: int) -> None:
+    refusal = resume_world_refusal(saved_world, world_size, step)
+    if refusal:
+        raise UserError(refusal)
 
 
 def steps_per_epoch(loader: DataLoader, grad_accum: int) -> int:
     """Optimizer steps in one full epoch (the loader's length when it starts at 0)."""
-    sampler = loader.sampler
-    assert isinstance(sampler, TrainSampler)
-    batches = sampler.num_samples // (loader.batch_size or 1)
-    return batches // grad_accum
+    batches = _batches(loader)
+    return batches.sampler.num_samples // batches.batch_size // grad_accum
 
 
 def to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -65,7 +65,7 @@ class Trainer:
         self.journal = Journal(self.run.events, enabled=ctx.is_main)
         self.metrics = MetricSinks()  # opened by train(), once the resumed step is known
         parts = components.build(config, ctx, self._total_steps_for)
-        self.raw_model, self.model = parts.raw_model, parts.model
+        self.raw_model, self.model, self.ddp = parts.raw_model, parts.model, parts.ddp
         self.optimizer, self.scheduler, self.loss_fn = parts.optimizer, parts.scheduler, parts.loss_fn
         self.train_loader = loaders.train_loader(parts.splits.train, config.data, ctx, config.trainer.seed)
         self.eval_loader = loaders.eval_loader(parts.splits.eval, config.data, ctx)
@@ -148,12 +148,10 @@ class Trainer:
     def _step(self, batches: Iterator[tuple[torch.Tensor, ...]]) -> torch.Tensor:
         accum = self.config.trainer.grad_accum
         step_loss: torch.Tensor | None = None
-        ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
         for micro in range(accum):
             inputs, target = loaders.to_device(next(batches), self.ctx.device)
             # Only the last micro-batch all-reduces gradients; the others accumulate locally.
-            sync = micro == accum - 1 or not ddp
-            with contextlib.nullcontext() if sync else self.model.no_sync():  # type: ignore[operator]
+            with components.grad_sync(self.ddp, last=micro == accum - 1):
                 with self._autocast():
                     output, target = flatten(self.model(inputs), target)
                     loss = self.loss_fn(output.float(), target)
@@ -182,15 +180,11 @@ class Trainer:
 
     def _micro_batches(self) -> Iterator[tuple[torch.Tensor, ...]]:
         """An endless stream of micro-batches, epoch after epoch, from the state's position."""
-        sampler = self.train_loader.sampler
-        assert isinstance(sampler, loaders.TrainSampler)
-        batch_size = self.config.data.batch_size
         while True:
-            sampler.set_epoch(self.state.epoch)
-            sampler.start_at = self.state.batch_in_epoch * batch_size
-            # The loader draws worker seeds from its own generator: reseeded per epoch, a resumed
-            # run draws the same ones, and the global RNG (dropout) is never touched.
-            loaders.reseed(self.train_loader, self.config.trainer.seed, self.state.epoch)
+            # Order and worker randomness are functions of the position alone (see loaders), so a
+            # resumed run continues with the very batch an uninterrupted run would fetch next.
+            epoch, batch_in_epoch = self.state.epoch, self.state.batch_in_epoch
+            loaders.start_epoch(self.train_loader, self.config.trainer.seed, epoch, batch_in_epoch)
             for batch in self.train_loader:
                 self.state.batch_in_epoch += 1
                 yield batch
@@ -217,6 +211,7 @@ class Trainer:
         saved = self.checkpointer.load(expect_model=self.raw_model.state_dict())
         if saved is None:
             return
+        loaders.check_resume_world(saved.get("world_size"), self.ctx.world_size, saved["train"]["step"])
         self.raw_model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
         if self.scheduler is not None and saved["scheduler"] is not None:

@@ -1,0 +1,256 @@
+"""Exactness holes closed: DataLoader workers, torch.compile with gradient accumulation, and a
+resume at another world size.
+
+Cheapest first: the loader in-process (worker randomness is a function of the position, with
+persistent workers and without), DDP's all-reduces counted under torch.compile in two spawned
+gloo processes, then real `hpctrain-train` runs stopped by a real SIGTERM mid-epoch and resumed,
+each ending with a model.pt bit-identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import assert_ok, describe, events, load_weights, run_train, train_env
+from test_signals import assert_bit_identical, run_and_signal
+from torch.utils.data import TensorDataset
+
+from hpctrain.config import DataConfig, TrainerConfig
+from hpctrain.data.augment import PixelNoise
+from hpctrain.data.worker_seeds import batch_seed
+from hpctrain.dist import DistContext
+from hpctrain.models.mlp import MLP
+from hpctrain.trainer import components, loaders
+
+
+def _ctx(rank: int, world_size: int, init_method: str = "") -> DistContext:
+    return DistContext(rank, rank, world_size, world_size, init_method, torch.device("cpu"), "spawn")
+
+
+# ---- worker randomness (in-process) -------------------------------------------------------------
+
+
+def test_batch_seeds_differ_by_seed_epoch_rank_and_batch_and_repeat_exactly() -> None:
+    keys = [(s, e, r, b) for s in (0, 1) for e in (0, 1, 2) for r in (0, 1) for b in (0, 1, 2, 3)]
+    seeds = [batch_seed(*key) for key in keys]
+    assert len(set(seeds)) == len(keys)
+    assert seeds == [batch_seed(*key) for key in keys]
+    assert all(0 <= s < 2**64 for s in seeds)
+    assert batch_seed(-1, 0, 0, 0) != batch_seed(1, 0, 0, 0)  # negative seeds are accepted, and distinct
+
+
+def _noise_loader(num_workers: int, persistent: bool) -> torch.utils.data.DataLoader:
+    """Rank 1 of 2 over 40 zero images with pixel noise: every batch is the noise its fetch drew."""
+    clean = TensorDataset(torch.zeros(40, 3), torch.arange(40))
+    data = DataConfig(dataset={}, batch_size=4, num_workers=num_workers, persistent_workers=persistent)
+    return loaders.train_loader(PixelNoise(clean, std=1.0), data, _ctx(1, 2), seed=7)
+
+
+def _epochs(loader: torch.utils.data.DataLoader, starts: list[tuple[int, int]]) -> list[list[torch.Tensor]]:
+    """The batches (noise and index) of each (epoch, first batch), in order, on one loader."""
+    out = []
+    for epoch, first in starts:
+        loaders.start_epoch(loader, 7, epoch, first)
+        out.append([torch.cat([noise.flatten(), index.float()]) for noise, index in loader])
+    return out
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-epoch-workers"])
+def test_worker_randomness_depends_on_the_position_only(persistent: bool) -> None:
+    """An epoch started 3 batches in (a resume) fetches exactly the batches an uninterrupted run
+    fetches from there, the noise drawn in the workers included, and so does the next epoch."""
+    whole = _epochs(_noise_loader(2, persistent), [(0, 0), (1, 0)])
+    resumed = _epochs(_noise_loader(2, persistent), [(0, 3), (1, 0)])
+    assert len(whole[0]) == 5 and len(resumed[0]) == 2  # 20 samples of rank 1, batches of 4
+    for got, want in zip(resumed[0] + resumed[1], whole[0][3:] + whole[1], strict=True):
+        assert torch.equal(got, want)
+    # The workers' draws are used: noise, different for every batch and epoch.
+    noise = [batch[:12] for batch in whole[0] + whole[1]]
+    assert all(n.abs().sum() > 0 for n in noise)
+    assert len({tuple(n.tolist()) for n in noise}) == len(noise)
+    # Persistent workers or not, the same numbers (each batch reseeds its worker).
+    other = _epochs(_noise_loader(2, not persistent), [(0, 0), (1, 0)])
+    assert all(torch.equal(a, b) for a, b in zip(other[0] + other[1], whole[0] + whole[1], strict=True))
+
+
+def test_without_workers_the_training_process_generator_draws_and_is_not_reseeded() -> None:
+    """num_workers=0: the dataset draws from the process's generator, which checkpoints save;
+    reseeding it per batch would also reseed dropout."""
+    loader = _noise_loader(0, persistent=False)
+    torch.manual_seed(123)
+    (first,) = _epochs(loader, [(0, 0)])
+    torch.manual_seed(123)
+    expected = [torch.randn(4, 3) for _ in first]
+    assert all(torch.equal(batch[:12], noise.flatten()) for batch, noise in zip(first, expected, strict=True))
+
+
+@pytest.mark.parametrize(
+    "saved_world, world_size, refused",
+    [(2, 2, False), (None, 3, False), (2, 1, True), (1, 2, True), (4, 8, True)],
+)
+def test_a_resume_at_another_process_count_is_refused(saved_world: int | None, world_size: int, refused: bool) -> None:
+    """None: a checkpoint that does not say (nothing to compare). Refusals name what to set."""
+    refusal = loaders.resume_world_refusal(saved_world, world_size, step=40)
+    assert (refusal is not None) == refused
+    if refusal:
+        assert f"written by {saved_world} processes and this run has {world_size}" in refusal
+        assert f"trainer.nprocs={saved_world}" in refusal and "hydra.run.dir" in refusal
+
+
+# ---- no_sync under torch.compile (2 gloo processes) ---------------------------------------------
+
+
+def _all_reduces_per_micro_batch(rank: int, store: str, compile_model: bool, out: str) -> None:
+    ctx = _ctx(rank, 2, f"file://{store}")
+    dist.init_process_group("gloo", init_method=ctx.init_method, rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model, ddp = components.wrap(MLP(hidden=(16,)), TrainerConfig(compile=compile_model), ctx)
+    assert ddp is not None
+    calls: list[int] = []
+
+    # No annotations: DDP checks them against dist.GradBucket, and postponed ones are strings.
+    def counting_all_reduce(state, bucket):  # type: ignore[no-untyped-def]
+        calls.append(bucket.index())
+        work = dist.all_reduce(bucket.buffer().div_(2), async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+
+    ddp.register_comm_hook(None, counting_all_reduce)
+    torch.manual_seed(100 + rank)  # every rank its own micro-batches
+    record = []
+    for micro in range(4):
+        with components.grad_sync(ddp, last=micro == 3):
+            model(torch.randn(8, 1, 8, 8)).square().mean().backward()
+        grads = torch.cat([p.grad.flatten() for p in ddp.module.parameters()])
+        everyone = [torch.empty_like(grads) for _ in range(2)]
+        dist.all_gather(everyone, grads)
+        record.append({"all_reduces": len(calls), "ranks_agree": torch.equal(everyone[0], everyone[1])})
+    if rank == 0:
+        torch.save(record, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_compiled_ddp_all_reduces_on_the_last_micro_batch_only(tmp_path: Path) -> None:
+    results = {}
+    for compiled in (False, True):
+        out = tmp_path / f"compile-{compiled}.pt"
+        store = tmp_path / f"store-{compiled}"
+        mp.spawn(_all_reduces_per_micro_batch, args=(str(store), compiled, str(out)), nprocs=2)
+        results[compiled] = torch.load(out, weights_only=True)
+    for compiled, record in results.items():
+        # Three micro-batches under no_sync: no communication, each rank's own gradients.
+        assert [r["all_reduces"] for r in record[:3]] == [0, 0, 0], (compiled, record)
+        assert not any(r["ranks_agree"] for r in record[:3]), (compiled, record)
+        # The last: the buckets all-reduce once, and every rank holds the same gradients.
+        assert record[3]["all_reduces"] >= 1 and record[3]["ranks_agree"], (compiled, record)
+    assert results[True][3]["all_reduces"] == results[False][3]["all_reduces"]
+
+
+# ---- real runs: stopped mid-epoch by SIGTERM, resumed, bit-identical ----------------------------
+
+# 1437 digits at 8 per process x 2 processes: 89 batches an epoch, a few milliseconds a step. On a
+# busy machine the stop lands tens of steps after the signal; 600 steps leave room for that, and
+# the resume crosses epoch boundaries (persistent workers carry over them).
+MAX_STEPS = 600
+BATCHES_PER_EPOCH = 89  # micro-batches of one process
+STOP_AFTER = 30
+BASE = (
+    "model=mlp",
+    "trainer.nprocs=2",
+    "data.batch_size=8",
+    f"trainer.max_steps={MAX_STEPS}",
+    "trainer.log_every=5",
+    "trainer.eval_every=0",
+    "trainer.ckpt_every=0",
+)
+WORKERS = (*BASE, "data.num_workers=2", "+data.dataset.noise_std=0.3")
+COMPILED = (*BASE, "trainer.compile=true", "trainer.grad_accum=2")
+
+
+@pytest.fixture(scope="module")
+def background() -> Iterator[ThreadPoolExecutor]:
+    """Uninterrupted reference runs train here, beside the run a test stops."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference-run")
+    yield pool
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def references(
+    background: ThreadPoolExecutor, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Path, Future[subprocess.CompletedProcess[str]]]]:
+    root = tmp_path_factory.mktemp("references")
+    return {
+        name: (root / name, background.submit(run_train, root / name, overrides))
+        for name, overrides in (("workers", WORKERS), ("compiled", COMPILED))
+    }
+
+
+def _reference(references: dict, name: str) -> Path:
+    run_dir, future = references[name]
+    assert_ok(future.result())
+    return run_dir
+
+
+def _stop_resume_compare(run_dir: Path, overrides: tuple[str, ...], reference: Path, grad_accum: int = 1) -> None:
+    stopped = run_and_signal(run_dir, overrides, signal.SIGTERM, after=STOP_AFTER)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.describe()
+    assert stopped.newest_train is not None, stopped.describe()
+    saved = stopped.newest_train
+    assert 0 < saved["batch_in_epoch"] < BATCHES_PER_EPOCH, saved  # mid-epoch
+    consumed = saved["epoch"] * BATCHES_PER_EPOCH + saved["batch_in_epoch"]
+    assert consumed == saved["step"] * grad_accum and saved["step"] < MAX_STEPS, saved
+    resumed = run_train(run_dir, overrides)
+    assert_ok(resumed)
+    assert [e["resumed_from_step"] for e in events(run_dir, "start")] == [0, saved["step"]], describe(resumed)
+    assert_bit_identical(run_dir, load_weights(reference))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("persistent", ["true", "false"])
+def test_workers_with_random_augmentation_resume_bit_identically(
+    persistent: str, references: dict, tmp_path: Path
+) -> None:
+    """Two workers per process drawing pixel noise; the reference keeps its workers (the default),
+    so a resumed run without persistent workers must match it as well."""
+    overrides = (*WORKERS, f"data.persistent_workers={persistent}")
+    _stop_resume_compare(tmp_path / "run", overrides, _reference(references, "workers"))
+
+
+@pytest.mark.slow
+def test_compiled_run_with_grad_accum_resumes_bit_identically(references: dict, tmp_path: Path) -> None:
+    _stop_resume_compare(tmp_path / "run", COMPILED, _reference(references, "compiled"), grad_accum=2)
+
+
+@pytest.mark.slow
+def test_resuming_with_another_process_count_is_refused_by_key(references: dict, tmp_path: Path) -> None:
+    """The same config in the same run dir, started by torchrun with 1 process instead of 2 (the
+    config's own trainer.nprocs is ignored under torchrun): refused, naming what to set."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(_reference(references, "workers"), run_dir)
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
+    command = [*torchrun, "-m", "hpctrain.cli.train", *WORKERS, f"hydra.run.dir={run_dir}"]
+    refused = subprocess.run(command, cwd=tmp_path, env=train_env(), capture_output=True, text=True, timeout=300)
+    message = refused.stderr + refused.stdout
+    assert refused.returncode != 0, message[-3000:]
+    assert "written by 2 processes and this run has 1" in message, message[-3000:]
+    assert "trainer.nprocs=2" in message, message[-3000:]
+    # Checkpoints, weights and metrics untouched; the journal only gains the user_error failure.
+    after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.parent.name != ".hydra"}
+    journal = run_dir / "events.jsonl"
+    assert {p: b for p, b in after.items() if p != journal} == {
+        p: b for p, b in before.items() if p != journal and p.parent.name != ".hydra"
+    }
+    assert after[journal].startswith(before[journal])
+    assert [e["cause"] for e in events(run_dir, "failure")] == ["user_error"]
