@@ -9,6 +9,7 @@ Never checkpoint inside the handler: it may interrupt a collective.
 from __future__ import annotations
 
 import signal
+import time
 from types import FrameType
 
 import torch
@@ -25,6 +26,8 @@ _REASONS = {code: reason for reason, code in _CODES.items()}
 class StopFlag:
     def __init__(self, timelimit_signal: str = "USR2") -> None:
         self.requested = 0
+        # When the first request came (time.monotonic()): a forced save's deadline counts from it.
+        self.requested_at: float | None = None
         self.signal_names = {
             getattr(signal, f"SIG{timelimit_signal}"): "timelimit",
             signal.SIGTERM: "preempt",
@@ -37,6 +40,8 @@ class StopFlag:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = max(self.requested, _CODES[self.signal_names[signum]])
+        if self.requested_at is None:
+            self.requested_at = time.monotonic()
 
     def agreed(self, ctx: DistContext) -> str | None:
         """Collective: the stop reason every rank agrees on, or None to go on."""
