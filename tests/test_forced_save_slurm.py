@@ -1,0 +1,105 @@
+"""A forced save meets the preemption's GraceTime on a real Slurm cluster, with a multi-GB state.
+
+A 168M-parameter GPT with AdamW (2.0 GB of state) checkpoints every step in the background, so a
+write is always under way when an `urgent` job preempts it. The partition's GraceTime (20 s on
+the dev cluster's `batch`) is read from Slurm at start-up and bounds the forced save: whatever it
+chooses, the job is requeued and resumes from a complete checkpoint, at the step the
+`forced_save` event names.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from slurmtools import events, job_output, lift_requeue_hold, start_cluster, submit, wait_finished
+
+from hpctrain.checkpoint import store
+from hpctrain.checkpoint.deadline import CHOICES
+from hpctrain.checkpoint.forced import WRITES_STOP_STEP
+
+pytestmark = pytest.mark.slurm
+
+GRACE_S = 20  # the dev cluster's batch partition
+MAX_STEPS = 6
+# 12 x 1024 blocks + a 16384-token vocabulary: 168M parameters, x 12 bytes with AdamW = 2.0 GB.
+BIG_GPT = [
+    "model=gpt",
+    "data=tokens",
+    "model.n_layer=12",
+    "model.n_embd=1024",
+    "model.n_head=16",
+    "data.dataset.vocab_size=16384",
+    "data.dataset.seq_len=16",
+    "data.dataset.num_train=64",
+    "data.dataset.num_eval=4",
+    "data.batch_size=1",
+    f"trainer.max_steps={MAX_STEPS}",
+    "trainer.ckpt_every=1",
+    "trainer.log_every=1",
+    "trainer.eval_every=0",
+    "trainer.keep_checkpoints=2",
+    "slurm.nodes=1",
+    "slurm.ntasks_per_node=1",
+]
+
+
+def of(kind: str, run_dir: Path) -> list[dict]:
+    return [e for e in events(run_dir) if e["event"] == kind]
+
+
+def wait_for_a_written_checkpoint(run_dir: Path, timeout_s: float = 600) -> None:
+    """Until a background write has completed (the forced save then has a measured pace)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (run_dir / "events.jsonl").exists() and of("checkpoint", run_dir):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no checkpoint within {timeout_s:.0f} s\n{job_output(run_dir)}")
+
+
+def test_a_preempted_multi_gb_save_meets_the_grace_time_and_resumes_from_a_complete_checkpoint(
+    tmp_path: Path,
+) -> None:
+    env = start_cluster()
+    run_dir = tmp_path / "big"
+    (job_id,), _ = submit(env, run_dir, *BIG_GPT)
+    wait_for_a_written_checkpoint(run_dir)
+    urgent = subprocess.run(
+        ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", "3", "-o", "/dev/null", "--wrap", "sleep 2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lift_requeue_hold(env, job_id, timeout_s=300)
+    assert wait_finished(env, urgent.stdout.strip().split(";")[0]) == "COMPLETED"
+    assert wait_finished(env, job_id, timeout_s=1200, lift_holds=True) == "COMPLETED", job_output(run_dir)
+
+    (forced,) = of("forced_save", run_dir)
+    output = job_output(run_dir)
+    assert forced["reason"] == "preempt" and forced["forced_save"] in CHOICES, forced
+    # The GraceTime came from Slurm (the default when unreadable is 30 s), counted from the signal.
+    assert 0 < forced["deadline_s"] <= GRACE_S, forced
+    assert forced["took_s"] < GRACE_S, forced  # done before Slurm's SIGKILL
+    assert "could not read the partition's GraceTime" not in output
+    starts = of("start", run_dir)
+    assert [s["restart"] for s in starts] == [0, 1], starts
+    # The second life resumes where the event said, from a complete checkpoint.
+    assert starts[1]["resumed_from_step"] == forced["resume_step"], (starts, forced)
+    assert forced["redo_steps"] == forced["step"] - forced["resume_step"]
+    stop_saves = [e for e in of("checkpoint", run_dir) if e["reason"] == "preempt"]
+    if forced["forced_save"] in WRITES_STOP_STEP:
+        assert [(e["step"], e["forced_save"]) for e in stop_saves] == [(forced["step"], forced["forced_save"])]
+        assert forced["redo_steps"] == 0
+    else:
+        assert stop_saves == [] and forced["redo_steps"] > 0
+    if forced["forced_save"] == "abandoned_inflight":
+        assert forced["inflight_step"] not in [e["step"] for e in of("checkpoint", run_dir)]
+    assert [e["cause"] for e in of("requeue", run_dir)] == ["preempt"]
+    assert of("finish", run_dir)[0]["step"] == MAX_STEPS
+    newest = store.entries(run_dir / "checkpoints")[0]
+    assert newest.step == MAX_STEPS and store.verify(newest)["size"] > 2e9
+    assert not list((run_dir / "checkpoints").glob("*.tmp"))
