@@ -256,3 +256,21 @@ def test_plan_is_a_frozen_record() -> None:
     plan = ForcedSavePlan("written", "why", 0)
     with pytest.raises(AttributeError):
         plan.choice = "skipped"  # type: ignore[misc]
+
+
+def test_a_periodic_save_stops_waiting_for_the_previous_write_when_a_stop_is_requested(
+    tmp_path: Path, paced_writes: threading.Event
+) -> None:
+    folder = tmp_path / "checkpoints"
+    written: list[dict[str, Any]] = []
+    checkpointer = _checkpointer(folder, [], written)
+    checkpointer.save(20, _state(20), "periodic", background=True)  # stuck
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()  # the signal arrives while the next save waits
+    started = time.perf_counter()
+    checkpointer.save(21, _state(21), "periodic", background=True, stop_requested=stop.is_set)
+    assert time.perf_counter() - started < 10
+    assert checkpointer.writer.busy() and checkpointer.writer.inflight_step == 20  # step 21 was not started
+    paced_writes.set()
+    checkpointer.wait()
+    assert [e.step for e in store.entries(folder)] == [20] and [r["step"] for r in written] == [20]

@@ -3,8 +3,9 @@
 A 168M-parameter GPT with AdamW (2.0 GB of state) checkpoints every step in the background, so a
 write is always under way when an `urgent` job preempts it. The partition's GraceTime (20 s on
 the dev cluster's `batch`) is read from Slurm at start-up and bounds the forced save: whatever it
-chooses, the job is requeued and resumes from a complete checkpoint, at the step the
-`forced_save` event names.
+chooses (it depends on the disk's and the CPU's pace), the job is requeued and resumes from a
+complete checkpoint, at the step the `forced_save` event names. Once it has resumed the test
+cancels it: training on to the end would only add 2 GB writes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from hpctrain.checkpoint.forced import WRITES_STOP_STEP
 pytestmark = pytest.mark.slurm
 
 GRACE_S = 20  # the dev cluster's batch partition
-MAX_STEPS = 6
+MAX_STEPS = 8  # never reached: slack for the signal to land before the final step
 # 12 x 1024 blocks + a 16384-token vocabulary: 168M parameters, x 12 bytes with AdamW = 2.0 GB.
 BIG_GPT = [
     "model=gpt",
@@ -60,6 +61,16 @@ def wait_for_a_written_checkpoint(run_dir: Path, timeout_s: float = 600) -> None
     raise AssertionError(f"no checkpoint within {timeout_s:.0f} s\n{job_output(run_dir)}")
 
 
+def wait_for_restart(run_dir: Path, timeout_s: float = 600) -> None:
+    """Until the requeued job has resumed (its second `start` event)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(of("start", run_dir)) >= 2:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"not restarted within {timeout_s:.0f} s\n{job_output(run_dir)}")
+
+
 def test_a_preempted_multi_gb_save_meets_the_grace_time_and_resumes_from_a_complete_checkpoint(
     tmp_path: Path,
 ) -> None:
@@ -76,9 +87,11 @@ def test_a_preempted_multi_gb_save_meets_the_grace_time_and_resumes_from_a_compl
     )
     lift_requeue_hold(env, job_id, timeout_s=300)
     assert wait_finished(env, urgent.stdout.strip().split(";")[0]) == "COMPLETED"
-    assert wait_finished(env, job_id, timeout_s=1200, lift_holds=True) == "COMPLETED", job_output(run_dir)
+    wait_for_restart(run_dir)
+    subprocess.run(["scancel", job_id], env=env, check=True)
+    wait_finished(env, job_id)
 
-    (forced,) = of("forced_save", run_dir)
+    forced = of("forced_save", run_dir)[0]  # the preemption's (the scancel above makes another)
     output = job_output(run_dir)
     assert forced["reason"] == "preempt" and forced["forced_save"] in CHOICES, forced
     # The GraceTime came from Slurm (the default when unreadable is 30 s), counted from the signal.
@@ -86,20 +99,23 @@ def test_a_preempted_multi_gb_save_meets_the_grace_time_and_resumes_from_a_compl
     assert forced["took_s"] < GRACE_S, forced  # done before Slurm's SIGKILL
     assert "could not read the partition's GraceTime" not in output
     starts = of("start", run_dir)
-    assert [s["restart"] for s in starts] == [0, 1], starts
+    assert [s["restart"] for s in starts[:2]] == [0, 1], starts
     # The second life resumes where the event said, from a complete checkpoint.
+    assert forced["time"] < starts[1]["time"] and forced["resume_step"] >= 1  # a checkpoint was complete
     assert starts[1]["resumed_from_step"] == forced["resume_step"], (starts, forced)
     assert forced["redo_steps"] == forced["step"] - forced["resume_step"]
-    stop_saves = [e for e in of("checkpoint", run_dir) if e["reason"] == "preempt"]
+    first_life = [e for e in of("checkpoint", run_dir) if e["time"] < starts[1]["time"]]
+    stop_saves = [e for e in first_life if e["reason"] == "preempt"]
     if forced["forced_save"] in WRITES_STOP_STEP:
         assert [(e["step"], e["forced_save"]) for e in stop_saves] == [(forced["step"], forced["forced_save"])]
         assert forced["redo_steps"] == 0
     else:
         assert stop_saves == [] and forced["redo_steps"] > 0
     if forced["forced_save"] == "abandoned_inflight":
-        assert forced["inflight_step"] not in [e["step"] for e in of("checkpoint", run_dir)]
-    assert [e["cause"] for e in of("requeue", run_dir)] == ["preempt"]
-    assert of("finish", run_dir)[0]["step"] == MAX_STEPS
-    newest = store.entries(run_dir / "checkpoints")[0]
-    assert newest.step == MAX_STEPS and store.verify(newest)["size"] > 2e9
-    assert not list((run_dir / "checkpoints").glob("*.tmp"))
+        assert forced["inflight_step"] not in [e["step"] for e in first_life]
+    assert [e["cause"] for e in of("requeue", run_dir)][:1] == ["preempt"]
+    # The checkpoint resumed from is whole (its sha256 is checked again) and multi-GB.
+    resumed = store.paths_for(run_dir / "checkpoints", forced["resume_step"])
+    if forced["resume_step"] in [e.step for e in store.entries(run_dir / "checkpoints")]:
+        assert store.verify(resumed)["size"] > 2e9
+    assert f"resumed from step {forced['resume_step']}" in job_output(run_dir)

@@ -30,6 +30,8 @@ __all__ = ["Checkpointer", "CheckpointMismatch", "CheckpointTooNew", "NoUsableCh
 
 log = logging.getLogger(__name__)
 
+StopCheck = Callable[[], bool]
+
 
 class CheckpointMismatch(UserError):
     """The run dir's checkpoints belong to another model, dataset or optimizer: resuming them
@@ -64,11 +66,23 @@ class Checkpointer:
 
     # ---- save ------------------------------------------------------------------------------
 
-    def save(self, step: int, state: dict[str, Any], reason: str, background: bool) -> float:
-        """Collective. Returns the seconds training was blocked (rank 0's view)."""
+    def save(
+        self, step: int, state: dict[str, Any], reason: str, background: bool, stop_requested: StopCheck | None = None
+    ) -> float:
+        """Collective. Returns the seconds training was blocked (rank 0's view). A background
+        save waiting for the previous write gives up when `stop_requested()` turns true: the
+        stop's forced save, at the next step boundary, then decides within its deadline."""
         started = time.perf_counter()
         rngs = self._gather(rng.capture())
         if self.ctx.is_main:
+            if background and stop_requested is not None and not self.writer.wait_unless(stop_requested):
+                log.warning(
+                    "%s save at step %d skipped: a stop was requested while waiting for the write of step %s",
+                    reason,
+                    step,
+                    self.writer.inflight_step,
+                )
+                return time.perf_counter() - started
             self.writer.wait()  # never two writes at once, and the buffers are free again
             snapshot = self.snapshotter.take(state)
             snapshot.update(self._parts(rngs))

@@ -87,6 +87,16 @@ class BackgroundWriter:
             error, self._error = self._error, None
             raise error
 
+    def wait_unless(self, give_up: Callable[[], bool], poll_s: float = 0.1) -> bool:
+        """wait(), unless `give_up()` turns true first: then False, the write still under way."""
+        while self.busy():
+            if give_up():
+                return False
+            assert self._thread is not None
+            self._thread.join(poll_s)
+        self.wait()
+        return True
+
     def start(self, step: int, state: dict[str, Any], info: dict[str, Any], background: bool, nbytes: int = 0) -> None:
         """Write `state` (already a snapshot the trainer no longer touches; about `nbytes`)."""
         self.wait()

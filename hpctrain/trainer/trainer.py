@@ -219,7 +219,10 @@ class Trainer:
         self.watchdog.beat()
 
     def _save(self, reason: str, background: bool) -> float:
-        blocked = self.checkpointer.save(self.state.step, self._state_tree(), reason, background)
+        # A stop signal ends the wait for a previous write: the forced save handles that write.
+        blocked = self.checkpointer.save(
+            self.state.step, self._state_tree(), reason, background, stop_requested=lambda: self.stop.requested > 0
+        )
         if not background:
             self.checkpointer.wait()
         self.watchdog.beat()
