@@ -274,3 +274,28 @@ def test_a_periodic_save_stops_waiting_for_the_previous_write_when_a_stop_is_req
     paced_writes.set()
     checkpointer.wait()
     assert [e.step for e in store.entries(folder)] == [20] and [r["step"] for r in written] == [20]
+
+
+def test_a_forced_write_still_under_way_at_the_deadline_is_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "checkpoints"
+    forced: list[dict[str, Any]] = []
+    checkpointer = _checkpointer(folder, forced, [])
+    checkpointer.save(10, _state(10), "periodic", background=False)
+    real_write_chunk = store._HashingWriter._write_chunk
+
+    def slow_disk(self: store._HashingWriter, chunk: memoryview) -> None:
+        time.sleep(0.05)
+        real_write_chunk(self, chunk)
+
+    monkeypatch.setattr(store, "CHUNK_BYTES", 1 << 16)  # 4 MiB: 64 chunks, 3.2 s on this disk
+    monkeypatch.setattr(store._HashingWriter, "_write_chunk", slow_disk)
+    checkpointer.writer.bytes_per_s = 1e9  # the estimate says 4 ms: wrong
+    started = time.perf_counter()
+    checkpointer.forced_save(11, _state(11), "timelimit", deadline_s=3.0)  # usable: 1 s
+
+    assert time.perf_counter() - started < 2.5
+    assert forced[0]["forced_save"] == "overran" and "cancelled" in forced[0]["why"]
+    assert (forced[0]["resume_step"], forced[0]["redo_steps"]) == (10, 1)
+    assert [e.step for e in store.entries(folder)] == [10] and not list(folder.glob("*.tmp"))

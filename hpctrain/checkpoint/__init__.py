@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.checkpoint import forced, rng, store
+from hpctrain.checkpoint.deadline import usable_s
 from hpctrain.checkpoint.format import FORMAT_VERSION, CheckpointTooNew
 from hpctrain.checkpoint.snapshot import Snapshotter, state_bytes
 from hpctrain.checkpoint.store import NoUsableCheckpoint
@@ -104,7 +105,8 @@ class Checkpointer:
             log.info("forced save at step %d (%s): %s, %s", step, reason, chosen.choice, chosen.why)
             info = {"reason": reason, "deadline_s": estimates["deadline_s"]}
             tree = {**state, **self._parts(rngs)}
-            choice = forced.carry_out(self.writer, self.snapshotter, chosen, step, tree, info)
+            cutoff = None if deadline_s is None else started + usable_s(deadline_s)
+            choice = forced.carry_out(self.writer, self.snapshotter, chosen, step, tree, info, cutoff)
             self.on_forced(forced.record(self.writer, chosen, choice, step, reason, estimates, started))
         if self.ctx.distributed:
             dist.barrier()  # every rank exits after rank 0's save, never during it

@@ -17,7 +17,10 @@ time limit it is not even requeued). `plan_forced_save` is the decision, a pure 
                         the newest complete checkpoint is kept            complete checkpoint
 
 With no deadline (Ctrl-C, a plain `kill`) or no estimate yet (nothing written so far), the save
-waits and writes, as it would without a deadline.
+waits and writes, as it would without a deadline. A write still under way when the usable part
+of the deadline is over is cancelled ("overran", see hpctrain.checkpoint.forced): a job that
+exits in time is requeued from its newest complete checkpoint, one killed during a write after
+a time limit is not requeued at all.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ MARGIN_FRACTION = 0.15
 DEFAULT_GRACE_S = 30.0
 GRACE_ENV = "HPCTRAIN_GRACE_TIME_S"
 
-CHOICES = ("written", "waited", "abandoned_inflight", "inflight_only", "skipped")
+# What a forced save did: the plan's choices, and "overran" when a write it chose was still under
+# way at the deadline (the estimate was wrong) and was cancelled so that the job exits in time.
+CHOICES = ("written", "waited", "abandoned_inflight", "inflight_only", "skipped", "overran")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ save is as visible as a written one.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -51,13 +52,18 @@ def carry_out(
     step: int,
     state: dict[str, Any],
     info: dict[str, Any],
+    cutoff: float | None,
 ) -> str:
-    """Do what `chosen` says; returns the choice actually made (an abandoned write that had
-    completed first makes "abandoned_inflight" a "waited", "skipped" an "inflight_only")."""
+    """Do what `chosen` says; returns the choice actually made: an abandoned write that had
+    completed first makes "abandoned_inflight" a "waited", "skipped" an "inflight_only"; a
+    write still under way at `cutoff` (time.perf_counter()) is cancelled: "overran"."""
     started = time.perf_counter()
     choice = chosen.choice
+    past_cutoff = (lambda: time.perf_counter() >= cutoff) if cutoff is not None else (lambda: False)
     if choice in ("waited", "inflight_only", "written"):
-        writer.wait()  # re-raises a failed background write, as a plain save does
+        if not writer.wait_unless(past_cutoff):  # re-raises a failed background write
+            writer.abandon()
+            return "overran"
     else:
         had_write = writer.pending()
         abandoned = writer.abandon()
@@ -70,7 +76,18 @@ def carry_out(
         # they are, without the copy a background write needs.
         tree = snapshotter.take(state) if torch.cuda.is_available() else state
         waited_s = round(time.perf_counter() - started, 4)  # for the write under way, or its cancel
-        writer.start(step, tree, {**info, "blocking_s": waited_s, "forced_save": choice}, background=False)
+        timer = (
+            None if cutoff is None else threading.Timer(max(0.0, cutoff - time.perf_counter()), writer.cancel_current)
+        )
+        if timer is not None:
+            timer.start()
+        try:
+            writer.start(step, tree, {**info, "blocking_s": waited_s, "forced_save": choice}, background=False)
+        except store.WriteAbandoned:
+            return "overran"  # the estimate was wrong; an exit in time beats a write that is killed
+        finally:
+            if timer is not None:
+                timer.cancel()
     return choice
 
 
@@ -89,12 +106,20 @@ def record(
         "step": step,
         "reason": reason,
         "forced_save": choice,
-        "why": chosen.why if choice == chosen.choice else f"{chosen.why}; the write under way completed first",
+        "why": _why(chosen, choice),
         **estimates,
         "resume_step": resume_step,
         "redo_steps": step - resume_step,
         "took_s": round(time.perf_counter() - started, 3),
     }
+
+
+def _why(chosen: ForcedSavePlan, choice: str) -> str:
+    if choice == chosen.choice:
+        return chosen.why
+    if choice == "overran":
+        return f"{chosen.why}; but the write was still under way at the deadline and was cancelled"
+    return f"{chosen.why}; the write under way completed first"
 
 
 def _round(value: float | None) -> float | None:

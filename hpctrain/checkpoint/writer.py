@@ -87,6 +87,10 @@ class BackgroundWriter:
             error, self._error = self._error, None
             raise error
 
+    def cancel_current(self) -> None:
+        """Ask the write under way (background or not) to stop; it removes its files."""
+        self._control.cancel.set()
+
     def wait_unless(self, give_up: Callable[[], bool], poll_s: float = 0.1) -> bool:
         """wait(), unless `give_up()` turns true first: then False, the write still under way."""
         while self.busy():
