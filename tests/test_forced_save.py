@@ -271,6 +271,9 @@ def test_a_periodic_save_stops_waiting_for_the_previous_write_when_a_stop_is_req
     checkpointer.save(21, _state(21), "periodic", background=True, stop_requested=stop.is_set)
     assert time.perf_counter() - started < 10
     assert checkpointer.writer.busy() and checkpointer.writer.inflight_step == 20  # step 21 was not started
+    # Asked again with the stop already requested: no wait, no copy, nothing started.
+    checkpointer.save(22, _state(22), "periodic", background=True, stop_requested=lambda: True)
+    assert checkpointer.writer.inflight_step == 20
     paced_writes.set()
     checkpointer.wait()
     assert [e.step for e in store.entries(folder)] == [20] and [r["step"] for r in written] == [20]

@@ -1,8 +1,10 @@
 """A forced save meets the preemption's GraceTime on a real Slurm cluster, with a multi-GB state.
 
 A 168M-parameter GPT with AdamW (2.0 GB of state) checkpoints every step in the background, so a
-write is always under way when an `urgent` job preempts it. The partition's GraceTime (20 s on
-the dev cluster's `batch`) is read from Slurm at start-up and bounds the forced save: whatever it
+write is always under way when an `urgent` job preempts it. The partition's GraceTime (set to
+GRACE_S on the dev cluster's `batch` for this test: the step of a 2 GB model on one shared CPU
+takes ~10 s, and the signal is acted on at a step boundary) is read from Slurm at start-up and
+bounds the forced save: whatever it
 chooses (it depends on the disk's and the CPU's pace), the job is requeued and resumes from a
 complete checkpoint, at the step the `forced_save` event names. Once it has resumed the test
 cancels it: training on to the end would only add 2 GB writes.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,8 @@ from hpctrain.checkpoint.forced import WRITES_STOP_STEP
 
 pytestmark = pytest.mark.slurm
 
-GRACE_S = 20  # the dev cluster's batch partition
+GRACE_S = 60
+DEV_CLUSTER_GRACE_S = 20  # what scripts/devcluster.py configures, restored afterwards
 MAX_STEPS = 8  # never reached: slack for the signal to land before the final step
 # 12 x 1024 blocks + a 16384-token vocabulary: 168M parameters, x 12 bytes with AdamW = 2.0 GB.
 BIG_GPT = [
@@ -71,10 +75,23 @@ def wait_for_restart(run_dir: Path, timeout_s: float = 600) -> None:
     raise AssertionError(f"not restarted within {timeout_s:.0f} s\n{job_output(run_dir)}")
 
 
-def test_a_preempted_multi_gb_save_meets_the_grace_time_and_resumes_from_a_complete_checkpoint(
-    tmp_path: Path,
-) -> None:
+@pytest.fixture
+def env() -> Iterator[dict[str, str]]:
     env = start_cluster()
+    grace(env, GRACE_S)
+    yield env
+    grace(env, DEV_CLUSTER_GRACE_S)
+
+
+def grace(env: dict[str, str], seconds: int) -> None:
+    subprocess.run(
+        ["scontrol", "update", "partitionname=batch", f"GraceTime={seconds}"], env=env, check=True, capture_output=True
+    )
+
+
+def test_a_preempted_multi_gb_save_meets_the_grace_time_and_resumes_from_a_complete_checkpoint(
+    env: dict[str, str], tmp_path: Path
+) -> None:
     run_dir = tmp_path / "big"
     (job_id,), _ = submit(env, run_dir, *BIG_GPT)
     wait_for_a_written_checkpoint(run_dir)

@@ -71,12 +71,17 @@ class Checkpointer:
         self, step: int, state: dict[str, Any], reason: str, background: bool, stop_requested: StopCheck | None = None
     ) -> float:
         """Collective. Returns the seconds training was blocked (rank 0's view). A background
-        save waiting for the previous write gives up when `stop_requested()` turns true: the
-        stop's forced save, at the next step boundary, then decides within its deadline."""
+        save is skipped when `stop_requested()` is (or turns) true before its copy: the stop's
+        forced save, at the next step boundary, then decides within its deadline."""
         started = time.perf_counter()
         rngs = self._gather(rng.capture())
         if self.ctx.is_main:
-            if background and stop_requested is not None and not self.writer.wait_unless(stop_requested):
+            # Once a stop is requested, neither the wait nor the copy: the forced save comes next.
+            if (
+                background
+                and stop_requested is not None
+                and (stop_requested() or not self.writer.wait_unless(stop_requested))
+            ):
                 log.warning(
                     "%s save at step %d skipped: a stop was requested while waiting for the write of step %s",
                     reason,
