@@ -9,6 +9,7 @@ Never checkpoint inside the handler: it may interrupt a collective.
 from __future__ import annotations
 
 import signal
+import time
 from types import FrameType
 
 import torch
@@ -24,6 +25,8 @@ _REASONS = {reason.urgency: reason for reason in StopReason}
 class StopFlag:
     def __init__(self, timelimit_signal: str = "USR2") -> None:
         self.requested = 0
+        # When the first request came (time.monotonic()): a forced save's deadline counts from it.
+        self.requested_at: float | None = None
         self.signal_names = {
             getattr(signal, f"SIG{timelimit_signal}"): StopReason.TIMELIMIT,
             signal.SIGTERM: StopReason.PREEMPT,
@@ -36,6 +39,8 @@ class StopFlag:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = max(self.requested, self.signal_names[signum].urgency)
+        if self.requested_at is None:
+            self.requested_at = time.monotonic()
 
     def agreed(self, ctx: DistContext) -> StopReason | None:
         """Collective: the stop reason every rank agrees on, or None to go on."""

@@ -3,8 +3,12 @@
 
 One process, no process group (DistContext.single()). The state is a GPT's model + AdamW state
 (two moments, after one real optimizer step) sized to --size-gb, saved the way the Trainer's
-`_save` builds it (model / optimizer / scheduler / scaler / train). Measured in interleaved rounds
-(this machine is noisy); medians are reported:
+`_save` builds it (model / optimizer / scheduler / scaler / train). Measured in rounds (this
+machine is noisy); within a round the three blocking measurements (torch.save, the plain copy,
+hpctrain's save) run in rotated order, and before each of them and before every series of steps
+the machine settles: os.sync() writes back the dirty pages of the last large write, then a pause
+of --settle-s, so that nothing is timed right after (or during the writeback of) a large write.
+Medians are reported, and p90 for the steps:
 
     torch_save_s         blocking time of torch.save(state, path) into the same temporary folder
                          (the naive baseline; the file is deleted right after, so its dirty pages
@@ -22,6 +26,15 @@ One process, no process group (DistContext.single()). The state is a GPT's model
     during_write_step_s  the same step while a background write is under way (a second save per
                          round; only steps that finished before the write did are counted)
     write_busy_s         write_s of that second save, i.e. with training competing
+    pinned_*_step_s      normal and during-write steps again with the whole process (training and
+                         writer thread) pinned to one core (sched_setaffinity, as `taskset -c`):
+                         the writer competes for the training's core, as on a node with no core
+                         to spare. At most --steps steps during that write: at the lowest
+                         priority on a busy core it crawls, and then finishes without training
+    forced_s             a forced save (Checkpointer.forced_save, deadline 30 s, reason preempt)
+                         issued 0.5 s into a background write: the time from the signal's step to
+                         every byte on disk, and what it chose (waited / abandoned_inflight ...).
+                         Target: inside a 30 s GraceTime
     spare_core_step_s    the same step while another process spins on a CPU: a machine check.
                          On a machine with a core to spare it equals normal_step_s; when it does
                          not (a small VM, other jobs), no writer thread can meet the step target
@@ -31,7 +44,9 @@ One process, no process group (DistContext.single()). The state is a GPT's model
 Ratios, with PASS/FAIL against the targets:
     hpctrain_blocking / copy            target <= 1.5
     torch_save / hpctrain_blocking      the speed-up over the naive baseline
-    during_write_step / normal_step     target <= 1.2
+    during_write_step / normal_step     target <= 1.2 (median; p90 / p90 printed beside it)
+    pinned during / pinned normal       the same with the writer on the training's core
+    forced_s                            target <= 30 s
 
 All tensor work runs with torch.set_num_threads(--threads) (default 1): on a 2-core machine that
 leaves the writer thread a core of its own, as a training process with one thread per core would
@@ -47,12 +62,13 @@ names). It is one tensor: the floor and the reported state size count it once, a
 Snapshotter (it copies a tensor seen under another name once), so the checkpoint file is the
 state's size; "aliases counted again" is what a naive per-name copy would move.
 
-    python scripts/bench_checkpoint.py [--size-gb 2.4] [--rounds 3] [--steps 20] [--step-ms 75]
+    python scripts/bench_checkpoint.py [--size-gb 2.4] [--rounds 3] [--steps 20] [--step-ms 75] [--settle-s 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -62,6 +78,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +93,7 @@ from hpctrain.models.gpt import GPT
 GB = 1e9
 BLOCKING_TARGET = 1.5  # hpctrain blocking / plain copy
 STEP_TARGET = 1.2  # step during a background write / normal step
+FORCED_DEADLINE_S = 30.0  # the GraceTime a forced save must fit in
 
 
 @dataclass
@@ -198,8 +216,14 @@ class Bench:
         self.leaf_bytes = nbytes(all_tensors(state))  # > state_bytes when tensors are shared (tied weights)
         self.floor = [torch.empty_like(t) for t in self.tensors]
         self.written = Written()
+        self.forced: list[dict[str, Any]] = []
         self.checkpointer = Checkpointer(
-            folder / "checkpoints", DistContext.single(), keep=2, fingerprint="bench", on_written=self.written
+            folder / "checkpoints",
+            DistContext.single(),
+            keep=2,
+            fingerprint="bench",
+            on_written=self.written,
+            on_forced=self.forced.append,
         )
         self.ckpt_step = 0
         torch.manual_seed(0)
@@ -237,6 +261,21 @@ class Bench:
         self.checkpointer.wait()  # re-raises a failed write
         return blocking, self.written.records[-1]["write_s"]
 
+    def forced_with_inflight(self) -> float:
+        """A forced save 0.5 s into a background write, as a preemption would issue it."""
+        self.save()
+        time.sleep(0.5)
+        self.ckpt_step += 1
+        started = time.perf_counter()
+        state = trainer_state(self.model, self.optimizer, self.ckpt_step)
+        self.checkpointer.forced_save(self.ckpt_step, state, "preempt", deadline_s=FORCED_DEADLINE_S)
+        return time.perf_counter() - started
+
+    def settle(self) -> None:
+        """Nothing timed right after a large write: its dirty pages written back, then a pause."""
+        os.sync()
+        time.sleep(self.args.settle_s)
+
     # -- the training step --
 
     def step(self) -> float:
@@ -265,12 +304,12 @@ class Bench:
             spinner.kill()
             spinner.wait()
 
-    def steps_during_write(self) -> tuple[float, list[float], float]:
-        """A background save, then steps until its write is done. Only steps that ended before
-        the write did count (the last one straddles the end)."""
+    def steps_during_write(self, max_steps: int | None = None) -> tuple[float, list[float], float]:
+        """A background save, then steps until its write is done (or `max_steps` were taken).
+        Only steps that ended before the write did count (the last one straddles the end)."""
         blocking = self.save()
-        times = []
-        while not self.written.done.is_set() and writer_running():
+        times: list[float] = []
+        while not self.written.done.is_set() and writer_running() and len(times) < (max_steps or math.inf):
             elapsed = self.step()
             if not self.written.done.is_set():
                 times.append(elapsed)
@@ -283,6 +322,24 @@ class Bench:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
+
+
+def p90(values: list[float]) -> float:
+    if len(values) < 2:
+        return values[0] if values else math.nan
+    return statistics.quantiles(values, n=10, method="inclusive")[-1]
+
+
+@contextlib.contextmanager
+def one_core() -> Iterator[int]:
+    """The calling thread (and threads it starts, such as the writer) on one CPU, as `taskset -c`."""
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    os.sched_setaffinity(0, {core})
+    try:
+        yield core
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def verdict(value: float, target: float) -> str:
@@ -314,32 +371,61 @@ def measure(bench: Bench, rounds: int) -> tuple[list[dict[str, float]], dict[str
     first_blocking, first_write = bench.save_and_wait()
     bench.copy()
     bench.normal_steps()
-    print(f"warm-up: first hpctrain save (allocates its buffers) blocked {first_blocking:.3f} s, "
-          f"write {first_write:.3f} s (not counted)", flush=True)
+    print(
+        f"warm-up: first hpctrain save (allocates its buffers) blocked {first_blocking:.3f} s, "
+        f"write {first_write:.3f} s (not counted)",
+        flush=True,
+    )
     rows: list[dict[str, float]] = []
-    steps: dict[str, list[float]] = {"normal": [], "during": [], "spare": []}
+    steps: dict[str, list[float]] = {key: [] for key in ("normal", "during", "pinned_normal", "pinned_during", "spare")}
+    blocking = {"torch_save_s": bench.torch_save, "copy_s": bench.copy, "hpctrain_blocking_s": bench.save_and_wait}
+    names = list(blocking)
     for round_ in range(rounds):
         row: dict[str, float] = {}
-        row["torch_save_s"] = bench.torch_save()
-        row["copy_s"] = bench.copy()
-        row["hpctrain_blocking_s"], row["write_s"] = bench.save_and_wait()
+        for name in names[round_ % 3 :] + names[: round_ % 3]:  # rotated: none always first or last
+            bench.settle()
+            result = blocking[name]()
+            if isinstance(result, tuple):
+                row[name], row["write_s"] = result
+            else:
+                row[name] = result
+        bench.settle()
         normal = bench.normal_steps()
         row["after_steps_blocking_s"], during, row["write_busy_s"] = bench.steps_during_write()
+        bench.settle()
+        with one_core():
+            pinned_normal = bench.normal_steps()
+            # The writer at the lowest priority on a busy core crawls: --steps steps, then the
+            # write finishes on its own (its time is not a throughput figure).
+            _, pinned_during, row["write_pinned_s"] = bench.steps_during_write(bench.args.steps)
+        bench.settle()
         spare = bench.steps_beside_spinner()
-        row["normal_step_s"], row["during_write_step_s"], row["spare_core_step_s"] = (
-            median(normal), median(during), median(spare)
-        )
-        row["steps_during"] = len(during)
-        for key, values in (("normal", normal), ("during", during), ("spare", spare)):
+        bench.settle()
+        row["forced_s"] = bench.forced_with_inflight()
+        series = {
+            "normal": normal,
+            "during": during,
+            "pinned_normal": pinned_normal,
+            "pinned_during": pinned_during,
+            "spare": spare,
+        }
+        for key, values in series.items():
+            row[f"{key}_step_s"] = median(values)
             steps[key] += values
+        row["steps_during"] = len(during)
         rows.append(row)
-        print(f"round {round_}: " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-                                              for k, v in row.items()), flush=True)
+        print(
+            f"round {round_}: "
+            + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
+            + f" forced_save={bench.forced[-1]['forced_save']}",
+            flush=True,
+        )
     return rows, steps
 
 
-def report(rows: list[dict[str, float]], steps: dict[str, list[float]], bench: Bench, file_bytes: int,
-           start_load: float) -> None:
+def report(
+    rows: list[dict[str, float]], steps: dict[str, list[float]], bench: Bench, file_bytes: int, start_load: float
+) -> None:
     def col(key: str) -> float:
         return median([r[key] for r in rows])
 
@@ -348,9 +434,13 @@ def report(rows: list[dict[str, float]], steps: dict[str, list[float]], bench: B
     after_steps_s, write_s, write_busy_s = col("after_steps_blocking_s"), col("write_s"), col("write_busy_s")
     normal_s, during_s, spare_s = median(steps["normal"]), median(steps["during"]), median(steps["spare"])
     blocking_ratio, step_ratio, spare_ratio = blocking_s / copy_s, during_s / normal_s, spare_s / normal_s
+    pinned_ratio = median(steps["pinned_during"]) / median(steps["pinned_normal"])
+    forced_s = col("forced_s")
     print()
-    print(f"medians over {len(rows)} rounds; state {size:.3f} GB (distinct tensors; the state tree's leaves, "
-          f"aliases counted again, {bench.leaf_bytes / GB:.3f} GB); checkpoint file {file_bytes / GB:.3f} GB")
+    print(
+        f"medians over {len(rows)} rounds; state {size:.3f} GB (distinct tensors; the state tree's leaves, "
+        f"aliases counted again, {bench.leaf_bytes / GB:.3f} GB); checkpoint file {file_bytes / GB:.3f} GB"
+    )
     lines = [
         ("torch.save (blocking)", torch_save_s, size, ""),
         ("plain copy into buffers (floor)", copy_s, size, ""),
@@ -361,49 +451,99 @@ def report(rows: list[dict[str, float]], steps: dict[str, list[float]], bench: B
     ]
     for label, seconds, gb, note in lines:
         print(f"  {label:36s} {seconds:8.3f} s   {gb / seconds:6.2f} GB/s  {note}")
-    for label, seconds, key, note in (
-        ("training step, no write", normal_s, "normal", ""),
-        ("training step, during a write", during_s, "during", ""),
-        ("training step, another CPU busy", spare_s, "spare", "; machine check"),
+    print(f"  {'training step':36s} {'median':>8s}  {'p90':>8s}")
+    for label, key in (
+        ("no write", "normal"),
+        ("during a write", "during"),
+        ("one core, no write", "pinned_normal"),
+        ("one core, during a write", "pinned_during"),
+        ("another CPU busy (machine check)", "spare"),
     ):
-        print(f"  {label:36s} {seconds * 1000:8.1f} ms  ({len(steps[key])} steps{note})")
+        values = steps[key]
+        print(f"  {label:36s} {median(values) * 1000:6.1f} ms {p90(values) * 1000:6.1f} ms  ({len(values)} steps)")
+    choices = sorted({record["forced_save"] for record in bench.forced})
+    print(
+        f"  {'forced save, a write under way':36s} {forced_s:8.3f} s   (max {max(r['forced_s'] for r in rows):.3f} s;"
+        f" chose {', '.join(choices)})"
+    )
     print("ratios:")
-    print(f"  hpctrain blocking / plain copy     = {blocking_ratio:6.2f}  (target <= {BLOCKING_TARGET})  "
-          f"{verdict(blocking_ratio, BLOCKING_TARGET)}")
+    print(
+        f"  hpctrain blocking / plain copy     = {blocking_ratio:6.2f}  (target <= {BLOCKING_TARGET})  "
+        f"{verdict(blocking_ratio, BLOCKING_TARGET)}"
+    )
     print(f"  torch.save / hpctrain blocking     = {torch_save_s / blocking_s:6.2f}  (speed-up)")
-    print(f"  during-write step / normal step    = {step_ratio:6.2f}  (target <= {STEP_TARGET})  "
-          f"{verdict(step_ratio, STEP_TARGET)}")
-    print(f"  per round: blocking ratios {[round(r['hpctrain_blocking_s'] / r['copy_s'], 3) for r in rows]}, "
-          f"step ratios {[round(r['during_write_step_s'] / r['normal_step_s'], 3) for r in rows]}")
-    print(f"  machine check: step beside a spinning process / normal step = {spare_ratio:.2f} "
-          "(1.00 when a core is free for the writer)")
+    print(
+        f"  during-write step / normal step    = {step_ratio:6.2f}  (target <= {STEP_TARGET})  "
+        f"{verdict(step_ratio, STEP_TARGET)}; p90/p90 {p90(steps['during']) / p90(steps['normal']):.2f}"
+    )
+    print(
+        f"  the same, writer on the training's core = {pinned_ratio:6.2f}; p90/p90 "
+        f"{p90(steps['pinned_during']) / p90(steps['pinned_normal']):.2f}"
+    )
+    print(
+        f"  forced save with a write under way = {forced_s:6.2f} s (target <= {FORCED_DEADLINE_S:.0f} s)  "
+        f"{verdict(forced_s, FORCED_DEADLINE_S)}"
+    )
+    print(
+        f"  per round: blocking ratios {[round(r['hpctrain_blocking_s'] / r['copy_s'], 3) for r in rows]}, "
+        f"step ratios {[round(r['during_step_s'] / r['normal_step_s'], 3) for r in rows]}"
+    )
+    print(
+        f"  machine check: step beside a spinning process / normal step = {spare_ratio:.2f} "
+        "(1.00 when a core is free for the writer)"
+    )
     cpus = os.cpu_count() or 1
     if spare_ratio > STEP_TARGET or start_load > cpus / 2:
-        print(f"  WARNING: no spare core here (load average {start_load:.2f} on {cpus} CPUs before this run, "
-              f"a spinning process slows a step {spare_ratio:.2f}x): any concurrent writer slows training on "
-              "this machine, so the step ratio measures the machine as much as the writer; rerun on a quiet node")
+        print(
+            f"  WARNING: no spare core here (load average {start_load:.2f} on {cpus} CPUs before this run, "
+            f"a spinning process slows a step {spare_ratio:.2f}x): any concurrent writer slows training on "
+            "this machine, so the step ratio measures the machine as much as the writer; rerun on a quiet node"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size-gb", type=float, default=2.4,
-                        help="model + AdamW state to save, in GB (default 2.4; 0.3 for a quick run)")
+    parser.add_argument(
+        "--size-gb",
+        type=float,
+        default=2.4,
+        help="model + AdamW state to save, in GB (default 2.4; 0.3 for a quick run)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds, after a warm-up (default 3)")
-    parser.add_argument("--steps", type=int, default=20,
-                        help="training steps timed per round with no write, and beside the spinner (default 20)")
-    parser.add_argument("--step-ms", type=float, default=75.0,
-                        help="the timed step's batch is chosen so that one step takes about this long (default 75)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=20,
+        help="training steps timed per round with no write, and beside the spinner (default 20)",
+    )
+    parser.add_argument(
+        "--step-ms",
+        type=float,
+        default=75.0,
+        help="the timed step's batch is chosen so that one step takes about this long (default 75)",
+    )
+    parser.add_argument(
+        "--settle-s", type=float, default=2.0, help="pause after os.sync() before each measurement (default 2)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for all tensor work (default 1)")
     parser.add_argument("--n-embd", type=int, default=1024, help="width of the saved GPT (narrowed for small sizes)")
-    parser.add_argument("--vocab", type=int, default=50257,
-                        help="vocabulary of the saved GPT (reduced so embeddings are <= 1/4 of the parameters)")
+    parser.add_argument(
+        "--vocab",
+        type=int,
+        default=50257,
+        help="vocabulary of the saved GPT (reduced so embeddings are <= 1/4 of the parameters)",
+    )
     parser.add_argument("--block-size", type=int, default=1024, help="context length of the saved GPT")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="where the temporary folder goes (default: the system's temporary directory); "
-                             "put it on the file system checkpoints will be written to")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where the temporary folder goes (default: the system's temporary directory); "
+        "put it on the file system checkpoints will be written to",
+    )
     args = parser.parse_args()
-    if args.rounds < 1 or args.steps < 1 or args.size_gb <= 0:
-        parser.error("--rounds and --steps must be >= 1 and --size-gb > 0")
+    if args.rounds < 1 or args.steps < 1 or args.size_gb <= 0 or args.settle_s < 0:
+        parser.error("--rounds and --steps must be >= 1, --size-gb > 0 and --settle-s >= 0")
     torch.set_num_threads(args.threads)
     run_started = time.perf_counter()
     start_load = os.getloadavg()[0]  # before this run adds to it: other jobs on the machine

@@ -17,17 +17,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpctrain.checkpoint import rng, store
-from hpctrain.checkpoint.snapshot import Snapshotter
+from hpctrain.checkpoint import forced, rng, store
+from hpctrain.checkpoint.deadline import usable_s
+from hpctrain.checkpoint.format import FORMAT_VERSION, CheckpointTooNew
+from hpctrain.checkpoint.snapshot import Snapshotter, state_bytes
 from hpctrain.checkpoint.store import NoUsableCheckpoint
 from hpctrain.checkpoint.writer import BackgroundWriter
 from hpctrain.config import differences
 from hpctrain.dist import DistContext
 from hpctrain.errors import UserError
 
-__all__ = ["Checkpointer", "CheckpointMismatch", "NoUsableCheckpoint"]
+__all__ = ["Checkpointer", "CheckpointMismatch", "CheckpointTooNew", "NoUsableCheckpoint"]
 
 log = logging.getLogger(__name__)
+
+StopCheck = Callable[[], bool]
 
 
 class CheckpointMismatch(UserError):
@@ -44,32 +48,82 @@ class Checkpointer:
         fingerprint: str,
         on_written: Callable[[dict], None],
         identity: dict[str, Any] | None = None,
+        on_forced: Callable[[dict], None] | None = None,
     ) -> None:
         """`fingerprint` (and `identity`, what it hashes by config key) go into every
-        checkpoint's .json, so a mismatch is found, and explained, without loading the data."""
+        checkpoint's .json, so a mismatch is found, and explained, without loading the data.
+        `on_forced` gets rank 0's record of each forced save (see forced.record)."""
         self.folder = folder
         self.ctx = ctx
         self.fingerprint = fingerprint
         self.snapshotter = Snapshotter()
-        meta = {"fingerprint": fingerprint, **({"identity": identity} if identity is not None else {})}
+        self.on_forced = on_forced or (lambda record: None)
+        meta = {
+            "fingerprint": fingerprint,
+            "format_version": FORMAT_VERSION,
+            **({"identity": identity} if identity is not None else {}),
+        }
         self.writer = BackgroundWriter(folder, keep, on_written, meta=meta)
 
     # ---- save ------------------------------------------------------------------------------
 
-    def save(self, step: int, state: dict[str, Any], reason: str, background: bool) -> float:
-        """Collective. Returns the seconds training was blocked (rank 0's view)."""
+    def save(
+        self, step: int, state: dict[str, Any], reason: str, background: bool, stop_requested: StopCheck | None = None
+    ) -> float:
+        """Collective. Returns the seconds training was blocked (rank 0's view). A background
+        save is skipped when `stop_requested()` is (or turns) true before its copy: the stop's
+        forced save, at the next step boundary, then decides within its deadline."""
         started = time.perf_counter()
         rngs = self._gather(rng.capture())
         if self.ctx.is_main:
+            # Once a stop is requested, neither the wait nor the copy: the forced save comes next.
+            if (
+                background
+                and stop_requested is not None
+                and (stop_requested() or not self.writer.wait_unless(stop_requested))
+            ):
+                log.warning(
+                    "%s save at step %d skipped: a stop was requested while waiting for the write of step %s",
+                    reason,
+                    step,
+                    self.writer.inflight_step,
+                )
+                return time.perf_counter() - started
             self.writer.wait()  # never two writes at once, and the buffers are free again
             snapshot = self.snapshotter.take(state)
-            snapshot.update(rng=rngs, world_size=self.ctx.world_size, fingerprint=self.fingerprint)
+            snapshot.update(self._parts(rngs))
             blocking_s = time.perf_counter() - started
             info = {"reason": reason, "blocking_s": round(blocking_s, 4)}
-            self.writer.start(step, snapshot, info, background=background)
+            self.writer.start(step, snapshot, info, background=background, nbytes=state_bytes(snapshot))
         if not background and self.ctx.distributed:
             dist.barrier()  # a forced save is on disk before any rank goes on (or exits)
         return time.perf_counter() - started
+
+    def forced_save(self, step: int, state: dict[str, Any], reason: str, deadline_s: float | None) -> None:
+        """Collective. A save forced by a stop signal that gives `deadline_s` seconds (None: no
+        limit): waits for, abandons or keeps the write under way, writes the stop step or not,
+        as hpctrain.checkpoint.deadline decides; rank 0 reports what it did to `on_forced`."""
+        started = time.perf_counter()
+        rngs = self._gather(rng.capture())
+        if self.ctx.is_main:
+            chosen, estimates = forced.plan(self.writer, step, state, deadline_s)
+            log.info("forced save at step %d (%s): %s, %s", step, reason, chosen.choice, chosen.why)
+            info = {"reason": reason, "deadline_s": estimates["deadline_s"]}
+            tree = {**state, **self._parts(rngs)}
+            cutoff = None if deadline_s is None else started + usable_s(deadline_s)
+            choice = forced.carry_out(self.writer, self.snapshotter, chosen, step, tree, info, cutoff)
+            self.on_forced(forced.record(self.writer, chosen, choice, step, reason, estimates, started))
+        if self.ctx.distributed:
+            dist.barrier()  # every rank exits after rank 0's save, never during it
+
+    def _parts(self, rngs: list[dict[str, Any]]) -> dict[str, Any]:
+        """The parts of a checkpoint besides the trainer's state (see checkpoint.format)."""
+        return {
+            "rng": rngs,
+            "world_size": self.ctx.world_size,
+            "fingerprint": self.fingerprint,
+            "format_version": FORMAT_VERSION,
+        }
 
     def wait(self) -> None:
         if self.ctx.is_main:
@@ -113,11 +167,15 @@ class Checkpointer:
                 state = found[1] if found else None
             except NoUsableCheckpoint as error:
                 decision = [("error", str(error))]
+            except CheckpointTooNew as error:
+                decision = [("too_new", str(error))]
         if self.ctx.distributed:
             dist.broadcast_object_list(decision, src=0)
         kind, value = decision[0]
         if kind == "error":
             raise NoUsableCheckpoint(value)
+        if kind == "too_new":
+            raise CheckpointTooNew(value)
         if kind == "fresh":
             return None
         if not self.ctx.is_main:

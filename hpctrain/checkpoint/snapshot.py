@@ -61,3 +61,26 @@ class Snapshotter:
         buffer.copy_(tensor, non_blocking=tensor.is_cuda)
         self._seen[identity] = buffer
         return buffer
+
+
+def state_bytes(tree: Any) -> int:
+    """The bytes of every distinct tensor in a state tree (a tied weight counts once)."""
+    seen: set[tuple[Any, ...]] = set()
+    total = 0
+
+    def walk(node: Any) -> None:
+        nonlocal total
+        if isinstance(node, torch.Tensor):
+            key = (node.device, node.untyped_storage().data_ptr(), node.storage_offset(), tuple(node.shape))
+            if key not in seen:
+                seen.add(key)
+                total += node.numel() * node.element_size()
+        elif isinstance(node, dict):
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(tree)
+    return total

@@ -16,12 +16,14 @@ import io
 import json
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
+from hpctrain.checkpoint.format import check_readable
 from hpctrain.rundir import CheckpointFiles as Entry
 from hpctrain.rundir import checkpoint_files as paths_for
 from hpctrain.rundir import checkpoints_in as entries
@@ -51,27 +53,55 @@ def _without_zip_crc32() -> Iterator[None]:
         config.save.compute_crc32 = before
 
 
+class WriteAbandoned(Exception):
+    """The write was cancelled (WriteControl.cancel) before it was complete; nothing of it is left."""
+
+
+class WriteControl:
+    """Shared by a write and whoever started it: the bytes written so far, and a cancel request
+    the write honours within one chunk (a forced save that cannot wait for it)."""
+
+    def __init__(self) -> None:
+        self.bytes_done = 0
+        self.cancel = threading.Event()
+
+
+# A cancel request is seen within one chunk: 64 MiB take well under a second to hash and write.
+CHUNK_BYTES = 64 << 20
+
+
 class _HashingWriter(io.RawIOBase):
     """A file wrapper that hashes what passes through, so verifying costs no second read."""
 
-    def __init__(self, file: BinaryIO) -> None:
+    def __init__(self, file: BinaryIO, control: WriteControl) -> None:
         self.file = file
+        self.control = control
         self.digest = hashlib.sha256()
         self.size = 0
-        self.error: OSError | None = None  # torch.save hides it behind its own "unexpected pos"
+        # torch.save hides an exception of ours behind its own "unexpected pos": kept to re-raise.
+        self.error: BaseException | None = None
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
-        view = memoryview(data)
-        self.digest.update(view)
-        self.size += view.nbytes
+        view = memoryview(data).cast("B")
+        for start in range(0, view.nbytes, CHUNK_BYTES):
+            self._write_chunk(view[start : start + CHUNK_BYTES])
+        return view.nbytes
+
+    def _write_chunk(self, chunk: memoryview) -> None:
+        if self.control.cancel.is_set():
+            self.error = WriteAbandoned(f"cancelled after {self.size} bytes")
+            raise self.error
+        self.digest.update(chunk)
         try:
-            return self.file.write(view)
+            self.file.write(chunk)
         except OSError as error:
             self.error = error
             raise
+        self.size += chunk.nbytes
+        self.control.bytes_done = self.size
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -82,9 +112,11 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write(folder: Path, step: int, state: dict[str, Any], info: dict[str, Any]) -> Entry:
-    """Write one checkpoint atomically. On any error (a full disk) the temporary files are
-    removed and the earlier checkpoints are untouched."""
+def write(
+    folder: Path, step: int, state: dict[str, Any], info: dict[str, Any], control: WriteControl | None = None
+) -> Entry:
+    """Write one checkpoint atomically. On any error (a full disk, a cancel through `control`)
+    the temporary files are removed and the earlier checkpoints are untouched."""
     folder.mkdir(parents=True, exist_ok=True)
     entry = paths_for(folder, step)
     tmp_data = entry.data.with_name(entry.data.name + ".tmp")
@@ -92,14 +124,16 @@ def write(folder: Path, step: int, state: dict[str, Any], info: dict[str, Any]) 
     published = False  # the .json is what makes a checkpoint count; before it, undo everything
     try:
         with open(tmp_data, "wb") as file:
-            writer = _HashingWriter(file)
+            writer = _HashingWriter(file, control or WriteControl())
             try:
                 with _without_zip_crc32():
                     torch.save(state, writer)  # type: ignore[arg-type]
             except Exception:
-                if writer.error is not None:  # the real cause: a full disk, a quota, an I/O error
+                if writer.error is not None:  # the real cause: a full disk, a quota, a cancel
                     raise writer.error from None
                 raise
+            if writer.control.cancel.is_set():  # asked after the last chunk: still not published
+                raise WriteAbandoned(f"cancelled after all {writer.size} bytes")
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp_data, entry.data)
@@ -147,19 +181,31 @@ def load_newest(folder: Path) -> tuple[Entry, dict[str, Any]] | None:
     problems = []
     for entry in entries(folder):
         try:
-            verify(entry)
-            state = torch.load(entry.data, map_location="cpu", weights_only=True)
+            meta = verify(entry)
         except Exception as error:  # a bad file of any kind: try the one before
-            problems.append(f"{entry.data.name}: {error}")
-            log.warning("checkpoint %s is not usable (%s); trying the one before", entry.data.name, error)
+            _unusable(problems, entry, error)
             continue
+        # A newer format is refused, not skipped: falling back would silently drop its steps.
+        check_readable(meta, str(entry.meta))
+        try:
+            state = torch.load(entry.data, map_location="cpu", weights_only=True)
+        except Exception as error:
+            _unusable(problems, entry, error)
+            continue
+        check_readable(state, str(entry.data))
         return entry, state
     if problems or has_any(folder):
         raise NoUsableCheckpoint(
-            f"{folder} has checkpoints but none is usable:\n  " + "\n  ".join(problems or ["no complete checkpoint"])
+            f"{folder} has checkpoints but none is usable:\n  "
+            + "\n  ".join(problems or ["no complete checkpoint"])
             + "\nRefusing to start over; move the folder away to train from scratch."
         )
     return None
+
+
+def _unusable(problems: list[str], entry: Entry, error: Exception) -> None:
+    problems.append(f"{entry.data.name}: {error}")
+    log.warning("checkpoint %s is not usable (%s); trying the one before", entry.data.name, error)
 
 
 def prune(folder: Path, keep: int) -> None:

@@ -32,6 +32,51 @@ class BackgroundWriter:
         self.meta = dict(meta or {})  # more fields for every checkpoint's .json (not the record)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._control = store.WriteControl()  # of the write under way
+        self.inflight_step: int | None = None
+        self._inflight_bytes = 0  # what the write under way will write, about
+        self._inflight_started = 0.0
+        # The last complete write's throughput (bytes/s), for a forced save's estimate.
+        self.bytes_per_s: float | None = None
+
+    def pending(self) -> bool:
+        """A write was started and not yet waited for (it may have ended)."""
+        return self._thread is not None
+
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def estimate_s(self, nbytes: int) -> float | None:
+        """Seconds a write of `nbytes` takes, from the last complete write (or the one under way)."""
+        rate = self.bytes_per_s or self._inflight_rate()
+        return None if not rate else nbytes / rate
+
+    def inflight_left_s(self) -> float | None:
+        """Seconds the write under way still needs, at its own pace so far (None: no write)."""
+        if not self.busy():
+            return None
+        rate = self._inflight_rate() or self.bytes_per_s
+        left = max(0, self._inflight_bytes - self._control.bytes_done)
+        return None if not rate else left / rate
+
+    def _inflight_rate(self) -> float | None:
+        elapsed = time.perf_counter() - self._inflight_started
+        done = self._control.bytes_done
+        # Too early to tell (the first chunks land in the page cache): no estimate.
+        return done / elapsed if self.busy() and done >= store.CHUNK_BYTES and elapsed > 0 else None
+
+    def abandon(self) -> bool:
+        """Cancel the write under way and wait until it has removed its files. True when it was
+        cancelled, False when there was none or it completed first (then it counts)."""
+        if self._thread is None:
+            return False
+        self._control.cancel.set()
+        self._thread.join()
+        self._thread = None
+        cancelled = isinstance(self._error, store.WriteAbandoned)
+        if cancelled:
+            self._error = None
+        return cancelled
 
     def wait(self) -> None:
         """Block until the write under way (if any) is on disk; re-raise its error."""
@@ -42,9 +87,25 @@ class BackgroundWriter:
             error, self._error = self._error, None
             raise error
 
-    def start(self, step: int, state: dict[str, Any], info: dict[str, Any], background: bool) -> None:
-        """Write `state` (already a snapshot the trainer no longer touches)."""
+    def cancel_current(self) -> None:
+        """Ask the write under way (background or not) to stop; it removes its files."""
+        self._control.cancel.set()
+
+    def wait_unless(self, give_up: Callable[[], bool], poll_s: float = 0.1) -> bool:
+        """wait(), unless `give_up()` turns true first: then False, the write still under way."""
+        while self.busy():
+            if give_up():
+                return False
+            assert self._thread is not None
+            self._thread.join(poll_s)
         self.wait()
+        return True
+
+    def start(self, step: int, state: dict[str, Any], info: dict[str, Any], background: bool, nbytes: int = 0) -> None:
+        """Write `state` (already a snapshot the trainer no longer touches; about `nbytes`)."""
+        self.wait()
+        self._control = store.WriteControl()
+        self.inflight_step, self._inflight_bytes, self._inflight_started = step, nbytes, time.perf_counter()
         if background:
             self._thread = threading.Thread(target=self._write, args=(step, state, info), daemon=False)
             self._thread.start()
@@ -57,14 +118,21 @@ class BackgroundWriter:
         if threading.current_thread() is not threading.main_thread():
             _yield_cpu_to_training()
         try:
-            store.write(self.folder, step, state, {**info, **self.meta})
+            entry = store.write(self.folder, step, state, {**info, **self.meta}, self._control)
             store.prune(self.folder, self.keep)
+        except store.WriteAbandoned as abandoned:  # asked for by abandon(): not an error
+            log.warning("checkpoint at step %d abandoned (%s); the previous checkpoints are intact", step, abandoned)
+            self._error = abandoned
+            return
         except BaseException as error:  # reported to the trainer at the next wait()
             log.error("checkpoint at step %d failed: %s; the previous checkpoints are intact", step, error)
             self._error = self._disk_full(step, error) or error
             return
-        self.on_written({**info, "step": step, "write_s": round(time.perf_counter() - started, 4)})
-
+        write_s = time.perf_counter() - started
+        size = entry.data.stat().st_size if entry.data.exists() else 0
+        if write_s > 0 and size:
+            self.bytes_per_s = size / write_s
+        self.on_written({**info, "step": step, "write_s": round(write_s, 4)})
 
     def _disk_full(self, step: int, error: BaseException) -> DiskFull | None:
         if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.checkpoint import Checkpointer, rng
+from hpctrain.checkpoint.deadline import deadline_s, grace_time_s
 from hpctrain.config import Config, fingerprint, identity
 from hpctrain.data.splits import Splits
 from hpctrain.dist import DistContext
@@ -74,7 +75,10 @@ class Trainer:
         self.checkpointer = Checkpointer(
             self.run.checkpoints, ctx, config.trainer.keep_checkpoints, fingerprint(config),
             on_written=lambda record: self.journal.event("checkpoint", **record), identity=identity(config),
+            on_forced=lambda record: self.journal.event("forced_save", **record),
         )
+        # Read once at start-up: a preemption's SIGTERM gives this long for the forced save.
+        self.grace_s = grace_time_s() if ctx.is_main else 0.0
 
     # ---- the run -------------------------------------------------------------------------
 
@@ -116,7 +120,7 @@ class Trainer:
                 last = self._log(progress, evaluate_now)
             reason = vote.poll(step)
             if reason and not final:
-                self._save(reason, background=False)
+                self._forced_save(reason)
                 raise StopTraining(reason, step)
             if cfg.ckpt_every and step % cfg.ckpt_every == 0 and not final:
                 progress.pause(self._save("periodic", background=cfg.async_checkpoint))
@@ -193,15 +197,27 @@ class Trainer:
 
     # ---- checkpoints ------------------------------------------------------------------------
 
-    def _save(self, reason: str, background: bool) -> float:
-        state = {
+    def _state_tree(self) -> dict[str, Any]:
+        return {
             "model": self.raw_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "train": asdict(self.state),
         }
-        blocked = self.checkpointer.save(self.state.step, state, reason, background)
+
+    def _forced_save(self, reason: str) -> None:
+        """The save a stop signal forces, bounded by the time the signal gives (rank 0's view)."""
+        since_signal_s = time.monotonic() - (self.stop.requested_at or time.monotonic())
+        deadline = deadline_s(reason, since_signal_s, self.config.slurm.signal_delay_s, self.grace_s)
+        self.checkpointer.forced_save(self.state.step, self._state_tree(), reason, deadline)
+        self.watchdog.beat()
+
+    def _save(self, reason: str, background: bool) -> float:
+        # A stop signal ends the wait for a previous write: the forced save handles that write.
+        blocked = self.checkpointer.save(
+            self.state.step, self._state_tree(), reason, background, stop_requested=lambda: self.stop.requested > 0
+        )
         if not background:
             self.checkpointer.wait()
         self.watchdog.beat()

@@ -1,0 +1,304 @@
+"""Forced saves against a deadline, and the checkpoint format version: the decision as a table,
+then the writer's cancel and the Checkpointer's forced save on real files in this process.
+
+The dev-cluster proof (a multi-GB GPT preempted during a background write) is in
+test_forced_save_slurm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hpctrain.checkpoint import Checkpointer, CheckpointTooNew, store
+from hpctrain.checkpoint.deadline import (
+    DEFAULT_GRACE_S,
+    ForcedSavePlan,
+    _field,
+    deadline_s,
+    grace_time_s,
+    plan_forced_save,
+    usable_s,
+)
+from hpctrain.checkpoint.format import FORMAT_VERSION
+from hpctrain.dist import DistContext
+
+GOLDEN_V1 = Path(__file__).parent / "golden" / "checkpoint_v1"
+
+# ---- the decision ------------------------------------------------------------------------------
+
+# A 30 s grace leaves usable_s(30) = 25.5 s. Columns: deadline, full write estimate, write under
+# way (step, seconds left), newest complete step -> choice, steps to redo (the stop step is 100).
+PLANS = [
+    (None, 50.0, None, None, 80, "written", 0),  # no deadline (Ctrl-C): write, however long
+    (None, 50.0, 90, 40.0, 80, "waited", 0),
+    (30.0, None, None, None, None, "written", 0),  # nothing written yet: no estimate, try
+    (30.0, None, 90, None, 80, "waited", 0),
+    (30.0, 10.0, None, None, 80, "written", 0),
+    (30.0, 30.0, None, None, 80, "skipped", 20),  # a write that cannot finish: keep step 80
+    (30.0, 30.0, None, None, None, "skipped", 100),  # nothing to keep: redo from the start
+    (30.0, 10.0, 90, 5.0, 80, "waited", 0),  # 15 s <= 25.5 s
+    (30.0, 10.0, 90, 20.0, 80, "abandoned_inflight", 0),  # 30 s do not fit, 10 s do
+    (30.0, 10.0, 90, None, 80, "waited", 0),  # no pace yet: the write under way counts as a full one
+    (30.0, 26.0, 90, 20.0, 80, "inflight_only", 10),  # only the write under way fits
+    (30.0, 26.0, 90, 26.0, 80, "skipped", 20),  # neither fits
+    (5.0, 2.0, None, None, 80, "written", 0),  # usable_s(5) = 3 s
+    (5.0, 4.0, 90, 1.0, 80, "inflight_only", 10),
+    (0.0, 0.1, 90, 0.1, 80, "skipped", 20),  # the deadline has passed already
+]
+
+
+@pytest.mark.parametrize(("deadline", "write", "inflight", "left", "complete", "choice", "redo"), PLANS)
+def test_plan_forced_save(
+    deadline: float | None,
+    write: float | None,
+    inflight: int | None,
+    left: float | None,
+    complete: int | None,
+    choice: str,
+    redo: int,
+) -> None:
+    plan = plan_forced_save(100, deadline, write, inflight, left, complete)
+    assert (plan.choice, plan.redo_steps) == (choice, redo), plan.why
+    assert plan.why  # every choice says why
+
+
+def test_the_margin_keeps_time_for_the_exit() -> None:
+    assert usable_s(30.0) == pytest.approx(25.5)  # 15% of a long deadline
+    assert usable_s(5.0) == pytest.approx(3.0)  # at least 2 s of a short one
+    assert usable_s(1.0) < 0  # nothing fits
+
+
+@pytest.mark.parametrize(
+    ("reason", "since", "expected"),
+    [("timelimit", 3.0, 117.0), ("preempt", 3.0, 17.0), ("preempt", 25.0, 0.0), ("interrupt", 3.0, None)],
+)
+def test_deadline_counts_from_the_signal(reason: str, since: float, expected: float | None) -> None:
+    assert deadline_s(reason, since, signal_delay_s=120, grace_s=20) == expected
+
+
+# Printed by `scontrol show partition --oneliner batch` and `scontrol show job --oneliner ID`
+# on the dev cluster (Slurm 22.05), cut to the fields around the ones read.
+PARTITION_LINE = (
+    "PartitionName=batch AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL Default=YES QoS=N/A "
+    "DefaultTime=NONE DisableRootJobs=NO ExclusiveUser=NO GraceTime=20 Hidden=NO MaxNodes=UNLIMITED "
+    "MaxTime=UNLIMITED MinNodes=0 LLN=NO MaxCPUsPerNode=UNLIMITED Nodes=node[1-3] PriorityJobFactor=1 "
+    "PriorityTier=1 RootOnly=NO ReqResv=NO OverSubscribe=NO OverTimeLimit=NONE PreemptMode=REQUEUE State=UP"
+)
+
+
+def test_grace_time_is_read_from_scontrol_fields() -> None:
+    assert _field(PARTITION_LINE, "GraceTime", "scontrol show partition batch") == "20"
+    assert _field("JobId=7 JobName=x Partition=batch AllocNode:Sid=h:1", "Partition", "job") == "batch"
+    with pytest.raises(ValueError, match="printed no GraceTime="):
+        _field("PartitionName=batch State=UP", "GraceTime", "scontrol show partition batch")
+
+
+def test_grace_time_from_the_environment_then_slurm_then_the_default(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert grace_time_s({"HPCTRAIN_GRACE_TIME_S": "45"}) == 45.0
+    assert grace_time_s({}) == DEFAULT_GRACE_S  # not a Slurm job
+    # A Slurm job where scontrol cannot be run (a container without Slurm's commands): said so.
+    with caplog.at_level(logging.WARNING):
+        assert grace_time_s({"SLURM_JOB_ID": "7", "PATH": str(tmp_path)}) == DEFAULT_GRACE_S
+    assert "could not read the partition's GraceTime" in caplog.text and "HPCTRAIN_GRACE_TIME_S" in caplog.text
+
+
+# ---- the writer's cancel and the Checkpointer's forced save --------------------------------------
+
+
+def _checkpointer(folder: Path, forced: list[dict[str, Any]], written: list[dict[str, Any]]) -> Checkpointer:
+    return Checkpointer(
+        folder,
+        DistContext.single(cuda_devices=0),
+        keep=3,
+        fingerprint="fp",
+        on_written=written.append,
+        on_forced=forced.append,
+    )
+
+
+def _state(step: int) -> dict[str, Any]:
+    return {
+        "model": {"w": torch.full((1 << 20,), float(step))},
+        "train": {"step": step, "epoch": 0, "batch_in_epoch": step},
+    }
+
+
+@pytest.fixture
+def paced_writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Background writes that stop after 128 KiB until the event is set (a slow disk), or for
+    at most 20 s (a test that went wrong fails instead of hanging)."""
+    may_go_on = threading.Event()
+    real_write_chunk = store._HashingWriter._write_chunk
+
+    def paced(self: store._HashingWriter, chunk: memoryview) -> None:
+        real_write_chunk(self, chunk)
+        if threading.current_thread() is threading.main_thread() or self.size < 2 * store.CHUNK_BYTES:
+            return
+        give_up = time.monotonic() + 20
+        while not may_go_on.wait(0.02) and not self.control.cancel.is_set() and time.monotonic() < give_up:
+            pass  # stuck, until the disk catches up or the write is cancelled
+
+    monkeypatch.setattr(store, "CHUNK_BYTES", 1 << 16)
+    monkeypatch.setattr(store._HashingWriter, "_write_chunk", paced)
+    yield may_go_on
+    may_go_on.set()
+
+
+def test_an_abandoned_write_leaves_no_file_and_the_stop_step_is_written(
+    tmp_path: Path, paced_writes: threading.Event
+) -> None:
+    folder = tmp_path / "checkpoints"
+    forced: list[dict[str, Any]] = []
+    written: list[dict[str, Any]] = []
+    checkpointer = _checkpointer(folder, forced, written)
+    checkpointer.save(10, _state(10), "periodic", background=False)  # measures a write's pace
+    checkpointer.save(20, _state(20), "periodic", background=True)  # stuck after its first chunk
+    time.sleep(0.5)  # its own pace: 128 KiB in 0.5 s, ~16 s for the rest
+    checkpointer.writer.bytes_per_s = 1e9  # a full write: 4 ms
+    # usable_s(2.5) = 0.5 s: the full write fits, the rest of the write under way does not.
+    checkpointer.forced_save(25, _state(25), "preempt", deadline_s=2.5)
+
+    assert [e.step for e in store.entries(folder)] == [25, 10]
+    assert not list(folder.glob("*.tmp"))
+    assert forced == [forced[0]] and forced[0]["forced_save"] == "abandoned_inflight"
+    assert forced[0]["inflight_step"] == 20 and forced[0]["resume_step"] == 25 and forced[0]["redo_steps"] == 0
+    assert [(r["step"], r.get("forced_save")) for r in written] == [(10, None), (25, "abandoned_inflight")]
+    loaded = Checkpointer(folder, DistContext.single(cuda_devices=0), 2, "fp", lambda r: None).load()
+    assert loaded is not None and loaded["train"]["step"] == 25 and loaded["format_version"] == FORMAT_VERSION
+
+
+def test_a_skipped_save_keeps_the_last_complete_checkpoint_and_says_what_is_redone(
+    tmp_path: Path, paced_writes: threading.Event
+) -> None:
+    folder = tmp_path / "checkpoints"
+    forced: list[dict[str, Any]] = []
+    checkpointer = _checkpointer(folder, forced, [])
+    checkpointer.save(10, _state(10), "periodic", background=False)
+    checkpointer.save(20, _state(20), "periodic", background=True)
+    time.sleep(0.5)  # its own pace: ~16 s for the rest
+    checkpointer.writer.bytes_per_s = 1e5  # a full write: 40 s; neither fits in usable_s(10) = 8 s
+    checkpointer.forced_save(27, _state(27), "timelimit", deadline_s=10.0)
+
+    assert [e.step for e in store.entries(folder)] == [10]
+    assert not list(folder.glob("*.tmp"))
+    record = forced[0]
+    assert (record["forced_save"], record["resume_step"], record["redo_steps"]) == ("skipped", 10, 17)
+    assert record["deadline_s"] == 10.0 and record["estimated_write_s"] > 10 and "keeping" in record["why"]
+
+
+def test_a_forced_save_without_deadline_waits_for_the_write_under_way(
+    tmp_path: Path, paced_writes: threading.Event
+) -> None:
+    folder = tmp_path / "checkpoints"
+    forced: list[dict[str, Any]] = []
+    checkpointer = _checkpointer(folder, forced, [])
+    checkpointer.save(20, _state(20), "periodic", background=True)
+    threading.Timer(0.3, paced_writes.set).start()  # the slow disk catches up
+    checkpointer.forced_save(21, _state(21), "interrupt", deadline_s=None)
+    assert [e.step for e in store.entries(folder)] == [21, 20]
+    assert forced[0]["forced_save"] == "waited" and forced[0]["deadline_s"] is None
+
+
+# ---- the format version ------------------------------------------------------------------------
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused_not_skipped(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    written: list[dict[str, Any]] = []
+    checkpointer = _checkpointer(folder, [], written)
+    checkpointer.save(5, _state(5), "periodic", background=False)
+    checkpointer.save(9, _state(9), "periodic", background=False)
+    newest = store.paths_for(folder, 9)
+    meta = json.loads(newest.meta.read_text())
+    assert meta["format_version"] == FORMAT_VERSION
+    newest.meta.write_text(json.dumps({**meta, "format_version": FORMAT_VERSION + 1}))
+
+    with pytest.raises(CheckpointTooNew) as refused:
+        checkpointer.load()
+    message = str(refused.value)
+    assert f"format_version {FORMAT_VERSION + 1}" in message and f"reads versions 1 to {FORMAT_VERSION}" in message
+    assert "pip install -U hpctrain" in message and "move the checkpoints folder away" in message
+    assert [e.step for e in store.entries(folder)] == [9, 5]  # nothing was removed
+
+
+def test_a_checkpoint_written_before_format_version_still_loads(tmp_path: Path) -> None:
+    """tests/golden/checkpoint_v1 was written by the code before format_version existed: a
+    Linear(3, 2) after one AdamW step, seed 0, at step 5."""
+    assert "format_version" not in json.loads((GOLDEN_V1 / "step_00000005.json").read_text())
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+
+    checkpointer = Checkpointer(GOLDEN_V1, DistContext.single(cuda_devices=0), 2, "fixture-v1", lambda r: None)
+    loaded = checkpointer.load(expect_model=model.state_dict())
+    assert loaded is not None and loaded["train"] == {"step": 5, "epoch": 1, "batch_in_epoch": 2}
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded["model"][name], tensor), name
+    fresh = torch.optim.AdamW(torch.nn.Linear(3, 2).parameters(), lr=1e-3)
+    fresh.load_state_dict(loaded["optimizer"])
+    assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+def test_plan_is_a_frozen_record() -> None:
+    plan = ForcedSavePlan("written", "why", 0)
+    with pytest.raises(AttributeError):
+        plan.choice = "skipped"  # type: ignore[misc]
+
+
+def test_a_periodic_save_stops_waiting_for_the_previous_write_when_a_stop_is_requested(
+    tmp_path: Path, paced_writes: threading.Event
+) -> None:
+    folder = tmp_path / "checkpoints"
+    written: list[dict[str, Any]] = []
+    checkpointer = _checkpointer(folder, [], written)
+    checkpointer.save(20, _state(20), "periodic", background=True)  # stuck
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()  # the signal arrives while the next save waits
+    started = time.perf_counter()
+    checkpointer.save(21, _state(21), "periodic", background=True, stop_requested=stop.is_set)
+    assert time.perf_counter() - started < 10
+    assert checkpointer.writer.busy() and checkpointer.writer.inflight_step == 20  # step 21 was not started
+    # Asked again with the stop already requested: no wait, no copy, nothing started.
+    checkpointer.save(22, _state(22), "periodic", background=True, stop_requested=lambda: True)
+    assert checkpointer.writer.inflight_step == 20
+    paced_writes.set()
+    checkpointer.wait()
+    assert [e.step for e in store.entries(folder)] == [20] and [r["step"] for r in written] == [20]
+
+
+def test_a_forced_write_still_under_way_at_the_deadline_is_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "checkpoints"
+    forced: list[dict[str, Any]] = []
+    checkpointer = _checkpointer(folder, forced, [])
+    checkpointer.save(10, _state(10), "periodic", background=False)
+    real_write_chunk = store._HashingWriter._write_chunk
+
+    def slow_disk(self: store._HashingWriter, chunk: memoryview) -> None:
+        time.sleep(0.05)
+        real_write_chunk(self, chunk)
+
+    monkeypatch.setattr(store, "CHUNK_BYTES", 1 << 16)  # 4 MiB: 64 chunks, 3.2 s on this disk
+    monkeypatch.setattr(store._HashingWriter, "_write_chunk", slow_disk)
+    checkpointer.writer.bytes_per_s = 1e9  # the estimate says 4 ms: wrong
+    started = time.perf_counter()
+    checkpointer.forced_save(11, _state(11), "timelimit", deadline_s=3.0)  # usable: 1 s
+
+    assert time.perf_counter() - started < 2.5
+    assert forced[0]["forced_save"] == "overran" and "cancelled" in forced[0]["why"]
+    assert (forced[0]["resume_step"], forced[0]["redo_steps"]) == (10, 1)
+    assert [e.step for e in store.entries(folder)] == [10] and not list(folder.glob("*.tmp"))
