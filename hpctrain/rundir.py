@@ -37,6 +37,11 @@ class RunDir:
     def submission(self) -> Path:
         return self.root / "submission.json"
 
+    @property
+    def code(self) -> Path:
+        """hpctrain-submit's snapshot of the code the job imports (slurm.code_snapshot)."""
+        return self.root / "code"
+
     def submitted_job_id(self) -> str | None:
         """The id of the job last submitted from this run dir (hpctrain-submit), or None."""
         try:
