@@ -67,7 +67,7 @@ def _library_dirs() -> list[Path]:
 
 def is_installed_library(path: Path, library_dirs: Iterable[Path]) -> bool:
     resolved = path.resolve()
-    return any(resolved == d or d in resolved.parents for d in library_dirs)
+    return any(resolved == d or d in resolved.parents for d in (d.resolve() for d in library_dirs))
 
 
 def module_source(module: ModuleType) -> Path | None:
