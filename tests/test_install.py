@@ -11,6 +11,7 @@ outside the repository, with no PYTHONPATH, so the checkout is never on sys.path
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -159,6 +160,10 @@ def test_install_gives_working_console_scripts(way: str, tmp_path: Path) -> None
     _run([str(scripts / "hpctrain-submit"), "dry_run=true", "hydra.run.dir=single"], work)
     script = (work / "single" / "job.sbatch").read_text()
     assert str(python) in script  # slurm.python empty: the tasks run the submitting Python
+    # The code snapshot copies hpctrain from where this install put it.
+    snapshot = json.loads((work / "single" / "code" / "snapshot.json").read_text())
+    assert Path(snapshot["hpctrain"]["installed_at"]).resolve() == home / "hpctrain"
+    assert (work / "single" / "code" / "hpctrain" / "conf" / "config.yaml").is_file()
 
     # A sweep needs Hydra to discover hpctrain's sweeper and launcher through this install.
     _run([str(scripts / "hpctrain-submit"), "-m", "dry_run=true", "optim.lr=1e-3,2e-3", "hydra.sweep.dir=sweep"], work)
