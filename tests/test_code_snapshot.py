@@ -89,13 +89,17 @@ def test_snapshot_copies_user_code_and_records_libraries(tmp_path: Path, monkeyp
     (project / "userpkg" / "__init__.py").write_text("B = 1\n")
     monkeypatch.syspath_prepend(str(project))
     snapshot = CodeSnapshot(project / "run" / "code")
-    snapshot.include(["usernet.Net", "torch.optim.AdamW", "hpctrain.models.convnet.ConvNet"], project)
+    snapshot.include(
+        ["usernet.Net", "torch.optim.AdamW", "hpctrain.models.convnet.ConvNet", "builtins.dict", "dict"], project
+    )
     snapshot.include(["userpkg.Thing", "usernet.Net"], project)  # a sweep's next point
     code = project / "run" / "code"
     assert (code / "usernet.py").read_text() == "A = 1\n" and (code / "userpkg" / "__init__.py").is_file()
     assert (code / "hpctrain" / "sbatch_templates" / "ddp.sbatch.j2").is_file()  # links followed
     manifest = json.loads((code / MANIFEST).read_text())
-    assert set(manifest["modules"]) == {"usernet", "userpkg"} and set(manifest["libraries"]) == {"torch"}
+    assert set(manifest["modules"]) == {"usernet", "userpkg"}
+    torch_dir = str(Path(torch.__file__).parent)
+    assert manifest["libraries"] == {"torch": torch_dir, "builtins": "built-in", "dict": "built-in"}
     assert manifest["git"][0]["root"] == str(project.resolve()) and manifest["bytes"] > 0
 
 

@@ -21,6 +21,7 @@ import json
 import logging
 import shutil
 import site
+import sys
 import sysconfig
 import time
 from collections.abc import Iterable
@@ -71,13 +72,13 @@ def is_installed_library(path: Path, library_dirs: Iterable[Path]) -> bool:
 
 
 def module_source(module: ModuleType) -> Path | None:
-    """The file or folder to copy for a top-level module: its package folder, or its .py file.
-    None for a built-in or a namespace package spread over several folders."""
+    """The file or folder to copy for a top-level module: its package folder, or its file.
+    None for a namespace package spread over several folders, or a module with no file."""
     locations = list(getattr(module, "__path__", None) or [])
     if locations:
         return Path(locations[0]) if len(locations) == 1 else None
     file = getattr(module, "__file__", None)
-    return Path(file) if file and file.endswith(".py") else None
+    return Path(file) if file else None
 
 
 class CodeSnapshot:
@@ -122,7 +123,14 @@ class CodeSnapshot:
 
     def _add(self, top: str) -> None:
         assert self.manifest is not None
-        module = importlib.import_module(top)  # the config check imported it already
+        if top in sys.builtin_module_names:  # `builtins.dict`: nothing on disk to copy
+            self.manifest["libraries"][top] = "built-in"
+            return
+        try:
+            module = importlib.import_module(top)  # the config check imported it already
+        except ImportError:  # `_target_: dict`: Hydra resolved a builtin name, not a module
+            self.manifest["libraries"][top] = "built-in"
+            return
         source = module_source(module)
         if source is None:
             raise ValueError(
