@@ -64,7 +64,8 @@ def test_sweep_returns_at_once_and_trains_every_point(slurm_env: dict[str, str],
     assert returned_s < 60
     for job_id in job_ids:
         assert wait_finished(slurm_env, job_id) == "COMPLETED"
-    run_dirs = sorted(p for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    # The points' run dirs 0..3, beside the sweep's shared code snapshot (code/).
+    run_dirs = sorted(p for p in (tmp_path / "sweep").iterdir() if p.is_dir() and p.name.isdigit())
     assert len(run_dirs) == 4
     lrs = set()
     for run_dir in run_dirs:

@@ -119,7 +119,7 @@ def _refuse_a_different_config(run: RunDir, resolved: DictConfig) -> None:
 # may change them (a dry run then the real one; TensorBoard switched on for the rest of a run).
 _NOT_WHAT_A_RUN_IS = {
     None: ("dry_run", "metrics"),
-    "slurm": ("submit_parallelism",),
+    "slurm": ("submit_parallelism", "code_snapshot"),
     "trainer": ("progress_bar",),
 }
 # Sections with a fixed schema: a key a newer hpctrain added to them is missing from an older

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from hpctrain import config as hconfig
 from hpctrain import logs
@@ -34,6 +34,7 @@ from hpctrain.cli.common import (
 from hpctrain.run.exitcodes import CLI_REFUSED
 from hpctrain.run.paths import restrict_umask
 from hpctrain.slurm import sbatch
+from hpctrain.slurm.code_snapshot import CodeSnapshot, targets_in
 from hpctrain.slurm.submit import (
     Point,
     discard_points,
@@ -48,8 +49,9 @@ hconfig.register()
 EXIT_REFUSED = CLI_REFUSED  # sbatch refused
 
 
-def prepare_point(cfg: DictConfig) -> Point:
-    """Check the config, write config.yaml and job.sbatch into the point's run dir."""
+def prepare_point(cfg: DictConfig, shared_code: CodeSnapshot | None = None) -> Point:
+    """Check the config, write config.yaml, the code snapshot and job.sbatch into the point's run
+    dir. `shared_code`: a sweep's one snapshot for all its points (else the run dir's own)."""
     root = Path(HydraConfig.get().runtime.output_dir)
     fresh = is_fresh(root)
     try:
@@ -62,12 +64,28 @@ def prepare_point(cfg: DictConfig) -> Point:
     config, run = prepare_run_dir(cfg)
     point = Point(config=config, run=run, overrides=list(HydraConfig.get().overrides.task), fresh=fresh)
     try:
+        point.code = snapshot_code(point, shared_code)
         write_script(point, Path(os.getcwd()))
     except ValueError as error:  # a bad template or a value sbatch cannot take
         if fresh:
             discard_run_dir(run.root)
         fail(str(error))
     return point
+
+
+def snapshot_code(point: Point, shared_code: CodeSnapshot | None) -> CodeSnapshot | None:
+    """Copy the code the job will import into code/ (slurm.code_snapshot), or None when off."""
+    if not point.config.slurm.code_snapshot:
+        return None
+    code = shared_code or CodeSnapshot(point.run.code)
+    try:
+        code.include(targets_in(OmegaConf.to_container(OmegaConf.load(point.run.config))), Path(os.getcwd()))
+    except OSError as error:  # a full disk, an unreadable source file
+        raise ValueError(
+            f"slurm.code_snapshot: could not copy the code into {code.folder}: {error}; "
+            "free space there or set slurm.code_snapshot=false"
+        ) from None
+    return code
 
 
 def discard_sweep(sweep_dir: Path, points: list[Point]) -> None:

@@ -184,6 +184,9 @@ class SlurmConfig:
     control_python: str = ""
     # Submit sweep points this many at once (sbatch calls in parallel).
     submit_parallelism: int = 8
+    # Copy hpctrain and the config's own `_target_` code into code/ at submit time and import it
+    # first in every life of the job, so edits, pulls and reinstalls never reach a queued job.
+    code_snapshot: bool = True
     # Extra nodes allocated beside `nodes` (with --no-kill): when a training node fails, the step
     # is relaunched at once on the survivors from the last checkpoint, without a requeue.
     spare_nodes: int = 0

@@ -39,6 +39,11 @@ class RunDir:
         return self.root / "submission.json"
 
     @property
+    def code(self) -> Path:
+        """hpctrain-submit's snapshot of the code the job imports (slurm.code_snapshot)."""
+        return self.root / "code"
+
+    @property
     def job_script(self) -> Path:
         """The rendered sbatch script (hpctrain-submit), runnable again by hand."""
         return self.root / "job.sbatch"

@@ -98,8 +98,9 @@ def _environment(template: str) -> tuple[jinja2.Environment, str]:
     return env, name
 
 
-def render(config: Config, run_dir: Path, submit_dir: Path) -> Rendered:
-    """Raises ValueError naming slurm.template (or the value) when the script cannot be made."""
+def render(config: Config, run_dir: Path, submit_dir: Path, code_dir: Path | None = None) -> Rendered:
+    """Raises ValueError naming slurm.template (or the value) when the script cannot be made.
+    `code_dir`: the code snapshot the job imports first (None: the code as installed)."""
     slurm = config.slurm
     python = slurm.python or sys.executable
     task_command, control_command = launch_commands(slurm, python)
@@ -116,6 +117,7 @@ def render(config: Config, run_dir: Path, submit_dir: Path) -> Rendered:
             gpu_per_task=slurm.gpu_bind == "per_task" and slurm.gpus_per_node > 0,
             run_dir=str(run_dir),
             submit_dir=str(submit_dir),
+            code_dir=str(code_dir) if code_dir else "",
             output=filename_pattern(run_dir) + "/slurm-%j.out",
             python=python,
             task_command=task_command,
@@ -127,4 +129,10 @@ def render(config: Config, run_dir: Path, submit_dir: Path) -> Rendered:
     except jinja2.TemplateError as error:  # a site template's syntax, or a name it uses that is not given
         line = getattr(error, "lineno", None)
         raise ValueError(f"slurm.template: {name}{f' line {line}' if line else ''}: {error}") from None
+    if code_dir and shlex.quote(str(code_dir)) not in script:
+        # A site template of its own that ignores `code_dir` would run today's code silently.
+        raise ValueError(
+            f"slurm.template: {name} does not put the code snapshot on PYTHONPATH (it never uses "
+            "`code_dir`); copy the slurm.code_snapshot lines of ddp.sbatch.j2 or set slurm.code_snapshot=false"
+        )
     return Rendered(script=script, template=Path(template.filename or name))

@@ -25,14 +25,15 @@ from hpctrain import __version__
 from hpctrain.config import Config
 from hpctrain.rundir import RunDir, remove_empty_parents
 from hpctrain.slurm import sbatch
+from hpctrain.slurm.code_snapshot import CodeSnapshot, summary
 from hpctrain.slurm.render import render
 
 log = logging.getLogger(__name__)
 
 # What hpctrain-submit writes in a fresh run dir (besides Hydra's .hydra/): removable on failure.
-_OURS = {".hydra", "config.yaml", "job.sbatch", "submission.json"}
-# What Hydra writes in a fresh sweep dir besides the points' run dirs.
-_SWEEP_FILES = {"multirun.yaml"}
+_OURS = {".hydra", "config.yaml", "job.sbatch", "submission.json", "code"}
+# What Hydra writes in a fresh sweep dir besides the points' run dirs (and the shared code/).
+_SWEEP_FILES = {"multirun.yaml", "code"}
 # Job states in which a job still owns its run dir.
 _LIVE_STATES = {
     "PENDING",
@@ -60,6 +61,8 @@ class Point:
     overrides: list[str]
     # The run dir held no run before this command: removing it on failure loses nothing.
     fresh: bool = True
+    # The code the job imports first (slurm.code_snapshot), shared by a sweep's points.
+    code: CodeSnapshot | None = None
 
     @property
     def script(self) -> Path:
@@ -67,7 +70,7 @@ class Point:
 
 
 def write_script(point: Point, submit_dir: Path) -> str:
-    rendered = render(point.config, point.run.root, submit_dir)
+    rendered = render(point.config, point.run.root, submit_dir, point.code.folder if point.code else None)
     tmp = point.script.with_name(point.script.name + ".tmp")
     tmp.write_text(rendered.script)
     tmp.chmod(0o755)
@@ -144,6 +147,7 @@ def _record(point: Point, job_id: str) -> None:
         "cwd": os.getcwd(),
         "python": point.config.slurm.python or sys.executable,
         "hpctrain_version": __version__,
+        "code_snapshot": summary(point.code) if point.code else None,
     }
     point.run.submission.write_text(json.dumps(record, indent=2) + "\n")
 

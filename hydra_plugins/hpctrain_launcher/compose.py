@@ -11,6 +11,10 @@ the result against Hydra's own per-point composition).
 import copy
 from collections.abc import Iterator, Sequence
 
+# Private Hydra API, pinned by setup.cfg's hydra-core>=1.3,<1.4: Hydra 1.3 has no public way to
+# apply value overrides to a composed config, to ask whether a key names a config group (the
+# public ConfigLoader hides its repository), or to build override_dirname. What these calls
+# produce is checked point by point against Hydra's own composition in tests/test_sweep_compose.py.
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override

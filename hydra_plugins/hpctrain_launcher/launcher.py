@@ -44,6 +44,7 @@ class SubmitLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hpctrain.cli.submit import discard_sweep, prepare_point, submit_or_exit
+        from hpctrain.slurm.code_snapshot import CodeSnapshot
 
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
@@ -53,6 +54,8 @@ class SubmitLauncher(Launcher):
         log.info("checking and rendering %d sweep points in %s", len(job_overrides), sweep_dir)
         points: list = []
         returns: list[JobReturn] = []
+        # One copy of the code for every point, taken when the first point asks for it.
+        shared_code = CodeSnapshot(sweep_dir.resolve() / "code")
         try:
             configs = sweep_configs(self.hydra_context.config_loader, self.config, job_overrides)  # type: ignore[arg-type]
             for offset, sweep_config in enumerate(configs):
@@ -67,11 +70,19 @@ class SubmitLauncher(Launcher):
                 run_dir.mkdir(parents=True, exist_ok=True)
                 (run_dir / ".hydra").mkdir(exist_ok=True)
                 OmegaConf.save(sweep_config.hydra.overrides.task, run_dir / ".hydra" / "overrides.yaml")
-                point = prepare_point(sweep_config)  # to_typed leaves the hydra node out
+                point = prepare_point(sweep_config, shared_code)  # to_typed leaves the hydra node out
                 points.append(point)
-                returns.append(JobReturn(overrides=list(sweep_config.hydra.overrides.task), cfg=sweep_config,
-                                         hydra_cfg=sweep_config, working_dir=str(run_dir), task_name="hpctrain",
-                                         status=JobStatus.COMPLETED, _return_value=point))
+                returns.append(
+                    JobReturn(
+                        overrides=list(sweep_config.hydra.overrides.task),
+                        cfg=sweep_config,
+                        hydra_cfg=sweep_config,
+                        working_dir=str(run_dir),
+                        task_name="hpctrain",
+                        status=JobStatus.COMPLETED,
+                        _return_value=point,
+                    )
+                )
             if points and not points[0].config.dry_run:
                 submit_or_exit(points)
         except BaseException:

@@ -5,6 +5,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
+# Hydra 1.3 exports its basic sweeper (override parsing, batching, the multirun.yaml it writes)
+# only from this private module; reimplementing it would drift from Hydra's own sweep syntax.
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 
