@@ -64,7 +64,9 @@ def _run(run_dir: Path, ctx: DistContext) -> str | None:
     stop.install()
     # Threads before any work: the count is part of what makes a run bit-reproducible.
     torch.set_num_threads(config.trainer.threads)
-    hdist.init_process_group(ctx, config.trainer.backend, config.trainer.collective_timeout_s, run_dir)
+    hdist.init_process_group(
+        ctx, config.trainer.backend, config.trainer.collective_timeout_s, run_dir, config.slurm.network
+    )
     trainer = None
     try:
         log.info("rank %d/%d on %s (%s), run dir %s", ctx.rank, ctx.world_size, ctx.device, ctx.source, run_dir)
