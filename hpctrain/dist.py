@@ -183,7 +183,9 @@ def init_process_group(
             address = rendezvous.rank0_address(ctx.node, network.master_addr_suffix, network.master_addr_ifname)
         how = {"store": rendezvous.open_store(ctx.rank, ctx.world_size, path, timeout_s, address)}
     elif ctx.init_method == "env://" and ctx.master_port:
-        os.environ.setdefault("MASTER_ADDR", env_master_addr(ctx, network))
+        address = env_master_addr(ctx, network)
+        if address:  # torchrun always sets its own
+            os.environ.setdefault("MASTER_ADDR", address)
         os.environ.setdefault("MASTER_PORT", str(ctx.master_port))
     dist.init_process_group(
         backend=backend_for(ctx.device, backend),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from clitools import run_cli
 from slurmtools import events, job_output, start_cluster, submit, wait_finished
 from test_render import check_golden, rendered
 
+from hpctrain import dist as hdist
 from hpctrain.config.network import NetworkConfig
 from hpctrain.rendezvous import interface_ipv4, rank0_address
 
@@ -49,6 +51,22 @@ def test_network_values(values: dict[str, str], error: str | None) -> None:
 def test_socket_env_names_both_libraries() -> None:
     assert NetworkConfig().socket_env() == {}
     assert NetworkConfig(socket_ifname="ib0").socket_env() == {"NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ib0"}
+
+
+def test_a_process_group_opens_its_sockets_on_the_named_interface(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The variables are set before gloo starts (a user's own export wins); gloo then binds `lo`."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "")  # recorded, so the test's value is undone after it
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "mine0")
+    ctx = hdist.DistContext.for_spawn(0, 1, str(tmp_path / "store"), cuda_devices=0)
+    hdist.init_process_group(ctx, "gloo", 30, tmp_path, NetworkConfig(socket_ifname="lo"))
+    try:
+        assert hdist.dist.get_world_size() == 1
+    finally:
+        hdist.destroy_process_group()
+    assert (os.environ["GLOO_SOCKET_IFNAME"], os.environ["NCCL_SOCKET_IFNAME"]) == ("lo", "mine0")
 
 
 @pytest.mark.parametrize(
