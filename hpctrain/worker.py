@@ -28,6 +28,7 @@ from hpctrain.errors import UserError
 from hpctrain.exitcodes import EXIT_USER_ERROR
 from hpctrain.journal import Journal
 from hpctrain.signals import StopFlag, exit_code
+from hpctrain.slurm.env import SlurmEnvError
 from hpctrain.trainer.trainer import StopTraining, Trainer
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run_dir", type=Path, help="a run directory holding config.yaml")
     args = parser.parse_args(argv)
     try:
-        reason = run(args.run_dir, DistContext.from_env())
+        ctx = DistContext.from_env()
+    except SlurmEnvError as error:  # a task layout hpctrain cannot train in: no retry helps
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USER_ERROR)
+    try:
+        reason = run(args.run_dir, ctx)
     except UserError:
         sys.exit(EXIT_USER_ERROR)
     sys.exit(exit_code(reason) if reason else 0)

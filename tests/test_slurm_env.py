@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ import torch
 
 from hpctrain.config.network import NetworkConfig
 from hpctrain.dist import PORT_FILE, DistContext, env_master_addr, visible_gpu
+from hpctrain.exitcodes import EXIT_USER_ERROR
 from hpctrain.slurm.env import SlurmEnvError, in_slurm_step, node_list, place, tasks_per_node
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm_env"
@@ -144,6 +148,15 @@ def test_all_of_the_nodes_gpus_visible_binds_local_rank() -> None:
 def test_several_gpus_per_task_refused_by_key(fixture: str, changes: dict[str, str], key: str) -> None:
     with pytest.raises(SlurmEnvError, match=f"{key}.*one process per GPU"):
         place(captured(fixture, **changes))
+
+
+def test_the_worker_says_why_it_cannot_start_without_a_traceback(tmp_path: Path) -> None:
+    env = {**captured("sbatch_gpus_per_task2_step.rank0"), "PATH": os.environ["PATH"]}
+    done = subprocess.run(
+        [sys.executable, "-m", "hpctrain.worker", str(tmp_path)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == EXIT_USER_ERROR, done.stderr
+    assert done.stderr.startswith("error: SLURM_GPUS_PER_TASK=2 (--gpus-per-task)") and "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize(
