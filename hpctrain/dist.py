@@ -2,8 +2,9 @@
 
 Sources, first match wins:
   - torchrun (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT);
-  - an srun task (SLURM_PROCID, SLURM_NTASKS, ...: see hpctrain.slurm.env), meeting through
-    a port rank 0 publishes in the run dir (hpctrain.rendezvous), or MASTER_PORT when set;
+  - a task of an srun step (SLURM_STEP_ID, SLURM_STEP_NUM_TASKS, ...: see hpctrain.slurm.env;
+    a batch or salloc shell alone is no rank), meeting through a port and address rank 0
+    publishes in the run dir (hpctrain.rendezvous), or MASTER_PORT when set;
   - a local spawn by `hpctrain-train` (`DistContext.for_spawn`, a file:// rendezvous, no port);
   - otherwise a single process.
 """
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from hpctrain import rendezvous
+from hpctrain.config.network import NetworkConfig
 from hpctrain.slurm import env as slurm_env
 
 # init_method of an srun task without MASTER_PORT: rank 0 publishes a free port in the run dir.
@@ -161,19 +163,29 @@ def backend_for(device: torch.device, requested: str) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_process_group(ctx: DistContext, backend: str, timeout_s: int, run_dir: Path) -> None:
-    """Join the job's process group (a no-op for a single process)."""
+def init_process_group(
+    ctx: DistContext, backend: str, timeout_s: int, run_dir: Path, network: NetworkConfig | None = None
+) -> None:
+    """Join the job's process group (a no-op for a single process). `network` is the run's
+    slurm.network: socket interfaces (unless the environment names them) and rank 0's address."""
     if not ctx.distributed:
         return
+    network = network or NetworkConfig()
+    for name, value in network.socket_env().items():
+        os.environ.setdefault(name, value)  # the job script exports them too; a user's own wins
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     how: dict[str, object] = {"init_method": ctx.init_method}
     if ctx.init_method == PORT_FILE:
-        assert ctx.master_addr is not None  # set by _from_slurm from the node list
         path = rendezvous.port_file(run_dir / ".rendezvous", ctx.job_id, ctx.restart, ctx.step_id)
-        how = {"store": rendezvous.open_store(ctx.rank, ctx.world_size, ctx.master_addr, path, timeout_s)}
-    elif ctx.init_method == "env://" and ctx.master_addr and ctx.master_port:
-        os.environ.setdefault("MASTER_ADDR", ctx.master_addr)
+        address = ""
+        if ctx.is_main:
+            address = rendezvous.rank0_address(ctx.node, network.master_addr_suffix, network.master_addr_ifname)
+        how = {"store": rendezvous.open_store(ctx.rank, ctx.world_size, path, timeout_s, address)}
+    elif ctx.init_method == "env://" and ctx.master_port:
+        address = env_master_addr(ctx, network)
+        if address:  # torchrun always sets its own
+            os.environ.setdefault("MASTER_ADDR", address)
         os.environ.setdefault("MASTER_PORT", str(ctx.master_port))
     dist.init_process_group(
         backend=backend_for(ctx.device, backend),
@@ -183,6 +195,24 @@ def init_process_group(ctx: DistContext, backend: str, timeout_s: int, run_dir: 
         device_id=ctx.device if ctx.device.type == "cuda" else None,
         **how,  # type: ignore[arg-type]
     )
+
+
+def env_master_addr(ctx: DistContext, network: NetworkConfig) -> str:
+    """MASTER_ADDR for an srun task given MASTER_PORT but no MASTER_ADDR: rank 0's node from
+    the node list, with the site's suffix. Where only rank 0 knows its address, say so."""
+    if ctx.source != "slurm" or "MASTER_ADDR" in os.environ:
+        return os.environ.get("MASTER_ADDR", ctx.master_addr or "")
+    why = ""
+    if ctx.master_addr is None:
+        why = "in a heterogeneous job's step (or an arbitrary layout) rank 0 may be on any node"
+    elif network.master_addr_ifname:
+        why = "slurm.network.master_addr_ifname is an address only rank 0's node can read"
+    if why:
+        raise slurm_env.SlurmEnvError(
+            f"MASTER_PORT is set but MASTER_ADDR is not, and {why}: set MASTER_ADDR, or unset MASTER_PORT "
+            "so rank 0 publishes its address in the run dir"
+        )
+    return f"{ctx.master_addr}{network.master_addr_suffix}"
 
 
 def destroy_process_group() -> None:

@@ -13,17 +13,19 @@ import torch.multiprocessing as mp
 
 from hpctrain import worker
 from hpctrain.dist import DistContext
+from hpctrain.steprun import world_rank
 
 log = logging.getLogger(__name__)
 
 
 def launch_local(run_dir: Path, nprocs: int, timelimit_signal: str = "USR2") -> int | None:
-    """Under torchrun this process is already one rank; otherwise spawn `nprocs` ranks.
+    """Under torchrun, or as a task of a multi-task srun step, this process is already one rank;
+    otherwise spawn `nprocs` ranks.
     `timelimit_signal` is slurm.signal without "SIG": the warning a scheduler sends before the
     time limit. Returns the signal number that stopped the run early, or None when it finished."""
     timelimit = getattr(signal, f"SIG{timelimit_signal}")
     signal_of = {None: None, "preempt": signal.SIGTERM, "interrupt": signal.SIGINT, "timelimit": timelimit}
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    if world_rank(os.environ) is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return signal_of[worker.run(run_dir, DistContext.from_env())]
     if nprocs == 1:
         return signal_of[worker.run(run_dir, DistContext.single())]
@@ -53,4 +55,3 @@ def launch_local(run_dir: Path, nprocs: int, timelimit_signal: str = "USR2") -> 
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return received[0] if received else None
-

@@ -2,19 +2,22 @@
 
 Rank 0 opens a TCPStore on a port the kernel picks (port 0), so two jobs sharing a node can
 never collide, and writes the port into the run dir, which every rank already shares (it reads
-config.yaml from there). The others read it and connect to MASTER_ADDR, the first host of the
-node list; where a site's Slurm node names do not resolve (NodeName differs from the host
-name), they use the host name rank 0 published beside the port. The file's name carries the
-job id, restart count and step id, so a requeued job or a relaunched step never reads a port
-from an earlier life.
+config.yaml from there), beside the address the others should connect to. Rank 0 decides that
+address itself, so it is right wherever Slurm put task 0 (a heterogeneous job's step may start
+on any node): its IPv4 address on `slurm.network.master_addr_ifname`, else its Slurm node name
+plus `slurm.network.master_addr_suffix`, else its node name where that resolves (NodeName may
+differ from the host name) or its host name. The file's name carries the job id, restart count
+and step id, so a requeued job or a relaunched step never reads a port from an earlier life.
 """
 
 from __future__ import annotations
 
 import datetime
+import fcntl
 import json
 import os
 import socket
+import struct
 import time
 from pathlib import Path
 
@@ -25,20 +28,44 @@ def port_file(directory: Path, job_id: str, restart: int, step_id: str) -> Path:
     return directory / f"{job_id}.r{restart}.s{step_id}.port"
 
 
-def open_store(
-    rank: int, world_size: int, master_addr: str, path: Path, timeout_s: float
-) -> dist.TCPStore:
+def open_store(rank: int, world_size: int, path: Path, timeout_s: float, address: str = "") -> dist.TCPStore:
+    """Rank 0 (with the `address` the others should use, see rank0_address) listens and
+    publishes; the others wait for the record and connect."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if rank == 0:
         store = dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"port": store.port, "host": socket.gethostname()}))
+        record = {"port": store.port, "host": socket.gethostname(), "addr": address or socket.gethostname()}
+        tmp.write_text(json.dumps(record))
         tmp.replace(path)  # readers see nothing or the whole record, never half of one
         return store
     published = _wait_for_record(path, timeout_s)
-    host = master_addr if resolves(master_addr) else published["host"]
-    return dist.TCPStore(host, int(published["port"]), world_size, is_master=False, timeout=timeout)
+    return dist.TCPStore(published["addr"], int(published["port"]), world_size, is_master=False, timeout=timeout)
+
+
+def rank0_address(node: str, suffix: str = "", ifname: str = "") -> str:
+    """The address rank 0 tells the others, run on rank 0's node; `node` is its Slurm name."""
+    if ifname:
+        return interface_ipv4(ifname)
+    if suffix:
+        return (node or socket.gethostname()) + suffix
+    return node if node and resolves(node) else socket.gethostname()
+
+
+def interface_ipv4(ifname: str) -> str:
+    """This node's IPv4 address on `ifname` (Linux SIOCGIFADDR; the standard library has no
+    portable call for it)."""
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            answer = fcntl.ioctl(probe.fileno(), siocgifaddr, struct.pack("256s", ifname.encode()[:15]))
+        except OSError as error:
+            raise OSError(
+                f"slurm.network.master_addr_ifname: {socket.gethostname()} has no IPv4 address on "
+                f"interface {ifname!r} ({error.strerror}); `ip -4 addr` on a node lists them"
+            ) from None
+    return socket.inet_ntoa(answer[20:24])
 
 
 def resolves(host: str) -> bool:

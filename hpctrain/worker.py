@@ -30,6 +30,7 @@ from hpctrain.run.events import Failure, Journal
 from hpctrain.run.exitcodes import WORKER_FINISHED, WORKER_USER_ERROR
 from hpctrain.run.paths import RunDir
 from hpctrain.signals import StopFlag, exit_code
+from hpctrain.slurm.env import SlurmEnvError
 from hpctrain.trainer.trainer import StopTraining, Trainer
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,9 @@ def _run(run_dir: Path, ctx: DistContext) -> str | None:
     stop.install()
     # Threads before any work: the count is part of what makes a run bit-reproducible.
     torch.set_num_threads(config.trainer.threads)
-    hdist.init_process_group(ctx, config.trainer.backend, config.trainer.collective_timeout_s, run_dir)
+    hdist.init_process_group(
+        ctx, config.trainer.backend, config.trainer.collective_timeout_s, run_dir, config.slurm.network
+    )
     trainer = None
     try:
         log.info("rank %d/%d on %s (%s), run dir %s", ctx.rank, ctx.world_size, ctx.device, ctx.source, run_dir)
@@ -101,7 +104,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run_dir", type=Path, help="a run directory holding config.yaml")
     args = parser.parse_args(argv)
     try:
-        reason = run(args.run_dir, DistContext.from_env())
+        ctx = DistContext.from_env()
+    except SlurmEnvError as error:  # a task layout hpctrain cannot train in: no retry helps
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(WORKER_USER_ERROR)
+    try:
+        reason = run(args.run_dir, ctx)
     except UserError:
         sys.exit(WORKER_USER_ERROR)
     sys.exit(exit_code(reason) if reason else WORKER_FINISHED)

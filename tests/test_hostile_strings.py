@@ -79,6 +79,25 @@ def test_a_hostile_memory_size_is_refused_before_sbatch(tmp_path: Path) -> None:
     assert markers(marks) == [] and not list((tmp_path / "project").iterdir())
 
 
+@pytest.mark.parametrize(
+    "key, says",
+    [
+        ("socket_ifname", "is not an interface name"),
+        ("master_addr_suffix", "may hold only letters, digits"),
+        ("master_addr_ifname", "is not an interface name"),
+    ],
+)
+def test_hostile_network_keys_are_refused_by_key(tmp_path: Path, key: str, says: str) -> None:
+    """slurm.network values reach export lines and every task's environment: only the
+    characters of interface and host names get through, a newline included in the refusal."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    value = hq(hostile(key, marks) + "\n#SBATCH --uid=0")
+    done = run_cli("submit", f"slurm.network.{key}={value}", "dry_run=true", cwd=tmp_path / "project")
+    assert_refused(done, 2, f"error: slurm.network.{key}: ", says)
+    assert markers(marks) == [] and not list((tmp_path / "project").iterdir())
+
+
 def test_a_newline_in_the_directory_submitted_from_is_refused(tmp_path: Path) -> None:
     cwd = tmp_path / "project\n#SBATCH --uid=0"
     done = run_cli("submit", f"hydra.run.dir={tmp_path / 'run'}", "dry_run=true", cwd=cwd)

@@ -116,10 +116,11 @@ def _refuse_a_different_config(run: RunDir, resolved: DictConfig) -> None:
 
 
 # Keys that say how a run is submitted or watched, not what it trains: starting a run dir again
-# may change them (a dry run then the real one; TensorBoard switched on for the rest of a run).
+# may change them (a dry run then the real one; TensorBoard switched on for the rest of a run;
+# the site's network interfaces).
 _NOT_WHAT_A_RUN_IS = {
     None: ("dry_run", "metrics"),
-    "slurm": ("submit_parallelism", "code_snapshot"),
+    "slurm": ("submit_parallelism", "code_snapshot", "network"),
     "trainer": ("progress_bar",),
 }
 # Sections with a fixed schema: a key a newer hpctrain added to them is missing from an older

@@ -1,22 +1,29 @@
-"""hpctrain-train: compose a config and train on this machine (trainer.nprocs processes)."""
+"""hpctrain-train: compose a config and train on this machine (trainer.nprocs processes), or as
+one rank of a world started for it: `srun hpctrain-train ...` in an allocation, or torchrun
+(hpctrain.steprun says how the tasks agree on the run dir)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException
 
 from hpctrain import config as hconfig
-from hpctrain import logs
-from hpctrain.cli.common import EXIT_USER_ERROR, prepare_run_dir
+from hpctrain import logs, steprun
+from hpctrain.cli.common import EXIT_USER_ERROR, fail, prepare_run_dir
+from hpctrain.config import Config, differences, to_typed
 from hpctrain.errors import UserError
 from hpctrain.launch import launch_local
 from hpctrain.run.exitcodes import WORKER_USER_ERROR
 from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.run.paths import RunDir, restrict_umask
+from hpctrain.slurm.env import SlurmEnvError
 
 log = logging.getLogger("hpctrain")
 
@@ -35,13 +42,57 @@ def summary(run: RunDir) -> str:
     return f"finished: {', '.join(parts)}; run dir {run.root}"
 
 
+def prepare_as_rank0(cfg: DictConfig) -> tuple[Config, RunDir]:
+    """Check and write the run dir as usual, then tell the other ranks it is ready (or not)."""
+    verdict = steprun.verdict_path(Path(HydraConfig.get().runtime.output_dir), os.environ)
+    try:
+        config, run = prepare_run_dir(cfg)
+    except SystemExit:  # prepare_run_dir printed why
+        steprun.publish_verdict(verdict, "rank 0 refused the run dir; its error line says why")
+        raise
+    steprun.publish_verdict(verdict, None)
+    return config, run
+
+
+def follow_rank0(cfg: DictConfig, rank: int) -> tuple[Config, RunDir]:
+    """Wait for rank 0 to write config.yaml, then check it is what this task composed (a
+    `${now:...}` or an environment variable in a value would make the ranks train apart)."""
+    run = RunDir(Path(HydraConfig.get().runtime.output_dir))
+    try:
+        config, resolved = to_typed(cfg, HydraConfig.get().overrides.task)
+    except ValueError as error:
+        fail(str(error))
+    verdict = steprun.wait_for_verdict(steprun.verdict_path(run.root, os.environ), config.trainer.collective_timeout_s)
+    if not verdict["ok"]:
+        sys.exit(EXIT_USER_ERROR)  # rank 0 said why
+    changed = differences(OmegaConf.to_container(OmegaConf.load(run.config)), OmegaConf.to_container(resolved))
+    if changed:
+        fail(
+            f"rank {rank} composed another config than rank 0 wrote to {run.config} ({changed}); "
+            "every task must run the same command with the same values"
+        )
+    return config, run
+
+
 @hydra.main(version_base="1.3", config_path="pkg://hpctrain.conf", config_name="config")
 def _main(cfg: DictConfig) -> None:
-    logs.setup(rank=0)
-    config, run = prepare_run_dir(cfg)
+    rank = steprun.world_rank(os.environ)
+    logs.setup(rank=rank or 0)
+    if rank is not None and cfg.trainer.nprocs != 1:
+        fail(f"trainer.nprocs={cfg.trainer.nprocs}: under srun or torchrun each task is one rank; drop trainer.nprocs")
     try:
+        if rank is None:
+            config, run = prepare_run_dir(cfg)
+        elif rank == 0:
+            config, run = prepare_as_rank0(cfg)
+        else:
+            config, run = follow_rank0(cfg, rank)
         stopped_by = launch_local(run.root, config.trainer.nprocs, config.slurm.signal)
-    except UserError:  # in this process (one rank, or torchrun's): the worker told it already
+    except SlurmEnvError as error:  # Slurm's environment, not the config: nothing was started
+        fail(str(error))
+    except UserError as error:  # the worker told it already, unless it never started
+        if isinstance(error, steprun.StepError):
+            fail(str(error))
         sys.exit(EXIT_USER_ERROR)
     except ProcessExitedException as ended:
         if ended.exit_code != WORKER_USER_ERROR:
@@ -54,11 +105,17 @@ def _main(cfg: DictConfig) -> None:
             run.root,
         )
         sys.exit(128 + stopped_by)
-    log.info(summary(run))
+    if not rank:
+        log.info(summary(run))
 
 
 def main() -> None:
     restrict_umask()  # before Hydra makes the run dir
+    try:
+        # Before Hydra parses the command line: every task must name the same run dir.
+        sys.argv += steprun.step_overrides(os.environ, sys.argv[1:])
+    except UserError as error:
+        fail(str(error))
     _main()
 
 

@@ -17,6 +17,7 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from hpctrain.config.checks import check_srun_args, check_task_prefix, require, single_line
+from hpctrain.config.network import NetworkConfig
 
 
 @dataclass
@@ -182,6 +183,8 @@ class SlurmConfig:
     # The Python the batch shell runs hpctrain's control steps with, outside any container (it
     # needs hpctrain and omegaconf, no torch); empty means task_prefix + python, like the tasks.
     control_python: str = ""
+    # Socket interfaces and rank 0's address on the site's fast network (hpctrain/config/network.py).
+    network: NetworkConfig = field(default_factory=NetworkConfig)
     # Submit sweep points this many at once (sbatch calls in parallel).
     submit_parallelism: int = 8
     # Copy hpctrain and the config's own `_target_` code into code/ at submit time and import it
