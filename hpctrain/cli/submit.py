@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from hpctrain import config as hconfig
 from hpctrain import logs
 from hpctrain.cli.common import (
+    Checker,
     discard_if_empty,
     fail,
     is_fresh,
@@ -31,6 +32,7 @@ from hpctrain.cli.common import (
     run_dir_key,
     single_line,
 )
+from hpctrain.config import to_typed
 from hpctrain.rundir import restrict_umask
 from hpctrain.slurm import sbatch
 from hpctrain.slurm.submit import (
@@ -47,7 +49,7 @@ hconfig.register()
 EXIT_REFUSED = 1
 
 
-def prepare_point(cfg: DictConfig) -> Point:
+def prepare_point(cfg: DictConfig, check: Checker = to_typed) -> Point:
     """Check the config, write config.yaml and job.sbatch into the point's run dir."""
     root = Path(HydraConfig.get().runtime.output_dir)
     fresh = is_fresh(root)
@@ -58,7 +60,7 @@ def prepare_point(cfg: DictConfig) -> Point:
     except ValueError as error:
         discard_if_empty(root)
         fail(str(error))
-    config, run = prepare_run_dir(cfg)
+    config, run = prepare_run_dir(cfg, check)
     point = Point(config=config, run=run, overrides=list(HydraConfig.get().overrides.task), fresh=fresh)
     try:
         write_script(point, Path(os.getcwd()))
