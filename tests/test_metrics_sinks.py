@@ -271,7 +271,9 @@ def test_wandb_goes_on_in_the_same_run_with_each_step_once(killed_and_resumed: d
 
 def test_a_sweep_point_is_grouped_by_its_sweep_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Hydra writes multirun.yaml into a sweep's folder; the points are the folders beside it."""
-    config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), {"model": {}, "optim": {}}))
+    config = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(Config), {"model": {}, "optim": {}, "data": {"dataset": {}}})
+    )
     sweep = tmp_path / "multirun" / "12-00-00"
     (sweep / "3").mkdir(parents=True)
     (tmp_path / "single").mkdir()
