@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from hpctrain import config as hconfig
-from hydra_plugins.hpctrain_launcher.compose import sweep_configs
+from hydra_plugins.hpctrain_launcher.compose import _parse, sweep_configs
 
 POINTS = [
     ["optim.lr=0.1"],
@@ -70,3 +71,14 @@ def test_points_do_not_leak_into_each_other(loader_and_master) -> None:
         (default.optim.lr, 9, channels),
         (0.25, default.trainer.seed, channels),
     ]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["1e-05", "10", "-3", "0", "-0", "0.5", "1.", ".5", "-.5", "1E5", "1.e3", "-1.5e+3", "1_000", "007", "00.5", "5e"],
+)
+def test_number_lines_are_read_as_hydra_reads_them(value: str) -> None:
+    """`key=number` lines skip Hydra's parser; they must give exactly its Override."""
+    line = f"optim.lr={value}"
+    mine, hydras = _parse(line), OverridesParser.create().parse_overrides([line])[0]
+    assert mine == hydras and type(mine.value()) is type(hydras.value())

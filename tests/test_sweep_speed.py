@@ -3,7 +3,11 @@ the same typed Config, the same config.yaml, the same refusal for a bad value.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from clitools import run_cli
+from conftest import describe
 from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
@@ -95,3 +99,31 @@ def test_a_bad_value_is_refused_with_the_full_checks_words(loader_and_master, ba
 )
 def test_changed_paths(old: dict, new: dict, paths: list[str]) -> None:
     assert sorted(changed_paths(old, new)) == paths
+
+
+def test_a_dry_run_sweep_writes_each_points_own_config(tmp_path: Path) -> None:
+    """End to end, as a user runs it: every point's run dir holds its own values, and a value
+    that follows the point by interpolation (`${hydra:job.num}`) is resolved for that point."""
+    sweep_dir = tmp_path / "sweep"
+    done = run_cli(
+        "submit",
+        "-m",
+        "optim.lr=0.1,0.2,0.3",
+        "trainer.seed=1,2",
+        "metrics.wandb_group=g${hydra:job.num}",
+        "dry_run=true",
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, describe(done)
+    assert "checked 6 points, 1 of them in full" in done.stdout + done.stderr, describe(done)
+    seen = set()
+    for num in range(6):
+        run_dir = sweep_dir / str(num)
+        config = OmegaConf.load(run_dir / "config.yaml")
+        overrides = OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")
+        assert f"optim.lr={config.optim.lr}" in overrides and f"trainer.seed={config.trainer.seed}" in overrides
+        assert config.metrics.wandb_group == f"g{num}"
+        assert str(run_dir) in (run_dir / "job.sbatch").read_text()
+        seen.add((config.optim.lr, config.trainer.seed))
+    assert seen == {(lr, seed) for lr in (0.1, 0.2, 0.3) for seed in (1, 2)}

@@ -109,10 +109,10 @@ def resolved_plain(cfg: DictConfig) -> dict[str, Any]:
             if key != "hydra"
         }
     except OmegaConfBaseException as error:
-        raise ValueError(_omegaconf_message(error)) from None
+        raise ValueError(omegaconf_message(error)) from None
 
 
-def _omegaconf_message(error: OmegaConfBaseException) -> str:
+def omegaconf_message(error: OmegaConfBaseException) -> str:
     key = getattr(error, "full_key", None)
     text = str(error).splitlines()[0]
     if "Missing mandatory value" in text and key:
@@ -129,7 +129,7 @@ def _structured(plain: DictConfig) -> Config:
         cause = error.__cause__
         if isinstance(cause, ValueError) and not isinstance(cause, OmegaConfBaseException):
             raise ValueError(str(cause)) from None  # a __post_init__ check
-        raise ValueError(_omegaconf_message(error)) from None
+        raise ValueError(omegaconf_message(error)) from None
     assert isinstance(config, Config)  # to_object of Config's schema is always a Config
     return config
 

@@ -19,9 +19,20 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from hpctrain.config import TARGET_NODES, Config, resolved_plain, setup_lines, targets, to_typed
+from hpctrain.config import (
+    TARGET_NODES,
+    Config,
+    omegaconf_message,
+    resolved_plain,
+    setup_lines,
+    targets,
+    to_typed,
+)
+
+_ABSENT = object()
 
 
 class _NotCheap(Exception):
@@ -30,8 +41,12 @@ class _NotCheap(Exception):
 
 @dataclass
 class _Reference:
+    """The first point of a structure, fully checked."""
+
     typed: Config
     plain: dict[str, Any]
+    keys: set[str]  # the keys its value overrides set
+    dynamic: set[str]  # paths holding an interpolation: their values may follow any other
 
 
 class PointChecker:
@@ -48,16 +63,59 @@ class PointChecker:
         reference = self._references.get(structure)
         if reference is not None and not any(_swaps_target(o) for o in overrides):
             setup_lines.check_interpolations(cfg)
-            plain = resolved_plain(cfg)
             try:
+                plain = _patched(reference, cfg, _value_keys(overrides) | reference.keys)
                 return derive(reference, plain), plain
             except _NotCheap:
                 pass
         self.full_checks += 1
         typed, resolved = to_typed(cfg, overrides)
         plain = resolved_plain(resolved)
-        self._references.setdefault(structure, _Reference(typed, plain))
+        if structure not in self._references:
+            unresolved = OmegaConf.to_container(cfg, resolve=False)
+            unresolved.pop("hydra", None)  # type: ignore[union-attr]
+            dynamic = set(_interpolated_paths(unresolved))
+            self._references[structure] = _Reference(typed, plain, _value_keys(overrides), dynamic)
         return typed, plain
+
+
+def _value_keys(overrides: Sequence[str]) -> set[str]:
+    """The config keys a point's value overrides set (structural ones are the same for every
+    point of a structure; hydra.* is not in the job's config)."""
+    keys = (line.split("=", 1)[0] for line in overrides)
+    return {key for key in keys if not key.startswith(("+", "~", "hydra.")) and "@" not in key}
+
+
+def _interpolated_paths(node: Any, prefix: str = "") -> Iterator[str]:
+    """Paths of the values holding a `${...}` (a list holding one counts as a whole)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _interpolated_paths(value, f"{prefix}{key}.")
+    elif "${" in str(node):
+        yield prefix.rstrip(".")
+
+
+def _patched(reference: _Reference, cfg: DictConfig, keys: set[str]) -> dict[str, Any]:
+    """This point's resolved config: the reference's, with the values that can differ resolved
+    again (the keys either point set, and every interpolation)."""
+    plain = copy.deepcopy(reference.plain)
+    for path in sorted(keys | reference.dynamic):  # a parent before its children
+        *parents, leaf = path.split(".")
+        holder: Any = plain
+        for part in parents:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        if not isinstance(holder, dict):
+            raise _NotCheap
+        try:
+            value = OmegaConf.select(cfg, path, default=_ABSENT, throw_on_missing=True)
+            if OmegaConf.is_config(value):
+                value = OmegaConf.to_container(value, resolve=True, throw_on_missing=True)
+        except OmegaConfBaseException as error:
+            raise ValueError(omegaconf_message(error)) from None
+        if value is _ABSENT:
+            raise _NotCheap
+        holder[leaf] = value
+    return plain
 
 
 def _swaps_target(override: str) -> bool:

@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, open_dict, read_write
 
 from hydra_plugins.hpctrain_launcher.compose import sweep_configs
 
@@ -97,19 +97,18 @@ class SubmitLauncher(Launcher):
         return returns
 
 
-# What differs between points of one structure in the hydra node (compose.py sets the overrides).
-_POINT_KEYS = ("job.id", "job.num", "job.override_dirname", "runtime.output_dir", "overrides.task")
-
-
 def _publish(config: DictConfig, published: Optional[DictConfig]) -> DictConfig:
     """Make `config` HydraConfig's: set_config copies the whole hydra node (about 4 ms), so for
-    the next point of the same structure only the keys that differ are copied."""
+    the next point of the same structure only what differs between points is copied: the
+    point's number, id, output dir and overrides (compose.py sets the last two)."""
     holder = HydraConfig.instance()
     if published is not config or holder.cfg is None:
         holder.set_config(config)
         return config
-    hydra_node = holder.cfg.hydra  # type: ignore[attr-defined]
-    with read_write(hydra_node), open_dict(hydra_node):
-        for key in _POINT_KEYS:
-            OmegaConf.update(hydra_node, key, OmegaConf.select(config.hydra, key), merge=False)
+    mine, theirs = config.hydra, holder.cfg.hydra  # type: ignore[attr-defined]
+    with read_write(theirs):
+        theirs.job.id, theirs.job.num = mine.job.id, mine.job.num
+        theirs.job.override_dirname = mine.job.override_dirname
+        theirs.runtime.output_dir = mine.runtime.output_dir
+        theirs.overrides.task = mine.overrides.task
     return config
