@@ -62,9 +62,11 @@ class PointChecker:
         the key to change."""
         reference = self._references.get(structure)
         if reference is not None and not any(_swaps_target(o) for o in overrides):
-            setup_lines.check_interpolations(cfg)
+            keys = _value_keys(overrides) | reference.keys
+            if any(_overlaps(path, "slurm.setup") for path in keys | reference.dynamic):
+                setup_lines.check_interpolations(cfg)  # else its lines are the reference's, checked
             try:
-                plain = _patched(reference, cfg, _value_keys(overrides) | reference.keys)
+                plain = _patched(reference, cfg, keys)
                 return derive(reference, plain), plain
             except _NotCheap:
                 pass

@@ -18,7 +18,7 @@ from typing import Any
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 
 _ABSENT = object()
 
@@ -108,10 +108,10 @@ def sweep_configs(
         structure.apply([o for o in parsed if not _structural(o, loader)])
         config = structure.config
         app = [o for o in parsed if not o.is_hydra_override()]
-        with read_write(config.hydra), open_dict(config.hydra):  # read-only once HydraConfig holds it
-            config.hydra.overrides.task = [o.input_line for o in app]
-            dirname = config.hydra.job.config.override_dirname
-            config.hydra.job.override_dirname = get_overrides_dirname(
-                overrides=app, kv_sep=dirname.kv_sep, item_sep=dirname.item_sep, exclude_keys=dirname.exclude_keys
-            )
+        # Keys of Hydra's schema: no open_dict needed (it costs more than the assignment).
+        config.hydra.overrides.task = [o.input_line for o in app]
+        dirname = config.hydra.job.config.override_dirname
+        config.hydra.job.override_dirname = get_overrides_dirname(
+            overrides=app, kv_sep=dirname.kv_sep, item_sep=dirname.item_sep, exclude_keys=dirname.exclude_keys
+        )
         yield config

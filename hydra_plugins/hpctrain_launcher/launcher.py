@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.hpctrain_launcher.compose import sweep_configs
 
@@ -64,11 +64,10 @@ class SubmitLauncher(Launcher):
             for offset, sweep_config in enumerate(configs):
                 # What Hydra's run_job does that a submission needs: the point's number and output
                 # dir, and HydraConfig set so ${hydra:...} interpolations resolve.
-                with read_write(sweep_config.hydra), open_dict(sweep_config.hydra):
-                    sweep_config.hydra.job.id = f"point_{initial_job_idx + offset}"
-                    sweep_config.hydra.job.num = initial_job_idx + offset
-                    run_dir = sweep_dir / str(sweep_config.hydra.sweep.subdir)
-                    sweep_config.hydra.runtime.output_dir = str(run_dir.resolve())
+                sweep_config.hydra.job.id = f"point_{initial_job_idx + offset}"
+                sweep_config.hydra.job.num = initial_job_idx + offset
+                run_dir = sweep_dir / str(sweep_config.hydra.sweep.subdir)
+                sweep_config.hydra.runtime.output_dir = str(run_dir.resolve())
                 published = _publish(sweep_config, published)
                 run_dir.mkdir(parents=True, exist_ok=True)
                 (run_dir / ".hydra").mkdir(exist_ok=True)
@@ -102,13 +101,17 @@ def _publish(config: DictConfig, published: Optional[DictConfig]) -> DictConfig:
     the next point of the same structure only what differs between points is copied: the
     point's number, id, output dir and overrides (compose.py sets the last two)."""
     holder = HydraConfig.instance()
+    mine = config.hydra
     if published is not config or holder.cfg is None:
         holder.set_config(config)
+        # set_config makes both hydra nodes read-only; the launcher sets them point by point
+        # (read_write around every assignment cost more than the assignments).
+        OmegaConf.set_readonly(mine, False)
+        OmegaConf.set_readonly(holder.cfg.hydra, False)  # type: ignore[attr-defined]
         return config
-    mine, theirs = config.hydra, holder.cfg.hydra  # type: ignore[attr-defined]
-    with read_write(theirs):
-        theirs.job.id, theirs.job.num = mine.job.id, mine.job.num
-        theirs.job.override_dirname = mine.job.override_dirname
-        theirs.runtime.output_dir = mine.runtime.output_dir
-        theirs.overrides.task = mine.overrides.task
+    theirs = holder.cfg.hydra  # type: ignore[attr-defined]
+    theirs.job.id, theirs.job.num = mine.job.id, mine.job.num
+    theirs.job.override_dirname = mine.job.override_dirname
+    theirs.runtime.output_dir = mine.runtime.output_dir
+    theirs.overrides.task = mine.overrides.task
     return config
