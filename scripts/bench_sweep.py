@@ -11,7 +11,8 @@ each point count, in rotated order every round (the machine is noisy):
                render, write the run dirs, sbatch every point, print the job ids
   prepare      the same with dry_run=true: everything before the first sbatch
 
-Printed: median and p90 seconds per case, and ratios against `sbatch 8x` measured in the same run.
+Printed: median and p90 seconds per case, ratios against `sbatch 8x` measured in the same run,
+and the median CPU seconds of each case's processes (sbatch's own, not slurmctld's).
 
     python scripts/bench_sweep.py [--points 100 1000] [--rounds 3] [overrides ...]
 """
@@ -19,7 +20,9 @@ Printed: median and p90 seconds per case, and ratios against `sbatch 8x` measure
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -30,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 PARALLELISM = 8  # slurm.submit_parallelism's default
+Samples = dict[tuple[int, str], list[float]]  # (points, case) -> one value per round
 JOB_ID = re.compile(r"^Submitted batch job (\d+)$", re.MULTILINE)
 
 
@@ -69,12 +73,18 @@ def cancel(job_ids: list[str]) -> None:
             print(f"warning: scancel failed: {done.stderr.strip()}", file=sys.stderr)
 
 
-def timed(case: str, count: int, work: Path, script: Path, overrides: list[str]) -> float:
-    """One case, start to shell back; its jobs cancelled afterwards (not timed)."""
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(case: str, count: int, work: Path, script: Path, overrides: list[str]) -> tuple[float, float]:
+    """One case: (seconds from start to shell back, CPU seconds of the processes it ran);
+    its jobs are cancelled afterwards (not timed)."""
     lrs = ",".join(f"{1e-5 * (i + 1):.6g}" for i in range(count))
     sweep_dir = work / f"sweep-{time.monotonic_ns()}"
     sweep = [*submit_command(), "-m", f"optim.lr={lrs}", f"hydra.sweep.dir={sweep_dir}", *overrides]
-    start = time.perf_counter()
+    cpu_before, start = children_cpu_s(), time.perf_counter()
     if case == "sbatch 1x":
         job_ids = bare_sbatch(script, count, 1)
     elif case == "sbatch 8x":
@@ -84,12 +94,12 @@ def timed(case: str, count: int, work: Path, script: Path, overrides: list[str])
     else:
         run([*sweep, "dry_run=true"], work)
         job_ids = []
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, children_cpu_s() - cpu_before
     if case == "submit" and len(job_ids) != count:
         sys.exit(f"hpctrain-submit printed {len(job_ids)} job ids for {count} points")
     cancel(job_ids)
     shutil.rmtree(sweep_dir, ignore_errors=True)
-    return elapsed
+    return elapsed, cpu
 
 
 def p90(values: list[float]) -> float:
@@ -110,28 +120,33 @@ def main() -> None:
     try:
         run([*submit_command(), "dry_run=true", f"hydra.run.dir={work / 'one'}", *args.overrides], work)
         script = work / "one" / "job.sbatch"  # what the bare calls queue: a real hpctrain job script
-        times: dict[tuple[int, str], list[float]] = {}
+        times: Samples = {}
+        cpus: Samples = {}
         for round_index in range(args.rounds):
             for count in args.points:
                 shift = round_index % len(cases)
                 for case in cases[shift:] + cases[:shift]:
-                    seconds = timed(case, count, work, script, args.overrides)
+                    seconds, cpu = timed(case, count, work, script, args.overrides)
                     times.setdefault((count, case), []).append(seconds)
-                    print(f"round {round_index + 1} {count:5d} points  {case:10s} {seconds:7.2f}s", flush=True)
-        report(times, args.points, cases)
+                    cpus.setdefault((count, case), []).append(cpu)
+                    print(f"round {round_index + 1} {count:5d} points  {case:10s} {seconds:7.2f}s (CPU {cpu:.2f}s)")
+        print(f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+        report(times, cpus, args.points, cases)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report(times: dict[tuple[int, str], list[float]], counts: list[int], cases: list[str]) -> None:
-    print(f"\n{'points':>6}  {'case':10s} {'median':>8} {'p90':>8}  {'/ sbatch 8x':>11}  per point")
+def report(times: Samples, cpus: Samples, counts: list[int], cases: list[str]) -> None:
+    """Wall time until the shell is back (median, p90, ratio to `sbatch 8x`), and the median CPU
+    time of the processes (a busy machine stretches wall time more than CPU time)."""
+    print(f"\n{'points':>6}  {'case':10s} {'median':>8} {'p90':>8}  {'/ sbatch 8x':>11}  {'per point':>9}  {'CPU':>7}")
     for count in counts:
         floor = statistics.median(times[count, "sbatch 8x"])
         for case in cases:
             median = statistics.median(times[count, case])
             print(
                 f"{count:6d}  {case:10s} {median:7.2f}s {p90(times[count, case]):7.2f}s  {median / floor:10.2f}x"
-                f"  {1000 * median / count:6.1f} ms"
+                f"  {1000 * median / count:6.1f} ms  {statistics.median(cpus[count, case]):6.2f}s"
             )
 
 
