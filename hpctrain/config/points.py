@@ -75,7 +75,8 @@ class PointChecker:
         plain = resolved_plain(resolved)
         if structure not in self._references:
             unresolved = OmegaConf.to_container(cfg, resolve=False)
-            unresolved.pop("hydra", None)  # type: ignore[union-attr]
+            assert isinstance(unresolved, dict)  # a DictConfig's container is a dict
+            unresolved.pop("hydra", None)
             dynamic = set(_interpolated_paths(unresolved))
             self._references[structure] = _Reference(typed, plain, _value_keys(overrides), dynamic)
         return typed, plain
@@ -180,6 +181,7 @@ def _overlaps(path: str, key: str) -> bool:
 
 
 def _node(typed: Config, dotted: str) -> Any:
+    node: Any = typed
     for part in dotted.split("."):
-        typed = getattr(typed, part) if not isinstance(typed, dict) else typed.get(part)
-    return typed
+        node = node.get(part) if isinstance(node, dict) else getattr(node, part)
+    return node

@@ -56,9 +56,9 @@ def logged_steps(path: Path) -> list[int]:
     """The `_step` of every history row in one .wandb file, in the order logged."""
     from wandb.proto import wandb_internal_pb2
 
-    steps = []
+    steps: list[int] = []
     for raw in records(path):
-        record = wandb_internal_pb2.Record()
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
         try:
             record.ParseFromString(raw)
         except Exception:  # protobuf's DecodeError: a torn record's bytes

@@ -105,7 +105,7 @@ class WandbSink:
         self.run = wandb.init(
             id=run_id,
             resume="allow",
-            mode=settings.wandb_mode,
+            mode="offline" if offline else "online",
             dir=str(self.run_dir),
             project=settings.wandb_project,
             entity=settings.wandb_entity or None,

@@ -90,7 +90,9 @@ def _composed_value(config: DictConfig, key: str) -> Any:
     parent = OmegaConf.select(config, parent_key, default=None) if parent_key else config
     if not isinstance(parent, DictConfig) or leaf not in parent:
         return _ABSENT  # Hydra's apply says what is wrong
-    return OmegaConf.to_container(parent, resolve=False)[leaf]
+    values = OmegaConf.to_container(parent, resolve=False)
+    assert isinstance(values, dict)  # a DictConfig's container is a dict
+    return values[leaf]
 
 
 def sweep_configs(
@@ -101,7 +103,7 @@ def sweep_configs(
     structures: dict[tuple[str, ...], _Structure] = {}
     for overrides in job_overrides:
         parsed = [_parse(line) for line in overrides]
-        structural = tuple(o.input_line for o in parsed if _structural(o, loader))
+        structural = tuple(str(o.input_line) for o in parsed if _structural(o, loader))
         if structural not in structures:
             structures[structural] = _Structure(loader.load_sweep_config(master, list(structural)))
         structure = structures[structural]

@@ -107,9 +107,9 @@ def _publish(config: DictConfig, published: Optional[DictConfig]) -> DictConfig:
         # set_config makes both hydra nodes read-only; the launcher sets them point by point
         # (read_write around every assignment cost more than the assignments).
         OmegaConf.set_readonly(mine, False)
-        OmegaConf.set_readonly(holder.cfg.hydra, False)  # type: ignore[attr-defined]
+        OmegaConf.set_readonly(holder.cfg.hydra, False)  # type: ignore[union-attr,attr-defined]
         return config
-    theirs = holder.cfg.hydra  # type: ignore[attr-defined]
+    theirs = holder.cfg.hydra  # type: ignore[union-attr,attr-defined]
     theirs.job.id, theirs.job.num = mine.job.id, mine.job.num
     theirs.job.override_dirname = mine.job.override_dirname
     theirs.runtime.output_dir = mine.runtime.output_dir
