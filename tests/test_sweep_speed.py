@@ -31,6 +31,8 @@ SWEEP = [
     (["model=gpt", "data=tokens", "data.dataset.seq_len=8"], True),  # model.block_size follows
     (["model=gpt", "data=tokens", "model.n_layer=1", "slurm.setup=[module load x]"], True),
     (["optim.lr=0.3"], True),  # the first structure again
+    (["cluster=devcluster", "slurm.nodes=2"], False),  # a group choice in every point
+    (["cluster=devcluster", "slurm.nodes=3", "slurm.extra=[--hold]"], True),
 ]
 
 # A bad value in a point after a good one of the same structure: the cheap check refuses it
@@ -65,7 +67,7 @@ def test_cheap_checks_give_what_the_full_check_gives(loader_and_master) -> None:
         assert typed == expected_typed, point
         assert plain == resolved_plain(expected_resolved), point
         assert resolved_yaml(plain) == OmegaConf.to_yaml(expected_resolved), point
-    assert checker.full_checks == 3
+    assert checker.full_checks == 4
 
 
 @pytest.mark.parametrize(("bad", "message"), BAD)

@@ -115,6 +115,8 @@ def _patched(reference: _Reference, cfg: DictConfig, keys: set[str]) -> dict[str
                 value = OmegaConf.to_container(value, resolve=True, throw_on_missing=True)
         except OmegaConfBaseException as error:
             raise ValueError(omegaconf_message(error)) from None
+        if value is _ABSENT and leaf not in holder:
+            continue  # a group choice (cluster=mysite): no key of the config, the same for the structure
         if value is _ABSENT:
             raise _NotCheap
         holder[leaf] = value
