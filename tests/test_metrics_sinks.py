@@ -1,5 +1,5 @@
-"""Metrics beyond metrics.jsonl: TensorBoard and MLflow from real `hpctrain-train` runs, read back
-with TensorBoard's EventAccumulator and MLflow's client.
+"""Metrics beyond metrics.jsonl: TensorBoard, MLflow and W&B (offline) from real `hpctrain-train`
+runs, read back with TensorBoard's EventAccumulator, MLflow's client and W&B's own records.
 
 The resume test kills a run with SIGKILL between two checkpoints (a node failure, an OOM kill:
 nothing is saved at the stop), so the run has logged steps past the checkpoint it resumes from.
@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import assert_ok, describe, events, train_command, train_env
@@ -25,10 +26,11 @@ from omegaconf import OmegaConf
 
 from hpctrain.config import Config
 from hpctrain.journal import read_jsonl
-from hpctrain.metrics import jsonl, params
+from hpctrain.metrics import jsonl, params, wandb_files, wandb_sink
 
 pytest.importorskip("mlflow")
 pytest.importorskip("tensorboard")
+pytest.importorskip("wandb")
 from mlflow.tracking import MlflowClient  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
@@ -58,6 +60,8 @@ RESUMED = (
     "trainer.ckpt_every=20",
     "metrics.tensorboard=true",
     "metrics.mlflow=true",
+    "metrics.wandb=true",
+    "metrics.wandb_tags=[paced,resume]",
 )
 LOGGED_STEPS = list(range(LOG_EVERY, MAX_STEPS + 1, LOG_EVERY))
 DEADLINE_S = 120
@@ -81,6 +85,8 @@ def _read_file_stores() -> Iterator[None]:
 def _env(paced_dir: Path, pace_s: float) -> dict[str, str]:
     env = train_env(paced_dir)
     env.pop("MLFLOW_TRACKING_URI", None)  # the default store: the run dir's own
+    for key in [k for k in env if k.startswith("WANDB_")]:
+        env.pop(key)  # the default, offline mode: no network, no login
     env["PACE_S"] = str(pace_s)
     return env
 
@@ -128,6 +134,30 @@ def _tensorboard(run_dir: Path) -> EventAccumulator:
     return accumulator
 
 
+def _wandb_lives(run_dir: Path) -> list[list[int]]:
+    """The steps each life's offline W&B file holds, oldest life first."""
+    if not (run_dir / "wandb_run.json").exists():
+        return []
+    run_id = json.loads((run_dir / "wandb_run.json").read_text())["run_id"]
+    return [wandb_files.logged_steps(path) for path in wandb_files.run_files(run_dir / "wandb", run_id)]
+
+
+def _wandb_run_record(path: Path) -> Any:
+    from wandb.proto import wandb_internal_pb2
+
+    for raw in wandb_files.records(path):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "run":
+            return record.run
+    raise AssertionError(f"{path}: no run record")
+
+
+def _saved(run_dir: Path) -> int:
+    """The newest checkpoint's step (at least 25: past the first one, step 20)."""
+    return max([25] + [e["step"] for e in events(run_dir, "checkpoint")])
+
+
 def _jsonl_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")]
 
@@ -140,12 +170,17 @@ def killed_and_resumed(paced_dir: Path, tmp_path_factory: pytest.TempPathFactory
     """Life 1 is SIGKILLed once every sink shows steps past the checkpoint at step 20; life 2 is
     the same command again. Returns what life 1 left and the resumed run."""
     run_dir = tmp_path_factory.mktemp("killed") / "run"
-    env = _env(paced_dir, pace_s=0.02)
+    env = _env(paced_dir, pace_s=0.05)
     life1 = _start(run_dir, RESUMED, env)
     _wait_for(life1, "the checkpoint at step 20", lambda: bool(events(run_dir, "checkpoint")))
-    past = 26
-    _wait_for(life1, f"step {past} in metrics.jsonl", lambda: max(_jsonl_steps(run_dir), default=0) >= past)
-    _wait_for(life1, f"step {past} in MLflow", lambda: max(_mlflow_steps(run_dir), default=0) >= past)
+    # Every sink past the newest checkpoint (and step 26): the next life logs those steps again.
+    # (Not W&B: offline, it writes its file in 32 KiB blocks; what the kill loses, life 2 sends.)
+    sinks = {"metrics.jsonl": _jsonl_steps, "MLflow": _mlflow_steps}
+    _wait_for(
+        life1,
+        f"{', '.join(sinks)} past the newest checkpoint",
+        lambda: all(max(steps(run_dir), default=0) > _saved(run_dir) for steps in sinks.values()),
+    )
     os.killpg(life1.pid, signal.SIGKILL)
     life1.wait(timeout=30)
     before = {
@@ -153,6 +188,8 @@ def killed_and_resumed(paced_dir: Path, tmp_path_factory: pytest.TempPathFactory
         "tensorboard": [e.step for e in _tensorboard(run_dir).Scalars("loss")],
         "mlflow": _mlflow_steps(run_dir),
         "run_file": (run_dir / "mlflow_run.json").read_text(),
+        "wandb": sum(_wandb_lives(run_dir), []),
+        "wandb_run_file": (run_dir / "wandb_run.json").read_text(),
     }
     resumed = subprocess.run(
         train_command(run_dir, RESUMED),
@@ -216,6 +253,53 @@ def test_mlflow_goes_on_in_the_same_run_with_each_step_once(killed_and_resumed: 
     assert run.data.tags["hpctrain.run_dir"] == str(run_dir.resolve())
 
 
+def test_wandb_goes_on_in_the_same_run_with_each_step_once(killed_and_resumed: dict) -> None:
+    """Offline: one folder per life under <run dir>/wandb, one run id, every step in one of them
+    (`wandb sync` uploads them in order into the one run)."""
+    run_dir, before = killed_and_resumed["run_dir"], killed_and_resumed["before"]
+    assert (run_dir / "wandb_run.json").read_text() == before["wandb_run_file"]
+    run_id = json.loads(before["wandb_run_file"])["run_id"]
+    lives = _wandb_lives(run_dir)
+    assert len(lives) == 2, lives
+    assert lives[0] == before["wandb"]  # what life 1 wrote (maybe nothing: killed) stays as it was
+    assert sum(lives, []) == LOGGED_STEPS  # each step once, in increasing order
+    # Both lives' folders are named by the run id; life 1's file may hold only its header.
+    run = _wandb_run_record(wandb_files.run_files(run_dir / "wandb", run_id)[-1])
+    assert (run.run_id, run.project, run.display_name) == (run_id, "hpctrain", "run")
+    assert list(run.tags) == ["paced", "resume"] and run.run_group == ""  # not a sweep's point
+
+
+def test_a_sweep_point_is_grouped_by_its_sweep_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hydra writes multirun.yaml into a sweep's folder; the points are the folders beside it."""
+    config = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(Config), {"model": {}, "optim": {}, "data": {"dataset": {}}})
+    )
+    sweep = tmp_path / "multirun" / "12-00-00"
+    (sweep / "3").mkdir(parents=True)
+    (tmp_path / "single").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert wandb_sink.group(config, sweep / "3") is None
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    assert wandb_sink.group(config, sweep / "3") == "multirun/12-00-00"
+    assert wandb_sink.group(config, tmp_path / "single") is None
+    config.metrics.wandb_group = "mine"
+    assert wandb_sink.group(config, sweep / "3") == "mine"
+
+
+@pytest.mark.parametrize(
+    ("step", "logged_through", "sent"),
+    [
+        (10, -1, {"loss": 0.5, "lr": 0.1}),  # a fresh run
+        (10, 9, {"loss": 0.5, "lr": 0.1}),
+        (10, 10, {}),  # W&B has it: an earlier life logged it after its checkpoint
+        (10, 12, {}),
+    ],
+)
+def test_wandb_is_sent_only_steps_it_lacks(step: int, logged_through: int, sent: dict) -> None:
+    record = {"step": step, "loss": 0.5, "lr": 0.1, "note": "not a number"}
+    assert wandb_sink.to_send(record, logged_through) == sent
+
+
 # ---- a sink that fails mid-run -------------------------------------------------------------------
 
 
@@ -248,6 +332,7 @@ def test_mlflow_gone_mid_run_warns_once_and_training_finishes(paced_dir: Path, t
 BROKEN = {
     "tensorboard": {"tensorboard.py": "raise ImportError('No module named tensorboard')\n"},
     "mlflow": {"mlflow/__init__.py": "raise ImportError('No module named mlflow')\n"},
+    "wandb": {"wandb/__init__.py": "raise ImportError('No module named wandb')\n"},
 }
 
 
@@ -260,7 +345,10 @@ def test_a_missing_extra_fails_before_any_process_naming_the_pip_command(tmp_pat
             (fake_dir / name).write_text(text)
         cwd = tmp_path / f"cwd-{extra}"
         cwd.mkdir()
-        command = [sys.executable, "-m", "hpctrain.cli.train", f"metrics.{extra}=true", "hydra.run.dir=run"]
+        # W&B through hpctrain-submit (a dry run: no Slurm needed to reach the check): refused on the
+        # login node before anything is written, not in the job.
+        entry = ["hpctrain.cli.submit", "dry_run=true"] if extra == "wandb" else ["hpctrain.cli.train"]
+        command = [sys.executable, "-m", *entry, f"metrics.{extra}=true", "hydra.run.dir=run"]
         started[extra] = (
             cwd,
             subprocess.Popen(

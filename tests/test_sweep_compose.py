@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from hpctrain import config as hconfig
-from hydra_plugins.hpctrain_launcher.compose import sweep_configs
+from hydra_plugins.hpctrain_launcher.compose import _parse, sweep_configs
 
 POINTS = [
     ["optim.lr=0.1"],
@@ -19,6 +20,10 @@ POINTS = [
     ["model=gpt", "data=tokens", "model.n_layer=2", "data.dataset.vocab_size=64"],
     ["optim=sgd", "+optim.nesterov=true"],
     ["slurm.nodes=3", "cluster=devcluster"],
+    # Back to the first structure: the values the points above set are undone.
+    ["optim.lr=0.4", "data.batch_size=8", "slurm.setup=[module load x]"],
+    ["trainer.max_steps=7"],
+    ["model=gpt", "data=tokens", "data.dataset.seq_len=16"],  # model.block_size follows by interpolation
 ]
 
 
@@ -41,18 +46,39 @@ def job_part(cfg):
 
 def test_same_configs_as_hydra(loader_and_master) -> None:
     loader, master = loader_and_master
-    fast = list(sweep_configs(loader, master, POINTS))
-    assert len(fast) == len(POINTS)
-    for point, mine in zip(POINTS, fast):
+    compared = 0
+    # Points of one structure share one config object, set to each point in turn: compare each
+    # before asking for the next.
+    for point, mine in zip(POINTS, sweep_configs(loader, master, POINTS)):
         hydras = loader.load_sweep_config(master, point)
         assert job_part(mine) == job_part(hydras), point
         assert list(mine.hydra.overrides.task) == list(hydras.hydra.overrides.task)
         assert mine.hydra.job.override_dirname == hydras.hydra.job.override_dirname
         assert dict(mine.hydra.runtime.choices) == dict(hydras.hydra.runtime.choices)
+        compared += 1
+    assert compared == len(POINTS)
 
 
 def test_points_do_not_leak_into_each_other(loader_and_master) -> None:
+    """A value one point set is back to the composed one for the next point."""
     loader, master = loader_and_master
-    first, second = sweep_configs(loader, master, [["optim.lr=0.5"], ["trainer.seed=9"]])
-    assert first.optim.lr == 0.5 and second.optim.lr != 0.5
-    assert second.trainer.seed == 9 and first.trainer.seed != 9
+    points = [["optim.lr=0.5", "model.channels=[4,4]"], ["trainer.seed=9"], ["optim.lr=0.25"]]
+    default = loader.load_sweep_config(master, [])
+    seen = [(cfg.optim.lr, cfg.trainer.seed, list(cfg.model.channels)) for cfg in sweep_configs(loader, master, points)]
+    channels = list(default.model.channels)
+    assert seen == [
+        (0.5, default.trainer.seed, [4, 4]),
+        (default.optim.lr, 9, channels),
+        (0.25, default.trainer.seed, channels),
+    ]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["1e-05", "10", "-3", "0", "-0", "0.5", "1.", ".5", "-.5", "1E5", "1.e3", "-1.5e+3", "1_000", "007", "00.5", "5e"],
+)
+def test_number_lines_are_read_as_hydra_reads_them(value: str) -> None:
+    """`key=number` lines skip Hydra's parser; they must give exactly its Override."""
+    line = f"optim.lr={value}"
+    mine, hydras = _parse(line), OverridesParser.create().parse_overrides([line])[0]
+    assert mine == hydras and type(mine.value()) is type(hydras.value())

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
@@ -27,6 +28,8 @@ from hpctrain.run.paths import RunDir, checkpoints_in, remove_empty_parents
 # Hydra's own files in a fresh output dir; a run dir holding nothing else can go on a bad config.
 _HYDRA_FILES = {".hydra"}
 EXIT_USER_ERROR = CLI_USER_ERROR  # the console scripts' code for a user's mistake
+# (composed config, its overrides) -> (typed Config, resolved config to write as config.yaml)
+Checker = Callable[[DictConfig, Sequence[str]], tuple[Config, Any]]
 
 
 def fail(message: str) -> NoReturn:
@@ -44,13 +47,14 @@ def run_dir_key() -> str:
     return "hydra.sweep.dir" if HydraConfig.get().mode == RunMode.MULTIRUN else "hydra.run.dir"
 
 
-def prepare_run_dir(cfg: DictConfig) -> tuple[Config, RunDir]:
+def prepare_run_dir(cfg: DictConfig, check: Checker = to_typed) -> tuple[Config, RunDir]:
     """Check the config and write the run dir's config.yaml; on a bad config, print what to
-    change, remove the run dir Hydra just made (if it holds nothing of a run) and exit 2."""
+    change, remove the run dir Hydra just made (if it holds nothing of a run) and exit 2.
+    `check` gives the typed and the resolved config (a sweep checks its points more cheaply)."""
     hydra_cfg = HydraConfig.get()
     run = RunDir(Path(hydra_cfg.runtime.output_dir))
     try:
-        config, resolved = to_typed(cfg, hydra_cfg.overrides.task)
+        config, resolved = check(cfg, hydra_cfg.overrides.task)
         check_extras(config.metrics)  # the training processes would refuse to start without them
     except ValueError as error:
         discard_if_empty(run.root)
@@ -100,13 +104,13 @@ def _refuse_a_live_job(run: RunDir) -> None:
         )
 
 
-def _refuse_a_different_config(run: RunDir, resolved: DictConfig) -> None:
+def _refuse_a_different_config(run: RunDir, resolved: DictConfig | dict[str, Any]) -> None:
     """Starting an existing run dir again resumes it, but only with the config it ran."""
     try:
         old = OmegaConf.to_container(OmegaConf.load(run.config))
     except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as error:
         fail(f"{run.config} is unreadable ({str(error).splitlines()[0]}); pick a new {run_dir_key()}")
-    new = OmegaConf.to_container(resolved)
+    new = OmegaConf.to_container(resolved) if isinstance(resolved, DictConfig) else resolved
     changed = differences(_what_a_run_is(old), _what_a_run_is(new))
     if changed:
         fail(

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from hpctrain import config as hconfig
 from hpctrain import logs
 from hpctrain.cli.common import (
+    Checker,
     discard_if_empty,
     fail,
     is_fresh,
@@ -31,6 +32,7 @@ from hpctrain.cli.common import (
     run_dir_key,
     single_line,
 )
+from hpctrain.config import to_typed
 from hpctrain.run.exitcodes import CLI_REFUSED
 from hpctrain.run.paths import restrict_umask
 from hpctrain.slurm import sbatch
@@ -49,9 +51,10 @@ hconfig.register()
 EXIT_REFUSED = CLI_REFUSED  # sbatch refused
 
 
-def prepare_point(cfg: DictConfig, shared_code: CodeSnapshot | None = None) -> Point:
-    """Check the config, write config.yaml, the code snapshot and job.sbatch into the point's run
-    dir. `shared_code`: a sweep's one snapshot for all its points (else the run dir's own)."""
+def prepare_point(cfg: DictConfig, shared_code: CodeSnapshot | None = None, check: Checker = to_typed) -> Point:
+    """Check the config (with `check`), write config.yaml, the code snapshot and job.sbatch into
+    the point's run dir. `shared_code`: a sweep's one snapshot for all its points (else the run
+    dir's own)."""
     root = Path(HydraConfig.get().runtime.output_dir)
     fresh = is_fresh(root)
     try:
@@ -61,7 +64,7 @@ def prepare_point(cfg: DictConfig, shared_code: CodeSnapshot | None = None) -> P
     except ValueError as error:
         discard_if_empty(root)
         fail(str(error))
-    config, run = prepare_run_dir(cfg)
+    config, run = prepare_run_dir(cfg, check)
     point = Point(config=config, run=run, overrides=list(HydraConfig.get().overrides.task), fresh=fresh)
     try:
         point.code = snapshot_code(point, shared_code)

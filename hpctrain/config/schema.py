@@ -271,11 +271,29 @@ class MetricsConfig:
     mlflow_experiment: str = "hpctrain"
     # Empty means the run dir's path relative to the working directory (runs/2026-01-31/12-00-00).
     mlflow_run_name: str = ""
+    # A W&B run per hpctrain run (needs the `wandb` extra); its id is kept in wandb_run.json.
+    wandb: bool = False
+    # offline: files in <run dir>/wandb, no network (compute nodes often have none); upload
+    # them later with `wandb sync`. online: straight to W&B (needs WANDB_API_KEY or a login).
+    wandb_mode: str = "offline"
+    wandb_project: str = "hpctrain"
+    # Empty means W&B's default entity (your user, or WANDB_ENTITY).
+    wandb_entity: str = ""
+    # Empty means the sweep dir for a sweep's points (runs/multirun/2026-01-31/12-00-00), else none.
+    wandb_group: str = ""
+    wandb_tags: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        for key in ("tensorboard_dir", "mlflow_tracking_uri", "mlflow_experiment", "mlflow_run_name"):
+        strings = ("tensorboard_dir", "mlflow_tracking_uri", "mlflow_experiment", "mlflow_run_name")
+        for key in (*strings, "wandb_project", "wandb_entity", "wandb_group"):
             single_line(f"metrics.{key}", getattr(self, key))
         require(bool(self.mlflow_experiment), "metrics.mlflow_experiment", "must not be empty")
+        require(bool(self.wandb_project), "metrics.wandb_project", "must not be empty")
+        require(
+            self.wandb_mode in ("offline", "online"),
+            "metrics.wandb_mode",
+            f"must be offline or online (got {self.wandb_mode!r})",
+        )
 
 
 @dataclass

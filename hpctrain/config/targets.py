@@ -50,6 +50,19 @@ def _import(target: str) -> Any:
 
 def _signature(obj: Callable[..., Any]) -> inspect.Signature | None:
     try:
+        # Cached, as _import: inspect.signature of a class takes about a millisecond.
+        return _cached_signature(obj)
+    except TypeError:  # an unhashable callable object
+        return _uncached_signature(obj)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_signature(obj: Callable[..., Any]) -> inspect.Signature | None:
+    return _uncached_signature(obj)
+
+
+def _uncached_signature(obj: Callable[..., Any]) -> inspect.Signature | None:
+    try:
         return inspect.signature(obj)
     except (TypeError, ValueError):  # some builtins have no introspectable signature
         return None

@@ -16,6 +16,7 @@ from hpctrain.errors import UserError
 EXTRAS = {
     "tensorboard": ("TensorBoard", "torch.utils.tensorboard", "tensorboard"),
     "mlflow": ("MLflow", "mlflow", "mlflow"),
+    "wandb": ("W&B", "wandb", "wandb"),
 }
 
 

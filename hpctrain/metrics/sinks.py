@@ -1,4 +1,4 @@
-"""Rank 0's metric records, fanned out: metrics.jsonl always, TensorBoard and MLflow on request.
+"""Rank 0's metric records, fanned out: metrics.jsonl always, TensorBoard, MLflow and W&B on request.
 
 metrics.jsonl is the run's contract (hpctrain-status reads it): a failure to write it is a
 failure of the run. The other sinks are extras: the first error of one is told once and the sink
@@ -76,6 +76,10 @@ def open_sinks(config: Config, run_dir: Path, resumed_from_step: int, is_main: b
         from hpctrain.metrics.mlflow_sink import MlflowSink
 
         _add(extras, "MLflow", lambda: MlflowSink(settings, run_dir, params.flatten(config)))
+    if settings.wandb:
+        from hpctrain.metrics.wandb_sink import WandbSink
+
+        _add(extras, "W&B", lambda: WandbSink(config, run_dir, resumed_from_step))
     return MetricSinks(JsonLines(run.metrics), extras)
 
 

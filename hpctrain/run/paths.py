@@ -35,6 +35,11 @@ class RunDir:
         return self.root / "model.pt"
 
     @property
+    def wandb_run(self) -> Path:
+        """The W&B run id every life of the run logs to (with metrics.wandb)."""
+        return self.root / "wandb_run.json"
+
+    @property
     def submission(self) -> Path:
         return self.root / "submission.json"
 

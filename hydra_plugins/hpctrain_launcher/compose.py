@@ -1,15 +1,19 @@
 """Sweep points' configs, composed once per distinct set of structural overrides.
 
-Hydra composes every sweep point from scratch (about 90 ms each, twice with the sweeper's
-legality check), which made 100 points take half a minute to submit. Most sweeps change
-values, not groups: the defaults list, and so the composition, depends only on group choices,
-`+`/`~` overrides and `hydra.*` overrides. Those are composed once; the value overrides are
-then applied exactly as Hydra applies them after composing (tests/test_sweep_compose.py checks
-the result against Hydra's own per-point composition).
+Hydra composes every sweep point from scratch (about 90 ms each), which made 100 points take
+half a minute to submit. Most sweeps change values, not groups: the defaults list, and so the
+composition, depends only on group choices, `+`/`~` overrides and `hydra.*` overrides. Those
+are composed once per distinct set; each point's value overrides are then applied to that one
+config with Hydra's own function, after putting back the values the previous point changed
+(a deep copy per point cost more than everything else a point needs).
+tests/test_sweep_compose.py checks the result against Hydra's own per-point composition.
 """
 
-import copy
+import dataclasses
+import re
 from collections.abc import Iterator, Sequence
+from functools import lru_cache
+from typing import Any
 
 # Private Hydra API, pinned by setup.cfg's hydra-core>=1.3,<1.4: Hydra 1.3 has no public way to
 # apply value overrides to a composed config, to ask whether a key names a config group (the
@@ -18,7 +22,34 @@ from collections.abc import Iterator, Sequence
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf
+
+_ABSENT = object()
+
+
+# `key=number`, the bulk of a sweep's lines, in the forms Hydra's grammar reads as int or float
+# (it reads `007` as a string: no leading zeros).
+_NUMBER_LINE = re.compile(
+    r"^(?P<key>[A-Za-z_][\w.]*)=(?:(?P<int>-?(?:0|[1-9]\d*))"
+    r"|(?P<float>-?(?:(?:0|[1-9]\d*)\.\d*|\.\d+)(?:[eE][-+]?\d+)?|-?(?:0|[1-9]\d*)[eE][-+]?\d+))$"
+)
+
+
+def _parse(line: str) -> Override:
+    """Hydra's parse of one override line. Its ANTLR parser takes about a millisecond a line, and
+    every point of a numeric sweep has a line of its own: `key=number` takes Hydra's parse of
+    the key's first such line, with the number read as Hydra reads it."""
+    number = _NUMBER_LINE.match(line)
+    if number is None:
+        return _parse_with_hydra(line)
+    value: Any = int(number["int"]) if number["int"] is not None else float(number["float"])
+    template = _parse_with_hydra(f"{number['key']}=0")
+    return dataclasses.replace(template, _value=value, input_line=line)
+
+
+@lru_cache(maxsize=4096)
+def _parse_with_hydra(line: str) -> Override:
+    return OverridesParser.create().parse_overrides([line])[0]
 
 
 def _structural(override: Override, loader: ConfigLoaderImpl) -> bool:
@@ -28,28 +59,65 @@ def _structural(override: Override, loader: ConfigLoaderImpl) -> bool:
         or override.is_delete()
         or override.is_hydra_override()
         or override.package is not None
-        or loader.repository.group_exists(override.key_or_group)
+        or _is_group(loader, override.key_or_group)
     )
+
+
+@lru_cache(maxsize=1024)
+def _is_group(loader: ConfigLoaderImpl, key: str) -> bool:
+    return bool(loader.repository.group_exists(key))
+
+
+class _Structure:
+    """One composed config, shared by every point with the same structural overrides."""
+
+    def __init__(self, config: DictConfig) -> None:
+        self.config = config
+        self.original: dict[str, Any] = {}  # key -> its composed value (unresolved), or _ABSENT
+        self.changed: list[str] = []  # keys the last point set
+
+    def apply(self, values: list[Override]) -> None:
+        for key in self.changed:  # back to the composed config
+            if self.original[key] is not _ABSENT:
+                OmegaConf.update(self.config, key, self.original[key], merge=False)
+        self.changed = []
+        for override in values:
+            key = override.key_or_group
+            if key not in self.original:
+                self.original[key] = _composed_value(self.config, key)
+            self.changed.append(key)
+        ConfigLoaderImpl._apply_overrides_to_config(values, self.config)
+
+
+def _composed_value(config: DictConfig, key: str) -> Any:
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(config, parent_key, default=None) if parent_key else config
+    if not isinstance(parent, DictConfig) or leaf not in parent:
+        return _ABSENT  # Hydra's apply says what is wrong
+    values = OmegaConf.to_container(parent, resolve=False)
+    assert isinstance(values, dict)  # a DictConfig's container is a dict
+    return values[leaf]
 
 
 def sweep_configs(
     loader: ConfigLoaderImpl, master: DictConfig, job_overrides: Sequence[Sequence[str]]
 ) -> Iterator[DictConfig]:
-    parser = OverridesParser.create()
-    composed: dict[tuple[str, ...], DictConfig] = {}
+    """Each point's config, in order. Points with the same structure get the same object, set
+    to that point: use it (or copy it) before asking for the next point."""
+    structures: dict[tuple[str, ...], _Structure] = {}
     for overrides in job_overrides:
-        parsed: list[Override] = parser.parse_overrides(list(overrides))
-        structural = tuple(o.input_line for o in parsed if _structural(o, loader))
-        if structural not in composed:
-            composed[structural] = loader.load_sweep_config(master, list(structural))
-        config = copy.deepcopy(composed[structural])
-        values = [o for o in parsed if not _structural(o, loader)]
-        ConfigLoaderImpl._apply_overrides_to_config(values, config)
+        parsed = [_parse(line) for line in overrides]
+        structural = tuple(str(o.input_line) for o in parsed if _structural(o, loader))
+        if structural not in structures:
+            structures[structural] = _Structure(loader.load_sweep_config(master, list(structural)))
+        structure = structures[structural]
+        structure.apply([o for o in parsed if not _structural(o, loader)])
+        config = structure.config
         app = [o for o in parsed if not o.is_hydra_override()]
-        with open_dict(config.hydra):
-            config.hydra.overrides.task = [o.input_line for o in app]
-            dirname = config.hydra.job.config.override_dirname
-            config.hydra.job.override_dirname = get_overrides_dirname(
-                overrides=app, kv_sep=dirname.kv_sep, item_sep=dirname.item_sep, exclude_keys=dirname.exclude_keys
-            )
+        # Keys of Hydra's schema: no open_dict needed (it costs more than the assignment).
+        config.hydra.overrides.task = [o.input_line for o in app]
+        dirname = config.hydra.job.config.override_dirname
+        config.hydra.job.override_dirname = get_overrides_dirname(
+            overrides=app, kv_sep=dirname.kv_sep, item_sep=dirname.item_sep, exclude_keys=dirname.exclude_keys
+        )
         yield config

@@ -1,0 +1,131 @@
+"""A sweep's points checked cheaply (hpctrain.config.points) give what the full check gives:
+the same typed Config, the same config.yaml, the same refusal for a bad value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from clitools import run_cli
+from conftest import describe
+from hydra import initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from hpctrain import config as hconfig
+from hpctrain.config import resolved_plain, resolved_yaml, to_typed
+from hpctrain.config.points import PointChecker, changed_paths
+from hydra_plugins.hpctrain_launcher.compose import sweep_configs
+
+# Each row: a point and whether the cheap check may serve it (the first point of a structure,
+# and a swapped `_target_`, get the full check).
+SWEEP = [
+    (["optim.lr=0.1"], False),
+    (["optim.lr=0.2", "trainer.seed=3"], True),
+    (["model.channels=[8,16]", "data.batch_size=8"], True),
+    (["slurm.nodes=3", "slurm.time=10", "slurm.restart_budget.crash=4"], True),  # time: int -> str
+    (["metrics.wandb=true", "metrics.wandb_tags=[a,b]", "trainer.max_steps=5"], True),
+    (["optim._target_=torch.optim.SGD", "optim.lr=0.1"], False),  # drops AdamW's arguments
+    (["model=gpt", "data=tokens", "data.dataset.seq_len=16"], False),
+    (["model=gpt", "data=tokens", "data.dataset.seq_len=8"], True),  # model.block_size follows
+    (["model=gpt", "data=tokens", "model.n_layer=1", "slurm.setup=[module load x]"], True),
+    (["optim.lr=0.3"], True),  # the first structure again
+    (["cluster=devcluster", "slurm.nodes=2"], False),  # a group choice in every point
+    (["cluster=devcluster", "slurm.nodes=3", "slurm.extra=[--hold]"], True),
+]
+
+# A bad value in a point after a good one of the same structure: the cheap check refuses it
+# with the full check's words.
+BAD = [
+    ("slurm.nodes=0", "slurm.nodes: must be >= 1 (got 0)"),
+    ("slurm.time=1:xx", "slurm.time: '1:xx' is not a Slurm time limit"),
+    ("slurm.restart_budget.crash=-1", "slurm.restart_budget.crash: must be >= 0 (got -1)"),
+    ("metrics.wandb_mode=cloud", "metrics.wandb_mode: must be offline or online (got 'cloud')"),
+    ("trainer.nprocs=0", "trainer.nprocs: must be >= 1 (got 0)"),
+]
+
+
+@pytest.fixture(scope="module")
+def loader_and_master():
+    hconfig.register()
+    with initialize_config_module(config_module="hpctrain.conf", version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        master = loader.load_configuration("submit", overrides=[], run_mode=RunMode.MULTIRUN)
+        yield loader, master
+
+
+def test_cheap_checks_give_what_the_full_check_gives(loader_and_master) -> None:
+    loader, master = loader_and_master
+    checker = PointChecker()
+    points = [point for point, _ in SWEEP]
+    for (point, cheap), cfg in zip(SWEEP, sweep_configs(loader, master, points)):
+        full_checks = checker.full_checks
+        typed, plain = checker.check(cfg, point, structure=id(cfg))
+        assert (checker.full_checks == full_checks) == cheap, point
+        expected_typed, expected_resolved = to_typed(cfg, point)
+        assert typed == expected_typed, point
+        assert plain == resolved_plain(expected_resolved), point
+        assert resolved_yaml(plain) == OmegaConf.to_yaml(expected_resolved), point
+    assert checker.full_checks == 4
+
+
+@pytest.mark.parametrize(("bad", "message"), BAD)
+def test_a_bad_value_is_refused_with_the_full_checks_words(loader_and_master, bad: str, message: str) -> None:
+    loader, master = loader_and_master
+    checker = PointChecker()
+    points = [["trainer.seed=1"], [bad]]
+    configs = sweep_configs(loader, master, points)
+    first = next(configs)
+    checker.check(first, points[0], structure=id(first))
+    second = next(configs)
+    with pytest.raises(ValueError) as full:
+        to_typed(second, points[1])
+    with pytest.raises(ValueError) as cheap:
+        checker.check(second, points[1], structure=id(second))
+    assert str(cheap.value) == str(full.value)
+    assert str(cheap.value).startswith(message), str(cheap.value)
+    assert checker.full_checks == 1  # the bad point was refused by the cheap check
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "paths"),
+    [
+        ({"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 2}}, []),
+        ({"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 3}}, ["b.c"]),
+        ({"a": 1}, {"a": 1.0}, ["a"]),  # the type is part of the value
+        ({"a": [1, 2]}, {"a": [1, 3]}, ["a"]),  # lists are leaves
+        ({"a": {"x": 1}}, {"a": None}, ["a"]),
+        ({"a": 1}, {"a": 1, "b": 2}, ["b"]),
+    ],
+)
+def test_changed_paths(old: dict, new: dict, paths: list[str]) -> None:
+    assert sorted(changed_paths(old, new)) == paths
+
+
+def test_a_dry_run_sweep_writes_each_points_own_config(tmp_path: Path) -> None:
+    """End to end, as a user runs it: every point's run dir holds its own values, and a value
+    that follows the point by interpolation (`${hydra:job.num}`) is resolved for that point."""
+    sweep_dir = tmp_path / "sweep"
+    done = run_cli(
+        "submit",
+        "-m",
+        "optim.lr=0.1,0.2,0.3",
+        "trainer.seed=1,2",
+        "metrics.wandb_group=g${hydra:job.num}",
+        "dry_run=true",
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, describe(done)
+    assert "checked 6 points, 1 of them in full" in done.stdout + done.stderr, describe(done)
+    seen = set()
+    for num in range(6):
+        run_dir = sweep_dir / str(num)
+        config = OmegaConf.load(run_dir / "config.yaml")
+        overrides = OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")
+        assert f"optim.lr={config.optim.lr}" in overrides and f"trainer.seed={config.trainer.seed}" in overrides
+        assert config.metrics.wandb_group == f"g{num}"
+        assert str(run_dir) in (run_dir / "job.sbatch").read_text()
+        seen.add((config.optim.lr, config.trainer.seed))
+    assert seen == {(lr, seed) for lr in (0.1, 0.2, 0.3) for seed in (1, 2)}
