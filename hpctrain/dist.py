@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from hpctrain import rendezvous
 from hpctrain.config.network import NetworkConfig
+from hpctrain.run.paths import RunDir
 from hpctrain.slurm import env as slurm_env
 
 # init_method of an srun task without MASTER_PORT: rank 0 publishes a free port in the run dir.
@@ -177,7 +178,7 @@ def init_process_group(
         torch.cuda.set_device(ctx.device)
     how: dict[str, object] = {"init_method": ctx.init_method}
     if ctx.init_method == PORT_FILE:
-        path = rendezvous.port_file(run_dir / ".rendezvous", ctx.job_id, ctx.restart, ctx.step_id)
+        path = rendezvous.port_file(RunDir(run_dir).rendezvous, ctx.job_id, ctx.restart, ctx.step_id)
         address = ""
         if ctx.is_main:
             address = rendezvous.rank0_address(ctx.node, network.master_addr_suffix, network.master_addr_ifname)

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.run.paths import RunDir
 from hpctrain.slurm.env import in_slurm_step
 
 # How a run dir is named on the command line (Hydra's override grammar allows + and ++).
@@ -68,7 +69,7 @@ def verdict_path(run_dir: Path, env: Mapping[str, str]) -> Path:
         name = f"torchrun-{env.get('TORCHELASTIC_RUN_ID', 'none')}.r{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     else:
         name = f"{env['SLURM_JOB_ID']}.r{env.get('SLURM_RESTART_COUNT', '0')}.s{env['SLURM_STEP_ID']}"
-    return run_dir / ".rendezvous" / f"{name}.config"
+    return RunDir(run_dir).rendezvous / f"{name}.config"
 
 
 def publish_verdict(path: Path, error: str | None) -> None:

@@ -22,8 +22,8 @@ from urllib.parse import urlparse
 from hpctrain.config.schema import MetricsConfig
 from hpctrain.metrics.background import BackgroundCalls
 from hpctrain.metrics.extras import import_extra
+from hpctrain.run.paths import RunDir
 
-RUN_FILE = "mlflow_run.json"
 # At the end, queued metrics get this long to reach the server before the process moves on.
 CLOSE_TIMEOUT_S = 30.0
 # How a life of the run ended, as MLflow says it; a stopped run (requeue pending) is KILLED
@@ -37,7 +37,7 @@ def tracking_uri(settings: MetricsConfig, run_dir: Path) -> str:
     return (
         settings.mlflow_tracking_uri
         or os.environ.get("MLFLOW_TRACKING_URI")
-        or (run_dir / "mlruns").absolute().as_uri()
+        or RunDir(run_dir).mlruns.absolute().as_uri()
     )
 
 
@@ -94,7 +94,7 @@ class MlflowSink:
     def _saved_run(self) -> Any:
         from mlflow.exceptions import MlflowException
 
-        path = self.run_dir / RUN_FILE
+        path = RunDir(self.run_dir).mlflow_run
         if not path.exists():
             return None
         saved = json.loads(path.read_text())
@@ -115,7 +115,7 @@ class MlflowSink:
             tags={"hpctrain.run_dir": str(self.run_dir.resolve())},
         )
         _write_atomically(
-            self.run_dir / RUN_FILE,
+            RunDir(self.run_dir).mlflow_run,
             {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id, "tracking_uri": self.uri},
         )
         return run

@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 from hpctrain.config.schema import Config
 from hpctrain.errors import UserError
-from hpctrain.journal import JsonLines
 from hpctrain.metrics import jsonl, params
 from hpctrain.metrics.background import warn_failed
-from hpctrain.rundir import RunDir
+from hpctrain.run.jsonlines import JsonLines
+from hpctrain.run.paths import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,16 @@ from typing import Any
 
 from hpctrain.config.schema import MetricsConfig
 from hpctrain.metrics.extras import import_extra
+from hpctrain.run.paths import RunDir
 
 
 def log_dir(settings: MetricsConfig, run_dir: Path) -> Path:
     """metrics.tensorboard_dir, relative to the run dir; <run dir>/tensorboard when empty."""
-    return run_dir / Path(settings.tensorboard_dir or "tensorboard").expanduser()
+    return (
+        (run_dir / Path(settings.tensorboard_dir).expanduser())
+        if settings.tensorboard_dir
+        else RunDir(run_dir).tensorboard
+    )
 
 
 class TensorBoardSink:

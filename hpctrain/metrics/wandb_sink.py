@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config.schema import Config
-from hpctrain.journal import read_jsonl
 from hpctrain.metrics import wandb_files
 from hpctrain.metrics.background import BackgroundCalls
 from hpctrain.metrics.extras import import_extra
 from hpctrain.metrics.mlflow_sink import run_name
-from hpctrain.rundir import RunDir
+from hpctrain.run.jsonlines import read_jsonl
+from hpctrain.run.paths import RunDir
 
 # At the end, queued metrics get this long to reach W&B before the process moves on.
 CLOSE_TIMEOUT_S = 60.0
@@ -101,7 +101,7 @@ class WandbSink:
         run_id = saved_or_new_id(self.run_dir)
         offline = settings.wandb_mode == "offline"
         if offline:
-            self.logged_through = wandb_files.last_logged_step(self.run_dir / "wandb", run_id)
+            self.logged_through = wandb_files.last_logged_step(RunDir(self.run_dir).wandb, run_id)
         self.run = wandb.init(
             id=run_id,
             resume="allow",

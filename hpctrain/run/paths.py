@@ -35,6 +35,31 @@ class RunDir:
         return self.root / "model.pt"
 
     @property
+    def tensorboard(self) -> Path:
+        """TensorBoard's event files (metrics.tensorboard), unless metrics.tensorboard_dir names another."""
+        return self.root / "tensorboard"
+
+    @property
+    def mlruns(self) -> Path:
+        """MLflow's local store when no tracking URI is set (metrics.mlflow)."""
+        return self.root / "mlruns"
+
+    @property
+    def mlflow_run(self) -> Path:
+        """The MLflow run id every life of the run logs to (metrics.mlflow)."""
+        return self.root / "mlflow_run.json"
+
+    @property
+    def wandb(self) -> Path:
+        """W&B's own files (offline runs to sync later), metrics.wandb."""
+        return self.root / "wandb"
+
+    @property
+    def rendezvous(self) -> Path:
+        """Where the ranks of one srun step meet: rank 0's address and port, its go-ahead."""
+        return self.root / ".rendezvous"
+
+    @property
     def wandb_run(self) -> Path:
         """The W&B run id every life of the run logs to (with metrics.wandb)."""
         return self.root / "wandb_run.json"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from hpctrain import __version__
 from hpctrain.config import Config
-from hpctrain.rundir import RunDir, remove_empty_parents
+from hpctrain.run.paths import RunDir, remove_empty_parents
 from hpctrain.slurm import sbatch
 from hpctrain.slurm.code_snapshot import CodeSnapshot, summary
 from hpctrain.slurm.render import render
