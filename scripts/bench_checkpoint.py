@@ -54,8 +54,9 @@ have to. Sizes are decimal GB (1e9 bytes). The temporary folder is removed at th
 
 The default size is the issue's 2.4 GB (a 202M-parameter GPT, 12 x 1024, vocabulary 48828). It
 fits: the run keeps three copies of the state (live state, the Snapshotter's buffers, the copy
-floor's buffers) and peaks at ~7.7 GB resident, and writes ~2.5 GB three times per round. On a
-2-CPU machine it takes about a minute (62 s measured), --size-gb 0.3 about 20 s.
+floor's buffers) and peaks at ~7.7 GB resident, and writes ~2.5 GB six times per round. On a
+2-CPU machine it took about a minute (62 s, before the settling pauses and the pinned and forced
+measurements were added); --size-gb 0.3 --rounds 2 --steps 10 took 235 s on a loaded one.
 
 The state tree holds the GPT's tied embedding/head weight twice (state_dict lists it under both
 names). It is one tensor: the floor and the reported state size count it once, and so does the

@@ -142,7 +142,6 @@ def test_a_failed_write_leaves_no_temporary_file_and_the_previous_checkpoint_int
         state["extra"] = {"hook": _Unpicklable()}
         expected = Exception
     else:
-
         def no_json(*args: Any, **kwargs: Any) -> str:
             raise OSError(28, "No space left on device")
 
@@ -440,14 +439,12 @@ def test_background_writes_never_overlap(tmp_path: Path, monkeypatch: pytest.Mon
     first_may_finish = threading.Event()
     real_write = store.write
 
-    def slow_write(
-        folder: Path, step: int, state: dict[str, Any], info: dict[str, Any], control: Any = None
-    ) -> store.Entry:
+    def slow_write(folder: Path, step: int, state: dict[str, Any], info: dict[str, Any], *rest: Any) -> store.Entry:
         started = time.perf_counter()
         if step == 1:
             first_may_finish.wait(30)
         time.sleep(0.1)  # long enough for a second write to start inside this one, were it allowed
-        entry = real_write(folder, step, state, info, control)
+        entry = real_write(folder, step, state, info, *rest)
         spans.append((step, started, time.perf_counter()))
         return entry
 
@@ -484,9 +481,7 @@ def test_an_error_in_the_background_write_is_raised_by_the_next_wait(
 ) -> None:
     release = threading.Event()
 
-    def failing_write(
-        folder: Path, step: int, state: dict[str, Any], info: dict[str, Any], control: Any = None
-    ) -> store.Entry:
+    def failing_write(folder: Path, step: int, state: dict[str, Any], info: dict[str, Any], *rest: Any) -> store.Entry:
         release.wait(5)
         raise OSError(28, "No space left on device")
 
@@ -507,9 +502,8 @@ def test_an_error_in_the_background_write_is_raised_by_the_next_wait(
 
 def _checkpointer(folder: Path, fingerprint: str = "fp-A", records: list | None = None) -> Checkpointer:
     on_written = records.append if records is not None else (lambda record: None)
-    return Checkpointer(
-        folder, DistContext.single(cuda_devices=0), keep=2, fingerprint=fingerprint, on_written=on_written
-    )
+    return Checkpointer(folder, DistContext.single(cuda_devices=0), keep=2, fingerprint=fingerprint,
+                        on_written=on_written)
 
 
 def test_checkpointer_background_save_then_wait_then_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

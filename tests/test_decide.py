@@ -14,7 +14,17 @@ import pytest
 
 from hpctrain.run.causes import Action
 from hpctrain.run.decide import History, checkpoint_interval_s, decide, decide_begin, lineage
-from hpctrain.run.events import Cancelled, Checkpoint, Event, Failure, Finish, Relaunch, Requeue, Start
+from hpctrain.run.events import (
+    Cancelled,
+    Checkpoint,
+    Event,
+    Failure,
+    Finish,
+    ForcedSave,
+    Relaunch,
+    Requeue,
+    Start,
+)
 from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_SAVED_AND_STOPPED, WORKER_SAVED_FOR_TIMELIMIT
 from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes
 
@@ -33,6 +43,10 @@ def start(*nodes: str, t: float = 100.0, restart: int = 0) -> Start:
 
 def ckpt(step: int, reason: str, t: float) -> Checkpoint:
     return Checkpoint(time=t, step=step, reason=reason)
+
+
+def forced(reason: str, choice: str, t: float = 170.0) -> ForcedSave:
+    return ForcedSave(time=t, step=61, reason=reason, forced_save=choice)
 
 
 def requeue(cause: str, t: float = 50.0, excluded: list[str] | None = None) -> Requeue:
@@ -200,6 +214,25 @@ ROWS = {
         (start("node1", "node2"), ckpt(61, "preempt", 170.0), ckpt(60, "periodic", 171.0)),
         out(WORKER_SAVED_AND_STOPPED),
         events=["requeue:preempt"],
+    ),
+    "preemption whose forced save was skipped for lack of time (no checkpoint written)": Row(
+        EARLIER,
+        (start("node1", "node2"), forced("preempt", "skipped")),
+        out(WORKER_SAVED_AND_STOPPED),
+        events=["requeue:preempt"],
+    ),
+    "time-limit stop that abandoned a background write and wrote the stop step": Row(
+        EARLIER,
+        (start("node1", "node2"), forced("timelimit", "abandoned_inflight"), ckpt(61, "timelimit", 171.0)),
+        out(WORKER_SAVED_FOR_TIMELIMIT),
+        events=["requeue:timelimit"],
+    ),
+    "scancel after a forced save that kept the last checkpoint": Row(
+        EARLIER,
+        (start("node1", "node2"), forced("preempt", "skipped")),
+        out(WORKER_SAVED_AND_STOPPED, terminated=True),
+        action=Action.STOP,
+        events=["cancelled"],
     ),
     "scancel during a forced save (killed before it was written)": Row(
         EARLIER, (start("node1", "node2"),), out(143, terminated=True), action=Action.STOP, events=["cancelled"]

@@ -108,7 +108,7 @@ def _skipped(stop_step: int, complete_step: int | None, why: str) -> ForcedSaveP
 
 
 def deadline_s(reason: str, since_signal_s: float, signal_delay_s: float, grace_s: float) -> float | None:
-    """Seconds left for a forced save: the time-limit warning's lead, the preemption's grace
+    """Seconds left for a forced save: the time-limit warning's head start, the preemption's grace
     (both less the time since the signal), or None for an interrupt (the user waits)."""
     given = {"timelimit": signal_delay_s, "preempt": grace_s}.get(reason)
     return None if given is None else max(0.0, given - since_signal_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import os
@@ -36,8 +37,12 @@ class BackgroundWriter:
         self.inflight_step: int | None = None
         self._inflight_bytes = 0  # what the write under way will write, about
         self._inflight_started = 0.0
-        # The last complete write's throughput (bytes/s), for a forced save's estimate.
+        # A forced save's estimate of a full write (bytes/s): the fastest of the last few complete
+        # writes. Background writes run at the lowest priority beside training; a forced write
+        # runs alone, so the fastest pace is the fitting one (and a write that overruns its
+        # deadline anyway is cancelled: hpctrain.checkpoint.forced).
         self.bytes_per_s: float | None = None
+        self._recent_rates: collections.deque[float] = collections.deque(maxlen=5)
 
     def pending(self) -> bool:
         """A write was started and not yet waited for (it may have ended)."""
@@ -131,7 +136,8 @@ class BackgroundWriter:
         write_s = time.perf_counter() - started
         size = entry.data.stat().st_size if entry.data.exists() else 0
         if write_s > 0 and size:
-            self.bytes_per_s = size / write_s
+            self._recent_rates.append(size / write_s)
+            self.bytes_per_s = max(self._recent_rates)
         self.on_written({**info, "step": step, "write_s": round(write_s, 4)})
 
     def _disk_full(self, step: int, error: BaseException) -> DiskFull | None:

@@ -14,7 +14,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hpctrain.run.causes import Action, Cause, CheckpointReason, StopReason
-from hpctrain.run.events import Cancelled, Checkpoint, Event, Failure, Finish, Relaunch, Requeue, Start
+from hpctrain.run.events import (
+    Cancelled,
+    Checkpoint,
+    Event,
+    Failure,
+    Finish,
+    ForcedSave,
+    Relaunch,
+    Requeue,
+    Start,
+)
 from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_SAVED_AND_STOPPED, WORKER_SAVED_FOR_TIMELIMIT
 from hpctrain.run.facts import Budgets, ClusterView, Outcome, Service
 
@@ -205,7 +215,9 @@ def _last_life(events: Sequence[Event]) -> Sequence[Event]:
 
 
 def _saved_for(event: Event) -> StopReason | None:
-    if isinstance(event, Checkpoint) and event.reason in {r.value for r in StopReason}:
+    """The stop signal a forced save answered: its checkpoint, or the forced_save record, which is
+    written whatever was chosen (a save skipped for lack of time writes no checkpoint)."""
+    if isinstance(event, (Checkpoint, ForcedSave)) and event.reason in {r.value for r in StopReason}:
         return StopReason(event.reason)
     return None
 

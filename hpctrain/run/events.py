@@ -54,6 +54,26 @@ class Checkpoint(Event):
 
 
 @dataclass(frozen=True)
+class ForcedSave(Event):
+    """What a save forced by a stop signal did within the time the signal gives (the plan is
+    hpctrain.checkpoint.deadline's): written whatever the choice, so a skipped save is seen too."""
+
+    name: ClassVar[str] = "forced_save"
+    always: ClassVar[tuple[str, ...]] = ()
+    step: int = 0  # the step the ranks stopped at
+    reason: str = ""  # a StopReason
+    forced_save: str = ""  # written | waited | abandoned_inflight | inflight_only | skipped | overran
+    why: str = ""
+    deadline_s: float | None = None  # seconds the signal gave (None: Ctrl-C, no deadline)
+    estimated_write_s: float | None = None
+    inflight_step: int | None = None  # the background write under way when the signal came
+    inflight_left_s: float | None = None
+    resume_step: int | None = None  # the step the next life resumes from
+    redo_steps: int | None = None  # steps the next life trains again
+    took_s: float | None = None
+
+
+@dataclass(frozen=True)
 class Requeue(Event):
     name: ClassVar[str] = "requeue"
     cause: str = ""  # a Cause
@@ -99,7 +119,7 @@ class Finish(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.name: cls for cls in (Start, Checkpoint, Requeue, Relaunch, Failure, Cancelled, Finish)
+    cls.name: cls for cls in (Start, Checkpoint, ForcedSave, Requeue, Relaunch, Failure, Cancelled, Finish)
 }
 
 
