@@ -76,7 +76,7 @@ def open_sinks(config: Config, run_dir: Path, resumed_from_step: int, is_main: b
         from hpctrain.metrics.mlflow_sink import MlflowSink
 
         _add(extras, "MLflow", lambda: MlflowSink(settings, run_dir, params.flatten(config)))
-    return MetricSinks(JsonLines(run.metrics), extras)
+    return MetricSinks(jsonl.MetricsLines(run.metrics), extras)
 
 
 def _add(extras: list[Sink], label: str, build: Callable[[], Sink]) -> None:
