@@ -10,9 +10,11 @@ from typing import Any
 
 import yaml
 
+from hpctrain.journal import read_jsonl
 from hpctrain.rundir import RunDir
 from hpctrain.status import slurm_query
 from hpctrain.status.checkpoint_age import newest_checkpoint
+from hpctrain.status.goodput import goodput
 from hpctrain.status.journal_summary import JournalSummary, summarize
 from hpctrain.status.metrics_tail import read_tail
 from hpctrain.status.run_state import decide
@@ -34,6 +36,8 @@ class Row:
     samples_per_s: float | None
     checkpoint_step: int | None
     checkpoint_age_s: float | None
+    # hpctrain/status/goodput.py's figures (to_json of Goodput), up to the run's last record.
+    goodput: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         record = asdict(self)
@@ -90,6 +94,7 @@ def _row(run: Path, journal: JournalSummary, answer: slurm_query.SlurmAnswer, no
         samples_per_s=metrics.samples_per_s,
         checkpoint_step=checkpoint.step if checkpoint else None,
         checkpoint_age_s=max(0.0, now - checkpoint.written_at) if checkpoint else None,
+        goodput=goodput(read_jsonl(RunDir(run).events), read_jsonl(RunDir(run).metrics)).to_json(),
     )
 
 
