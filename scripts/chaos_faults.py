@@ -1,0 +1,366 @@
+"""The chaos soak's hands on the cluster (scripts/chaos.py): submit, inject, wait, clean up.
+
+Every call to Slurm is checked; one that fails raises ChaosError with Slurm's own words, except
+where a refusal is an answer (a node already back in service refuses `state=resume`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos_report import alive_processes, render, report  # noqa: F401  (chaos.py calls them here)
+
+REPO = Path(__file__).resolve().parents[1]
+PAUSE_ENV = "HPCTRAIN_TEST_STEP_PAUSE_S"
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
+FAULT_WAIT_S = 300.0  # how long a fault may wait for the job to be RUNNING and training again
+PACE_S = 0.05  # each step of the job takes at least this long (helpers.paced, from the environment)
+
+
+class ChaosError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Fault:
+    number: int
+    at_s: float  # earliest injection, seconds after training first logged a step
+    kind: str
+    rank: int  # for kill_rank / stop_rank: which rank's process
+    node_pick: int  # for node_down / node_drain: which training node other than the batch node
+
+
+@dataclass
+class Injected:
+    fault: Fault
+    at: float  # UNIX time of the injection
+    target: str  # what was hit: node, rank and pid, checkpoint file, the new job id
+    job_id: str
+    step: int | None  # the last logged step when it was injected
+    note: str = ""
+
+
+@dataclass
+class Soak:
+    seed: int
+    minutes: float
+    run_dir: Path
+    reference: Path
+    job_ids: list[str] = field(default_factory=list)
+    injected: list[Injected] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    t0: float = 0.0  # when training first logged a step: fault times count from here
+    touched_nodes: set[str] = field(default_factory=set)  # downed or drained, to resume
+    final_state: str = "UNKNOWN"
+    jobs_left: list[str] = field(default_factory=list)
+    processes_left: list[int] = field(default_factory=list)
+
+
+# ---- the cluster and the job -------------------------------------------------------------------
+
+
+def cluster_env(directory: str | None, port_base: int | None) -> dict[str, str]:
+    import devcluster
+
+    slurm = devcluster.ensure_cluster(3, 2, directory or devcluster.DEFAULT_DIR, port_base=port_base)
+    env = {**os.environ, **slurm, "OMP_NUM_THREADS": "1"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    # helpers.paced (the paced ConvNet) lives with the tests; the job inherits this environment.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "tests"), env.get("PYTHONPATH", "")) if p)
+    env.pop(PAUSE_ENV, None)
+    return env
+
+
+def slurm(env: dict[str, str], *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(list(command), env=env, capture_output=True, text=True, timeout=60)
+    if check and done.returncode != 0:
+        raise ChaosError(f"`{' '.join(command)}` failed (exit {done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+def start_reference(env: dict[str, str], run_dir: Path, config: list[str]) -> subprocess.Popen[str]:
+    """The uninterrupted run, on this machine, at low priority (the soak's job comes first)."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={run_dir}", *config, "trainer.nprocs=2"]
+    with open(run_dir.parent / "reference.log", "w") as log:  # the child keeps its own copy
+        return subprocess.Popen(
+            command,
+            cwd=run_dir.parent,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=lambda: os.nice(10),
+        )
+
+
+def finish_reference(reference: subprocess.Popen[str], timeout_s: float = 1800) -> None:
+    if reference.wait(timeout=timeout_s) != 0:
+        raise ChaosError(f"the reference run failed (exit {reference.returncode}); see reference.log")
+
+
+def submit(env: dict[str, str], run_dir: Path, config: list[str]) -> str:
+    paced = {**env, PAUSE_ENV: str(PACE_S)}
+    command = [sys.executable, "-m", "hpctrain.cli.submit", f"hydra.run.dir={run_dir}", "cluster=devcluster", *config]
+    done = subprocess.run(command, env=paced, capture_output=True, text=True, cwd=run_dir.parent, timeout=300)
+    found = re.findall(r"^Submitted batch job (\d+)$", done.stdout, re.M)
+    if done.returncode != 0 or len(found) != 1:
+        raise ChaosError(f"hpctrain-submit failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return found[0]
+
+
+def job_state(env: dict[str, str], job_id: str) -> tuple[str | None, str | None]:
+    """(JobState, Reason); (None, None) once Slurm has forgotten the job."""
+    done = slurm(env, "scontrol", "show", "job", "-o", job_id, check=False)
+    state, reason = re.search(r"\bJobState=(\S+)", done.stdout), re.search(r"\bReason=(\S+)", done.stdout)
+    return (state.group(1) if state else None), (reason.group(1) if reason else None)
+
+
+def lift_hold(env: dict[str, str], job_id: str) -> None:
+    """A requeued job waits ~120 s for its BeginTime: start it now (root on the dev cluster)."""
+    state, reason = job_state(env, job_id)
+    if state == "PENDING" and reason == "BeginTime":
+        slurm(env, "scontrol", "update", f"jobid={job_id}", "StartTime=now", check=False)
+
+
+def resume_nodes(env: dict[str, str], soak: Soak) -> None:
+    for node in sorted(soak.touched_nodes):
+        # A node ReturnToService brought back refuses `resume`: that is fine.
+        slurm(env, "scontrol", "update", f"nodename={node}", "state=resume", check=False)
+    soak.touched_nodes.clear()
+
+
+def metrics_records(run_dir: Path) -> list[dict[str, Any]]:
+    from hpctrain.journal import read_jsonl
+
+    return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def events_of(run_dir: Path) -> list[dict[str, Any]]:
+    from hpctrain.journal import read_jsonl
+
+    return read_jsonl(run_dir / "events.jsonl")
+
+
+# ---- the schedule ------------------------------------------------------------------------------
+
+
+def run_schedule(env: dict[str, str], soak: Soak, plan: list[Fault], config: list[str]) -> None:
+    soak.t0 = _wait_training(env, soak, since=0.0)
+    for fault in plan:
+        if not _wait_ready(env, soak, fault):
+            return
+        injected = INJECT[fault.kind](env, soak, fault, config)
+        soak.injected.append(injected)
+        print(
+            f"chaos: #{fault.number} {fault.kind} at {injected.at - soak.t0:.1f} s, step {injected.step}: "
+            f"{injected.target}{(' (' + injected.note + ')') if injected.note else ''}",
+            flush=True,
+        )
+
+
+def _wait_training(env: dict[str, str], soak: Soak, since: float) -> float:
+    """Until a step is logged after `since` with the job RUNNING; returns that record's time."""
+    deadline = time.monotonic() + FAULT_WAIT_S
+    while time.monotonic() < deadline:
+        job = soak.job_ids[-1]
+        lift_hold(env, job)
+        state, _ = job_state(env, job)
+        if state in ENDED or state is None:
+            raise ChaosError(f"job {job} ended ({state}) before training went on")
+        fresh = [r for r in metrics_records(soak.run_dir) if (r.get("time") or 0) > since]
+        if fresh and state == "RUNNING":
+            return float(fresh[-1]["time"])
+        time.sleep(0.5)
+    raise ChaosError(f"no step logged within {FAULT_WAIT_S:.0f} s after {since:.1f}")
+
+
+def _wait_ready(env: dict[str, str], soak: Soak, fault: Fault) -> bool:
+    """Until the fault's time has come, the job RUNNING and training again since the last fault,
+    and the fault can apply. False (the fault skipped, and the rest) when the job has ended."""
+    last = soak.injected[-1].at if soak.injected else 0.0
+    try:
+        _wait_training(env, soak, since=last)
+    except ChaosError as error:
+        soak.skipped.append(f"#{fault.number} {fault.kind} and later: {error}")
+        return False
+    resume_nodes(env, soak)
+    while time.time() < soak.t0 + fault.at_s or not _applies(env, soak, fault):
+        state, _ = job_state(env, soak.job_ids[-1])
+        if state != "RUNNING":
+            return _wait_ready(env, soak, fault)  # stopped meanwhile (finished, or an earlier fault)
+        time.sleep(0.5)
+    return True
+
+
+def _applies(env: dict[str, str], soak: Soak, fault: Fault) -> bool:
+    if fault.kind in ("node_down", "node_drain"):
+        return _victim_node(env, soak, fault) is not None
+    if fault.kind in ("kill_rank", "stop_rank"):
+        return _rank_pid(soak, fault.rank) is not None
+    if fault.kind == "torn_checkpoint":
+        return len(_checkpoints(soak.run_dir)) >= 2  # one to tear and one to resume from
+    return True
+
+
+def _victim_node(env: dict[str, str], soak: Soak, fault: Fault) -> str | None:
+    """A training node of the running life other than the batch node (whose loss ends the job)."""
+    starts = [e for e in events_of(soak.run_dir) if e.get("event") == "start"]
+    done = slurm(env, "scontrol", "show", "job", "-o", soak.job_ids[-1], check=False)
+    batch = re.search(r"\bBatchHost=(\S+)", done.stdout)
+    if not starts or not batch:
+        return None
+    candidates = sorted(n for n in starts[-1].get("nodes", []) if n != batch.group(1))
+    return candidates[fault.node_pick % len(candidates)] if candidates else None
+
+
+def _rank_pid(soak: Soak, rank: int) -> int | None:
+    for pid, environ in alive_processes(soak.run_dir):
+        if environ.get("SLURM_JOB_ID") == soak.job_ids[-1] and environ.get("SLURM_PROCID") == str(rank):
+            return pid
+    return None
+
+
+def _checkpoints(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "checkpoints").glob("step_*.json"))
+
+
+def _last_step(soak: Soak) -> int | None:
+    records = metrics_records(soak.run_dir)
+    return records[-1].get("step") if records else None
+
+
+# ---- the faults --------------------------------------------------------------------------------
+
+
+def _injected(soak: Soak, fault: Fault, target: str, note: str = "") -> Injected:
+    return Injected(fault, time.time(), target, soak.job_ids[-1], _last_step(soak), note)
+
+
+def node_state(env: dict[str, str], soak: Soak, fault: Fault, state: str) -> Injected:
+    node = _victim_node(env, soak, fault)
+    assert node is not None  # _applies checked it
+    done = _injected(soak, fault, node)
+    slurm(env, "scontrol", "update", f"nodename={node}", f"state={state}", "reason=chaos")
+    soak.touched_nodes.add(node)
+    return done
+
+
+def preempt(env: dict[str, str], soak: Soak, fault: Fault, config: list[str]) -> Injected:
+    done = _injected(soak, fault, "")
+    urgent = slurm(
+        env, "sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", "3", "-o", "/dev/null", "--wrap", "sleep 2"
+    )
+    done.target = f"urgent job {urgent.stdout.strip().split(';')[0]}"
+    return done
+
+
+def signal_rank(soak: Soak, fault: Fault, signum: int) -> Injected:
+    pid = _rank_pid(soak, fault.rank)
+    assert pid is not None
+    done = _injected(soak, fault, f"rank {fault.rank} pid {pid}")
+    os.kill(pid, signum)
+    return done
+
+
+def time_limit(env: dict[str, str], soak: Soak, fault: Fault, config: list[str]) -> Injected:
+    # What `#SBATCH --signal=B:USR2@N` makes Slurm do N seconds before the limit: USR2 to the
+    # batch shell alone.
+    done = _injected(soak, fault, "USR2 to the batch shell")
+    slurm(env, "scancel", "--signal=USR2", "--batch", soak.job_ids[-1])
+    return done
+
+
+def torn_checkpoint(env: dict[str, str], soak: Soak, fault: Fault, config: list[str]) -> Injected:
+    """Preempt the job, and while it waits to run again, truncate its newest checkpoint."""
+    done = preempt(env, soak, fault, config)
+    deadline = time.monotonic() + 180
+    while job_state(env, soak.job_ids[-1])[0] != "PENDING":
+        if time.monotonic() > deadline or job_state(env, soak.job_ids[-1])[0] in ENDED:
+            done.note = f"the job never went back to PENDING ({job_state(env, soak.job_ids[-1])[0]}): nothing torn"
+            return done
+        time.sleep(0.5)
+    newest = _checkpoints(soak.run_dir)[-1].with_suffix(".pt")
+    size = newest.stat().st_size
+    os.truncate(newest, size // 2)
+    done.target += f"; {newest.name} cut to {size // 2} of {size} bytes"
+    return done
+
+
+def cancel_resubmit(env: dict[str, str], soak: Soak, fault: Fault, config: list[str]) -> Injected:
+    done = _injected(soak, fault, f"scancel {soak.job_ids[-1]}")
+    slurm(env, "scancel", soak.job_ids[-1])
+    deadline = time.monotonic() + 180
+    while (state := job_state(env, soak.job_ids[-1])[0]) not in ENDED and state is not None:
+        if time.monotonic() > deadline:
+            raise ChaosError(f"job {soak.job_ids[-1]} still {state} 180 s after scancel")
+        time.sleep(0.5)
+    soak.job_ids.append(submit(env, soak.run_dir, config))
+    done.target += f", then hpctrain-submit: job {soak.job_ids[-1]}"
+    return done
+
+
+INJECT = {
+    "node_down": lambda env, soak, fault, config: node_state(env, soak, fault, "down"),
+    "node_drain": lambda env, soak, fault, config: node_state(env, soak, fault, "drain"),
+    "preempt": preempt,
+    "kill_rank": lambda env, soak, fault, config: signal_rank(soak, fault, signal.SIGKILL),
+    "stop_rank": lambda env, soak, fault, config: signal_rank(soak, fault, signal.SIGSTOP),
+    "time_limit": time_limit,
+    "torn_checkpoint": torn_checkpoint,
+    "cancel_resubmit": cancel_resubmit,
+}
+
+
+# ---- the end -----------------------------------------------------------------------------------
+
+
+def wait_done(env: dict[str, str], soak: Soak, timeout_s: float) -> None:
+    """Until the last job ends, lifting holds; a job stuck PENDING for another reason is told."""
+    deadline, stuck_since = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        job = soak.job_ids[-1]
+        resume_nodes(env, soak)
+        lift_hold(env, job)
+        state, reason = job_state(env, job)
+        if state in ENDED or state is None:
+            soak.final_state = state or "GONE"
+            return
+        waiting = state == "PENDING" and reason not in ("BeginTime", "Priority", "Resources", "None")
+        stuck_since = (stuck_since or time.monotonic()) if waiting else None
+        if stuck_since and time.monotonic() - stuck_since > 120:
+            soak.final_state = f"STUCK (PENDING, Reason={reason})"
+            return
+        time.sleep(1.0)
+    soak.final_state = f"TIMEOUT ({job_state(env, soak.job_ids[-1])[0]} after {timeout_s:.0f} s)"
+
+
+def clean_up(env: dict[str, str], soak: Soak) -> None:
+    """Note what outlived the run (a check), then make sure nothing does."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (_jobs_left(env, soak) or alive_processes(soak.run_dir)):
+        time.sleep(1.0)
+    soak.jobs_left = _jobs_left(env, soak)
+    soak.processes_left = [pid for pid, _ in alive_processes(soak.run_dir)]
+    for job in soak.jobs_left:
+        slurm(env, "scancel", job, check=False)
+    for pid in soak.processes_left:
+        for signum in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+    resume_nodes(env, soak)
+
+
+def _jobs_left(env: dict[str, str], soak: Soak) -> list[str]:
+    done = slurm(env, "squeue", "-h", "-o", "%i")
+    return [job for job in done.stdout.split() if job in soak.job_ids]
