@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 PAUSE_ENV = "HPCTRAIN_TEST_STEP_PAUSE_S"
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
 FAULT_WAIT_S = 300.0  # how long a fault may wait for the job to be RUNNING and training again
+STUCK_S = 60.0  # PENDING this long for a reason no wait cures: the soak says so and stops
+WAITING_REASONS = {"BeginTime", "Priority", "Resources", "None"}
+DRAIN_WATCH_S = 10.0  # a job on a drained node should train on: watched this long
 PACE_S = 0.05  # each step of the job takes at least this long (helpers.paced, from the environment)
 
 
@@ -124,6 +128,19 @@ def job_state(env: dict[str, str], job_id: str) -> tuple[str | None, str | None]
     return (state.group(1) if state else None), (reason.group(1) if reason else None)
 
 
+class StuckWatch:
+    """Tells a job that waits for something that will not come (BadConstraints: it asks for more
+    nodes than its exclusions leave) from one waiting its turn or its requeue hold."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def stuck(self, state: str | None, reason: str | None) -> bool:
+        waiting_badly = state == "PENDING" and reason not in WAITING_REASONS
+        self.since = (self.since or time.monotonic()) if waiting_badly else None
+        return self.since is not None and time.monotonic() - self.since > STUCK_S
+
+
 def lift_hold(env: dict[str, str], job_id: str) -> None:
     """A requeued job waits ~120 s for its BeginTime: start it now (root on the dev cluster)."""
     state, reason = job_state(env, job_id)
@@ -154,7 +171,7 @@ def events_of(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def run_schedule(env: dict[str, str], soak: Soak, plan: list[Fault], config: list[str]) -> None:
-    soak.t0 = _wait_training(env, soak, since=0.0)
+    soak.t0 = _wait_training(env, soak, since=lambda: 0.0)
     for fault in plan:
         if not _wait_ready(env, soak, fault):
             return
@@ -167,28 +184,43 @@ def run_schedule(env: dict[str, str], soak: Soak, plan: list[Fault], config: lis
         )
 
 
-def _wait_training(env: dict[str, str], soak: Soak, since: float) -> float:
-    """Until a step is logged after `since` with the job RUNNING; returns that record's time."""
-    deadline = time.monotonic() + FAULT_WAIT_S
+def _wait_training(env: dict[str, str], soak: Soak, since: Callable[[], float | None]) -> float:
+    """Until a step is logged after `since()` (None: not yet known) with the job RUNNING;
+    returns that record's time."""
+    deadline, stuck = time.monotonic() + FAULT_WAIT_S, StuckWatch()
     while time.monotonic() < deadline:
         job = soak.job_ids[-1]
         lift_hold(env, job)
-        state, _ = job_state(env, job)
+        state, reason = job_state(env, job)
         if state in ENDED or state is None:
             raise ChaosError(f"job {job} ended ({state}) before training went on")
-        fresh = [r for r in metrics_records(soak.run_dir) if (r.get("time") or 0) > since]
+        if stuck.stuck(state, reason):
+            raise ChaosError(f"job {job} stuck: PENDING with Reason={reason} for {STUCK_S:.0f} s")
+        after = since()
+        fresh = [r for r in metrics_records(soak.run_dir) if after is not None and (r.get("time") or 0) > after]
         if fresh and state == "RUNNING":
             return float(fresh[-1]["time"])
         time.sleep(0.5)
-    raise ChaosError(f"no step logged within {FAULT_WAIT_S:.0f} s after {since:.1f}")
+    raise ChaosError(f"not training again within {FAULT_WAIT_S:.0f} s")
+
+
+def _recovered_after(soak: Soak) -> float | None:
+    """After when a logged step shows the job over the last fault: the start of a new life (every
+    fault but a drain ends one), or some seconds of training on (a drained node is ridden out)."""
+    if not soak.injected:
+        return 0.0
+    last = soak.injected[-1]
+    if last.fault.kind == "node_drain":
+        return last.at + DRAIN_WATCH_S
+    starts = [e["time"] for e in events_of(soak.run_dir) if e.get("event") == "start" and e["time"] > last.at]
+    return starts[0] if starts else None
 
 
 def _wait_ready(env: dict[str, str], soak: Soak, fault: Fault) -> bool:
     """Until the fault's time has come, the job RUNNING and training again since the last fault,
     and the fault can apply. False (the fault skipped, and the rest) when the job has ended."""
-    last = soak.injected[-1].at if soak.injected else 0.0
     try:
-        _wait_training(env, soak, since=last)
+        _wait_training(env, soak, since=lambda: _recovered_after(soak))
     except ChaosError as error:
         soak.skipped.append(f"#{fault.number} {fault.kind} and later: {error}")
         return False
@@ -325,7 +357,7 @@ INJECT = {
 
 def wait_done(env: dict[str, str], soak: Soak, timeout_s: float) -> None:
     """Until the last job ends, lifting holds; a job stuck PENDING for another reason is told."""
-    deadline, stuck_since = time.monotonic() + timeout_s, None
+    deadline, stuck = time.monotonic() + timeout_s, StuckWatch()
     while time.monotonic() < deadline:
         job = soak.job_ids[-1]
         resume_nodes(env, soak)
@@ -334,10 +366,8 @@ def wait_done(env: dict[str, str], soak: Soak, timeout_s: float) -> None:
         if state in ENDED or state is None:
             soak.final_state = state or "GONE"
             return
-        waiting = state == "PENDING" and reason not in ("BeginTime", "Priority", "Resources", "None")
-        stuck_since = (stuck_since or time.monotonic()) if waiting else None
-        if stuck_since and time.monotonic() - stuck_since > 120:
-            soak.final_state = f"STUCK (PENDING, Reason={reason})"
+        if stuck.stuck(state, reason):
+            soak.final_state = f"STUCK (PENDING, Reason={reason} for {STUCK_S:.0f} s)"
             return
         time.sleep(1.0)
     soak.final_state = f"TIMEOUT ({job_state(env, soak.job_ids[-1])[0]} after {timeout_s:.0f} s)"
