@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -121,14 +122,22 @@ def main(argv: list[str] | None = None) -> int:
     soak = Soak(args.seed, args.minutes, out / "run", out / "reference")
     env = faults.cluster_env(args.dir, args.port_base)
     config = overrides(training_steps(args.minutes))
+    # A SIGTERM ends the soak like Ctrl-C: through the clean-up below.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     reference = faults.start_reference(env, soak.reference, config)
     try:
         soak.job_ids.append(faults.submit(env, soak.run_dir, config))
         faults.run_schedule(env, soak, plan, config)
         faults.wait_done(env, soak, timeout_s=max(600.0, args.minutes * 60))
+        faults.finish_reference(reference)
+    except faults.ChaosError as error:
+        print(f"chaos: {error}", file=sys.stderr)
+        soak.skipped.append(str(error))
     finally:
         faults.clean_up(env, soak)
-    faults.finish_reference(reference)
+        if reference.poll() is None:
+            reference.kill()
+            reference.wait()
     report = faults.report(soak, training_steps(args.minutes))
     (out / "chaos-report.json").write_text(json.dumps(report, indent=2, default=str))
     print(faults.render(report))

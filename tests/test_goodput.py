@@ -127,6 +127,21 @@ CASES = [
         (23, 18, 0, 2, 3, 47, ["cancelled", "finish"]),
     ),
     (
+        # Job 8 lost a node before its first start and relaunched: that failure is not life 1's.
+        "another job's events before its first start",
+        [
+            start(0, 0, job="7"),
+            ckpt(10, 10, "timelimit"),
+            ev("failure", 30, job_id="8", cause="node_failure"),
+            ev("relaunch", 31, job_id="8", cause="node_failure"),
+            start(40, 10, job="8"),
+            ev("finish", 50, step=20),
+        ],
+        [m(10, 10), m(20, 50)],
+        None,
+        (29, 20, 9, 0, 0, 21, ["stopped", "finish"]),
+    ),
+    (
         "still running: counted until now, its last logged step kept",
         [start(0, 0)],
         [m(10, 10), m(20, 20)],

@@ -144,8 +144,12 @@ def _life(
     resumed_from = _int(start.get("resumed_from_step")) or 0
     # failure/requeue `by: slurm` are written by the next start of the batch script: they end
     # this life in meaning, not in time.
-    own = [e for e in segment[1:] if e.get("by") != "slurm"]
-    endings = [e for e in segment[1:] if e.get("event") in ENDINGS]
+    # Events of another job before the next start (a resubmitted job that failed before its
+    # first start) are not this life's.
+    job = start.get("job_id")
+    same_job = [e for e in segment[1:] if e.get("job_id", job) == job]
+    own = [e for e in same_job if e.get("by") != "slurm"]
+    endings = [e for e in same_job if e.get("event") in ENDINGS]
     own_endings = [e for e in own if e.get("event") in ENDINGS]
     mine = [r for r in metrics if started <= (_time(r) or 0.0) <= until and _int(r.get("step")) is not None]
     if own_endings:
@@ -160,9 +164,9 @@ def _life(
     mine = [r for r in mine if (_time(r) or 0.0) <= ended]
     cause = endings[-1].get("cause") if endings else None
     began = started
-    if previous and any(e.get("event") == "relaunch" for e in previous):
-        relaunch = [e for e in previous if e.get("event") == "relaunch"][-1]
-        began = min(started, _time(relaunch) or started)
+    relaunches = [e for e in previous or [] if e.get("event") == "relaunch" and e.get("job_id", job) == job]
+    if relaunches:
+        began = min(started, _time(relaunches[-1]) or started)
     checkpoints = [e for e in own if e.get("event") == "checkpoint" and _time(e) is not None]
     kept_until = (
         _time_of_step(kept_to, started, ended, resumed_from, mine, checkpoints) if kept_to > resumed_from else started
