@@ -491,7 +491,7 @@ def test_json_round_trip(tmp_path: Path, slurm: FakeSlurm, capsys: pytest.Captur
     code, out, _ = run_status(capsys, "--json", str(tmp_path / "a"), str(tmp_path / "b"))
     parsed = json.loads(out)
     # What --json prints is what the rows hold, field for field, in the order given.
-    expected = [row.to_json() for row in collect([tmp_path / "a", tmp_path / "b"], now=now).rows]
+    expected = [row.to_json() for row in collect([tmp_path / "a", tmp_path / "b"], now=now, with_goodput=True).rows]
     for got, want in zip(parsed, expected, strict=True):
         assert got.keys() == want.keys()
         assert abs(got.pop("checkpoint_age_s") or 0) < 30 and abs(want.pop("checkpoint_age_s") or 0) < 30

@@ -99,7 +99,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
 
 def refresh(args: argparse.Namespace) -> Status:
     """Find the runs again (a new run appears in a watched folder) and read them all."""
-    return collect(discover.run_dirs(args.paths, args.limit))
+    return collect(discover.run_dirs(args.paths, args.limit), with_goodput=args.json)
 
 
 def show(status: Status, args: argparse.Namespace) -> None:
