@@ -50,6 +50,10 @@ class Injected:
     job_id: str
     step: int | None  # the last logged step when it was injected
     note: str = ""
+    # The first step finished once over the fault (a later life's, or training on after a drain),
+    # seen while polling: the next life drops the lines of steps it trains again.
+    next_step_at: float | None = None
+    next_step: int | None = None
 
 
 @dataclass
@@ -196,6 +200,7 @@ def _wait_training(env: dict[str, str], soak: Soak, since: Callable[[], float | 
             raise ChaosError(f"job {job} ended ({state}) before training went on")
         if stuck.stuck(state, reason):
             raise ChaosError(f"job {job} stuck: PENDING with Reason={reason} for {STUCK_S:.0f} s")
+        note_next_step(soak)
         after = since()
         fresh = [r for r in metrics_records(soak.run_dir) if after is not None and (r.get("time") or 0) > after]
         if fresh and state == "RUNNING":
@@ -204,16 +209,26 @@ def _wait_training(env: dict[str, str], soak: Soak, since: Callable[[], float | 
     raise ChaosError(f"not training again within {FAULT_WAIT_S:.0f} s")
 
 
-def _recovered_after(soak: Soak) -> float | None:
+def _recovered_after(soak: Soak, settle_s: float = DRAIN_WATCH_S) -> float | None:
     """After when a logged step shows the job over the last fault: the start of a new life (every
     fault but a drain ends one), or some seconds of training on (a drained node is ridden out)."""
     if not soak.injected:
         return 0.0
     last = soak.injected[-1]
     if last.fault.kind == "node_drain":
-        return last.at + DRAIN_WATCH_S
+        return last.at + settle_s
     starts = [e["time"] for e in events_of(soak.run_dir) if e.get("event") == "start" and e["time"] > last.at]
     return starts[0] if starts else None
+
+
+def note_next_step(soak: Soak) -> None:
+    """The last fault's first step finished after it (for a drain: any step after it)."""
+    if not soak.injected or soak.injected[-1].next_step_at is not None:
+        return
+    after = _recovered_after(soak, settle_s=0.0)
+    fresh = [r for r in metrics_records(soak.run_dir) if after is not None and (r.get("time") or 0) > after]
+    if fresh:
+        soak.injected[-1].next_step_at, soak.injected[-1].next_step = fresh[0]["time"], fresh[0].get("step")
 
 
 def _wait_ready(env: dict[str, str], soak: Soak, fault: Fault) -> bool:
@@ -362,8 +377,10 @@ def wait_done(env: dict[str, str], soak: Soak, timeout_s: float) -> None:
         job = soak.job_ids[-1]
         resume_nodes(env, soak)
         lift_hold(env, job)
+        note_next_step(soak)
         state, reason = job_state(env, job)
         if state in ENDED or state is None:
+            note_next_step(soak)
             soak.final_state = state or "GONE"
             return
         if stuck.stuck(state, reason):

@@ -56,7 +56,7 @@ def report(soak: Soak, max_steps: int) -> dict[str, Any]:
         "no process left": (not soak.processes_left, f"left: {soak.processes_left}"),
     }
     ends = [i.at for i in soak.injected[1:]] + [float("inf")]
-    rows = [_row(soak, item, end, events, metrics) for item, end in zip(soak.injected, ends)]
+    rows = [_row(soak, item, end, events) for item, end in zip(soak.injected, ends)]
     return {
         "seed": soak.seed,
         "minutes": soak.minutes,
@@ -70,11 +70,8 @@ def report(soak: Soak, max_steps: int) -> dict[str, Any]:
     }
 
 
-def _row(soak: Soak, item: Injected, end: float, events: list[dict], metrics: list[dict]) -> dict[str, Any]:
+def _row(soak: Soak, item: Injected, end: float, events: list[dict]) -> dict[str, Any]:
     window = [e for e in events if item.at <= (e.get("time") or 0) < end]
-    starts = [e for e in window if e.get("event") == "start"]
-    after = starts[0]["time"] if starts else item.at
-    nexts = [r for r in metrics if (r.get("time") or 0) > after and (r.get("time") or 0) < end]
     return {
         "number": item.fault.number,
         "kind": item.fault.kind,
@@ -84,8 +81,8 @@ def _row(soak: Soak, item: Injected, end: float, events: list[dict], metrics: li
         "target": item.target,
         "note": item.note,
         "did": [_said(e) for e in window if not (e.get("event") == "checkpoint" and e.get("reason") == "periodic")],
-        "next_step_s": round(nexts[0]["time"] - item.at, 1) if nexts else None,
-        "next_step": nexts[0].get("step") if nexts else None,
+        "next_step_s": round(item.next_step_at - item.at, 1) if item.next_step_at is not None else None,
+        "next_step": item.next_step,
     }
 
 
@@ -122,7 +119,7 @@ def render(result: dict[str, Any]) -> str:
         next_s = f"{row['next_step_s']:.1f} s" if row["next_step_s"] is not None else "never"
         lines.append(
             f"{row['number']:>3}  {row['at_s']:>6.1f}s  {row['kind']:<16} {row['job_id']:>5} {row['step'] or '-':>5}"
-            f"  {next_s:>9}  {'; '.join(row['did']) or '(nothing recorded)'}"
+            f"  {next_s:>9}  {'; '.join(row['did']) or '(nothing: trained on)'}"
         )
     lines += [f"skipped: {line}" for line in result["skipped"]]
     figures = result["goodput"]
