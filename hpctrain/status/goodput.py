@@ -142,26 +142,15 @@ def _life(
     start = segment[0]
     started = _time(start) or 0.0
     resumed_from = _int(start.get("resumed_from_step")) or 0
-    # failure/requeue `by: slurm` are written by the next start of the batch script: they end
-    # this life in meaning, not in time.
     # Events of another job before the next start (a resubmitted job that failed before its
     # first start) are not this life's.
     job = start.get("job_id")
     same_job = [e for e in segment[1:] if e.get("job_id", job) == job]
+    mine = [r for r in metrics if started <= (_time(r) or 0.0) <= until and _int(r.get("step")) is not None]
+    ended, ending = _end(same_job, mine, started, now)
+    mine = [r for r in mine if (_time(r) or 0.0) <= ended]
     own = [e for e in same_job if e.get("by") != "slurm"]
     endings = [e for e in same_job if e.get("event") in ENDINGS]
-    own_endings = [e for e in own if e.get("event") in ENDINGS]
-    mine = [r for r in metrics if started <= (_time(r) or 0.0) <= until and _int(r.get("step")) is not None]
-    if own_endings:
-        ended, ending = _time(own_endings[-1]) or started, str(own_endings[-1].get("event"))
-    elif now is not None:
-        ended, ending = now, "running"
-    else:
-        # Stopped by a signal outside Slurm (hpctrain-train), or killed with no word (SIGKILL,
-        # a hard time limit): the last thing it wrote.
-        times = [_time(e) or started for e in own] + [_time(r) or started for r in mine]
-        ended, ending = max([started, *times]), "stopped" if _stopped(own) else "unknown"
-    mine = [r for r in mine if (_time(r) or 0.0) <= ended]
     cause = endings[-1].get("cause") if endings else None
     began = started
     relaunches = [e for e in previous or [] if e.get("event") == "relaunch" and e.get("job_id", job) == job]
@@ -191,6 +180,23 @@ def _life(
         stall_s=stall,
         redone_s=redone,
     )
+
+
+def _end(
+    same_job: list[dict[str, Any]], mine: list[dict[str, Any]], started: float, now: float | None
+) -> tuple[float, str]:
+    """When and how a life ended. failure/requeue `by: slurm` are written by the batch script's
+    next start: they end this life in meaning, not in time."""
+    own = [e for e in same_job if e.get("by") != "slurm"]
+    own_endings = [e for e in own if e.get("event") in ENDINGS]
+    if own_endings:
+        return _time(own_endings[-1]) or started, str(own_endings[-1].get("event"))
+    if now is not None:
+        return now, "running"
+    # Stopped by a signal outside Slurm (hpctrain-train), or killed with no word (SIGKILL, a
+    # hard time limit): the last thing it wrote.
+    times = [_time(e) or started for e in own] + [_time(r) or started for r in mine]
+    return max([started, *times]), "stopped" if _stopped(own) else "unknown"
 
 
 def _time_of_step(
