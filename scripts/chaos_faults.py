@@ -97,7 +97,10 @@ def slurm(env: dict[str, str], *command: str, check: bool = True) -> subprocess.
 def start_reference(env: dict[str, str], run_dir: Path, config: list[str]) -> subprocess.Popen[str]:
     """The uninterrupted run, on this machine, at low priority (the soak's job comes first)."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={run_dir}", *config, "trainer.nprocs=2"]
+    # Starved by the soak, it may go 20 s without a step: no hang or collective timeouts here
+    # (they change no weight).
+    quiet = ["trainer.hang_timeout_s=0", "trainer.collective_timeout_s=1800", "trainer.nprocs=2"]
+    command = [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={run_dir}", *config, *quiet]
     with open(run_dir.parent / "reference.log", "w") as log:  # the child keeps its own copy
         return subprocess.Popen(
             command,
