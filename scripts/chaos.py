@@ -45,18 +45,29 @@ KINDS = (
     "cancel_resubmit",
 )
 WARMUP_S = 20.0  # training first runs this long undisturbed
-MEAN_GAP_FLOOR_S = 25.0  # short soaks: a fault every ~25 s at most, so each one's recovery is seen
-TRAINING_SHARE = 0.4  # of the soak's minutes, spent training (the rest: start-up, recoveries, the end)
+MEAN_GAP_S = 25.0  # by default a fault every ~25 s of training, so each one's recovery is seen
+START_S = 60.0  # of the soak's wall time: submission to the first step, and the end's checks
+RECOVERY_S = 35.0  # wall time a fault costs on a busy 2-core machine (restart, start-up, redone)
+MIN_TRAINING_S = 120.0
+
+
+def fault_count(minutes: float) -> int:
+    return max(len(KINDS), int(minutes * 60 / (MEAN_GAP_S + RECOVERY_S)))
+
+
+def training_seconds(minutes: float, count: int) -> float:
+    """Of the soak's wall time, what is left for training once start-up and recoveries are paid."""
+    return max(MIN_TRAINING_S, minutes * 60 - START_S - count * RECOVERY_S)
 
 
 def schedule(seed: int, minutes: float, count: int | None = None) -> list[Fault]:
     """The soak's faults for `seed`: the same seed gives the same list. Kinds come in shuffled
     rounds of the whole catalogue, so every kind appears once in every len(KINDS) faults; the
-    gaps are exponential around the mean (a Poisson process), after a warm-up."""
+    gaps are exponential around the mean (a Poisson process) over the training time, after a
+    warm-up. Times count training from its first step; recoveries push the later ones back."""
     rng = random.Random(seed)
-    window_s = max(60.0, minutes * 60 * TRAINING_SHARE) - WARMUP_S
-    if count is None:
-        count = max(len(KINDS), int(window_s / MEAN_GAP_FLOOR_S))
+    count = fault_count(minutes) if count is None else count
+    window_s = training_seconds(minutes, count) - WARMUP_S
     kinds: list[str] = []
     while len(kinds) < count:
         round_ = list(KINDS)
@@ -74,10 +85,10 @@ def schedule(seed: int, minutes: float, count: int | None = None) -> list[Fault]
     ]
 
 
-def training_steps(minutes: float) -> int:
-    """Steps so that training lasts about the training share of the soak: each step takes the
-    pace plus about as long again of compute on a busy 2-core machine."""
-    return max(400, int(minutes * 60 * TRAINING_SHARE / (2 * PACE_S)))
+def training_steps(minutes: float, count: int) -> int:
+    """Steps to train for the training time: each step takes the pace plus about as long again
+    of compute on a busy 2-core machine."""
+    return int(training_seconds(minutes, count) / (2 * PACE_S))
 
 
 def overrides(max_steps: int) -> list[str]:
@@ -102,13 +113,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="chaos.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, required=True, help="length of the soak")
     parser.add_argument("--seed", type=int, required=True, help="the fault schedule's seed")
-    parser.add_argument("--faults", type=int, default=None, help="how many faults (default: one per ~25 s)")
+    parser.add_argument("--faults", type=int, default=None, help="how many faults (default: one a minute, 8 or more)")
     parser.add_argument("--dir", default=None, help="the dev cluster's folder (scripts/devcluster.py)")
     parser.add_argument("--port-base", type=int, default=None, help="the dev cluster's first port")
     parser.add_argument("--out", type=Path, default=None, help="where the run dir and the reference go")
     args = parser.parse_args(argv)
     if args.minutes <= 0:
         parser.error(f"--minutes: must be > 0 (got {args.minutes:g})")
+    if args.faults is not None and args.faults < 1:
+        parser.error(f"--faults: must be >= 1 (got {args.faults})")
     return args
 
 
@@ -121,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     out = (args.out or REPO / "runs" / f"chaos-seed{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     soak = Soak(args.seed, args.minutes, out / "run", out / "reference")
     env = faults.cluster_env(args.dir, args.port_base)
-    config = overrides(training_steps(args.minutes))
+    config = overrides(training_steps(args.minutes, len(plan)))
     # A SIGTERM ends the soak like Ctrl-C: through the clean-up below.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     reference = faults.start_reference(env, soak.reference, config)
@@ -138,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         if reference.poll() is None:
             reference.kill()
             reference.wait()
-    report = faults.report(soak, training_steps(args.minutes))
+    report = faults.report(soak, training_steps(args.minutes, len(plan)))
     (out / "chaos-report.json").write_text(json.dumps(report, indent=2, default=str))
     print(faults.render(report))
     return 0 if report["passed"] else 1

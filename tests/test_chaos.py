@@ -36,7 +36,7 @@ def test_fault_times_rise_inside_the_training_window() -> None:
         plan = chaos.schedule(11, minutes)
         times = [fault.at_s for fault in plan]
         assert times == sorted(times) and times[0] == chaos.WARMUP_S
-        assert times[-1] <= minutes * 60 * chaos.TRAINING_SHARE
+        assert times[-1] <= chaos.training_seconds(minutes, len(plan))
     assert len(chaos.schedule(11, SHORT_SOAK_MINUTES)) >= 8
     # A 30-minute soak: a fault every few minutes at most, the catalogue several times over.
     assert len(chaos.schedule(11, 30)) >= 2 * len(chaos.KINDS)
