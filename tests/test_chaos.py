@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from slurmtools import CLUSTER_DIR, PORT_BASE, REPO, why_no_slurm
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -75,3 +76,38 @@ def test_a_short_soak_ends_exact_with_nothing_left(tmp_path: Path) -> None:
     failed = {name: check["detail"] for name, check in result["checks"].items() if not check["passed"]}
     assert not failed, output
     assert done.returncode == 0, output
+
+
+def _run_dir(root: Path, steps: list[int], weights: dict) -> Path:
+    root.mkdir(parents=True)
+    (root / "events.jsonl").write_text(
+        json.dumps({"event": "start", "time": 100.0, "job_id": "5", "resumed_from_step": 0})
+        + "\n"
+        + json.dumps({"event": "finish", "time": 110.0, "job_id": "5", "step": steps[-1]})
+        + "\n"
+    )
+    (root / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "time": 100.0 + s}) + "\n" for s in steps))
+    torch.save(weights, root / "model.pt")
+    return root
+
+
+def test_the_end_checks_fail_on_a_step_twice_other_weights_or_a_job_left(tmp_path: Path) -> None:
+    import chaos_faults
+    import chaos_report
+
+    weights = {"w": torch.arange(4.0)}
+    reference = _run_dir(tmp_path / "reference", [1, 2, 3], weights)
+    good = chaos_faults.Soak(1, 6, _run_dir(tmp_path / "good", [1, 2, 3], weights), reference, job_ids=["5"])
+    good.final_state = "COMPLETED"
+    result = chaos_report.report(good, max_steps=3)
+    assert result["passed"], result["checks"]
+    assert "PASS  every step once in metrics.jsonl" in chaos_report.render(result)
+
+    bad = chaos_faults.Soak(1, 6, _run_dir(tmp_path / "bad", [1, 2, 2, 3], {"w": torch.arange(4.0) + 1e-7}), reference)
+    bad.final_state, bad.jobs_left = "COMPLETED", ["5"]
+    failed = {name for name, check in chaos_report.report(bad, max_steps=3)["checks"].items() if not check["passed"]}
+    assert failed == {
+        "model.pt bit-identical to the uninterrupted run",
+        "every step once in metrics.jsonl",
+        "no job left",
+    }
