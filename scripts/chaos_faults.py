@@ -152,13 +152,18 @@ def lift_hold(env: dict[str, str], job_id: str) -> None:
     """A requeued job waits ~120 s for its BeginTime: start it now (root on the dev cluster)."""
     state, reason = job_state(env, job_id)
     if state == "PENDING" and reason == "BeginTime":
-        slurm(env, "scontrol", "update", f"jobid={job_id}", "StartTime=now", check=False)
+        done = slurm(env, "scontrol", "update", f"jobid={job_id}", "StartTime=now", check=False)
+        if done.returncode != 0:  # the job may have started meanwhile: say so, go on waiting
+            print(f"chaos: could not lift job {job_id}'s hold: {done.stderr.strip()}", file=sys.stderr)
 
 
 def resume_nodes(env: dict[str, str], soak: Soak) -> None:
+    """Bring downed and drained nodes back (ReturnToService may have done it for a down one)."""
     for node in sorted(soak.touched_nodes):
-        # A node ReturnToService brought back refuses `resume`: that is fine.
-        slurm(env, "scontrol", "update", f"nodename={node}", "state=resume", check=False)
+        shown = slurm(env, "scontrol", "show", "node", "-o", node).stdout
+        state = re.search(r"\bState=(\S+)", shown)
+        if state and re.search(r"DOWN|DRAIN|FAIL", state.group(1)):
+            slurm(env, "scontrol", "update", f"nodename={node}", "state=resume")
     soak.touched_nodes.clear()
 
 
