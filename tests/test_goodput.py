@@ -220,3 +220,43 @@ def test_goodput_of_a_real_run_stopped_by_sigterm_and_resumed(tmp_path: Path) ->
     assert got.wait_s >= 1.0
     assert got.kept_s + got.startup_s + got.stall_s + got.redone_s == pytest.approx(got.allocated_s)
     assert got.goodput_pct is not None and 80 < got.goodput_pct <= 100
+
+
+# ---- a real chaos soak's journal (scripts/chaos.py, seed 2: 8 faults, one of each kind) --------
+
+SOAK = Path(__file__).parent / "golden" / "goodput_soak"  # metrics.jsonl kept to step and time
+
+
+def test_goodput_of_a_real_chaos_soak_journal() -> None:
+    events = read_jsonl(SOAK / "events.jsonl")
+    got = goodput(events, read_jsonl(SOAK / "metrics.jsonl"))
+    # Time limit, killed rank, hang, preemption, preemption with the newest checkpoint torn (its
+    # life resumed from 363 again: nothing kept), scancel (job 7's last life, no word after its
+    # save), resubmitted job 10 losing a node before its first step, relaunched on the spare.
+    assert [(life.resumed_from, life.kept_to) for life in got.lives] == [
+        (0, 238),
+        (238, 240),
+        (240, 240),
+        (240, 363),
+        (363, 363),
+        (363, 375),
+        (375, 375),
+        (375, 1440),
+    ]
+    assert [life.ending for life in got.lives] == [
+        "requeue",
+        "requeue",
+        "requeue",
+        "requeue",
+        "requeue",
+        "stopped",
+        "relaunch",
+        "finish",
+    ]
+    assert [life.cause for life in got.lives][:5] == ["timelimit", "crash", "hang", "preempt", "preempt"]
+    relaunch = next(e for e in events if e["event"] == "relaunch")
+    assert got.lives[-1].began == relaunch["time"]
+    assert got.startup_s == pytest.approx(got.lives[-1].started - relaunch["time"])
+    assert got.lives[2].kept_s == 0 and got.lives[4].kept_s == 0  # a hang's and a torn save's lives
+    assert got.kept_s + got.startup_s + got.stall_s + got.redone_s == pytest.approx(got.allocated_s)
+    assert got.allocated_s == pytest.approx(247.31, abs=0.01) and got.goodput_pct == pytest.approx(62.4, abs=0.1)
