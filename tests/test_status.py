@@ -491,7 +491,7 @@ def test_json_round_trip(tmp_path: Path, slurm: FakeSlurm, capsys: pytest.Captur
     code, out, _ = run_status(capsys, "--json", str(tmp_path / "a"), str(tmp_path / "b"))
     parsed = json.loads(out)
     # What --json prints is what the rows hold, field for field, in the order given.
-    expected = [row.to_json() for row in collect([tmp_path / "a", tmp_path / "b"], now=now).rows]
+    expected = [row.to_json() for row in collect([tmp_path / "a", tmp_path / "b"], now=now, with_goodput=True).rows]
     for got, want in zip(parsed, expected, strict=True):
         assert got.keys() == want.keys()
         assert abs(got.pop("checkpoint_age_s") or 0) < 30 and abs(want.pop("checkpoint_age_s") or 0) < 30
@@ -740,3 +740,50 @@ def test_a_real_time_limit_requeue_shows_its_cause(cluster_env: dict[str, str], 
     code, rows, err = status_json(env, run)
     assert (rows["run"]["state"], rows["run"]["step"], rows["run"]["restarts"]) == ("COMPLETED", 3000, 1)
     assert code == 0
+
+
+# ---- goodput: --detail and --json ---------------------------------------------------------------
+
+
+def test_detail_and_json_show_each_life_and_the_goodput(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    preempted = {
+        "event": "checkpoint",
+        "time": 150.0,
+        "step": 50,
+        "reason": "preempt",
+        "blocking_s": 1.0,
+        "write_s": 1.0,
+    }
+    events = [
+        {**start("95"), "time": 100.0},
+        preempted,
+        {"event": "requeue", "time": 152.0, "job_id": "95", "cause": "preempt"},
+        {**start("95", restart=1), "resumed_from_step": 50, "time": 300.0},
+        {"event": "finish", "time": 352.0, "step": 100},
+    ]
+    metrics = [{"step": 50, "loss": 1.0, "time": 148.0}, {"step": 100, "loss": 0.5, "time": 350.0}]
+    make_run(tmp_path / "r", events, metrics, job_id="95")
+    slurm.no_accounting()
+    slurm.answer("squeue", "")
+    slurm.answer("scontrol", "")
+    code, out, _ = run_status(capsys, "--detail", str(tmp_path / "r"))
+    assert code == 0, out
+    # 104 s allocated over two lives, 98 s of it training kept steps; the 148 s between them
+    # (Slurm's hold and the queue) are shown apart.
+    assert "goodput 94.2%: 1m38s kept of 1m44s allocated" in out, out
+    assert "checkpoint stalls 2.0s, redone 4.0s; waits between lives 2m28s" in out, out
+    life_lines = [line.split() for line in out.splitlines() if line.lstrip()[:1].isdigit()]
+    assert [(cells[0], cells[9], cells[10]) for cells in life_lines] == [
+        ("1", "0-50", "requeue"),
+        ("2", "50-100", "finish"),
+    ]
+    code, rows, _ = rows_of(capsys, str(tmp_path / "r"))
+    figures = rows["r"]["goodput"]
+    assert figures["goodput_pct"] == pytest.approx(100 * 98 / 104, abs=1e-3)
+    assert [(life["resumed_from"], life["kept_to"], life["allocated_s"]) for life in figures["lives"]] == [
+        (0, 50, 52.0),
+        (50, 100, 52.0),
+    ]
+    assert figures["wait_s"] == 148.0

@@ -3,7 +3,8 @@
     hpctrain-status                        # the recent runs under runs/, most recent first
     hpctrain-status runs/multirun/2024-05-01/12-00-00 runs/2024-05-02/09-30-00
     hpctrain-status --watch 10             # refresh every 10 s until Ctrl-C
-    hpctrain-status --json                 # machine-readable rows
+    hpctrain-status --json                 # machine-readable rows (goodput and lives included)
+    hpctrain-status --detail RUN_DIR       # the run's lives and its goodput
     hpctrain-status --plot curves.png      # loss and eval accuracy against step
 
 Exit 0 when no listed run failed, 1 when one did (FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY,
@@ -20,9 +21,13 @@ import time
 from pathlib import Path
 
 from hpctrain.run.exitcodes import CLI_OK, CLI_REFUSED, CLI_USER_ERROR
+from hpctrain.run.jsonlines import read_jsonl
+from hpctrain.run.paths import RunDir
 from hpctrain.status import discover
+from hpctrain.status.detail import render_detail
+from hpctrain.status.goodput import Goodput, goodput
 from hpctrain.status.plot import PlotUnavailable, draw, require_matplotlib
-from hpctrain.status.rows import Status, collect
+from hpctrain.status.rows import Row, Status, collect
 from hpctrain.status.table import render
 
 EXIT_OK = CLI_OK
@@ -63,6 +68,11 @@ def parser() -> argparse.ArgumentParser:
     )
     parse.add_argument("--json", action="store_true", help="print the rows as a JSON list instead of a table")
     parse.add_argument(
+        "--detail",
+        action="store_true",
+        help="for each run: its lives (allocated, start-up, kept, stalls, redone) and its goodput",
+    )
+    parse.add_argument(
         "--plot",
         type=Path,
         metavar="FILE.png",
@@ -90,7 +100,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
 
 def refresh(args: argparse.Namespace) -> Status:
     """Find the runs again (a new run appears in a watched folder) and read them all."""
-    return collect(discover.run_dirs(args.paths, args.limit))
+    return collect(discover.run_dirs(args.paths, args.limit), with_goodput=args.json)
 
 
 def show(status: Status, args: argparse.Namespace) -> None:
@@ -99,12 +109,21 @@ def show(status: Status, args: argparse.Namespace) -> None:
     if args.json:
         # Under --watch, one JSON list a line: a reader takes each refresh as it comes.
         print(json.dumps([row.to_json() for row in status.rows], indent=None if args.watch else 2))
+    elif status.rows and args.detail:
+        print("\n\n".join(render_detail(row, figures_of(row)) for row in status.rows))
     elif status.rows:
         print(render(status.rows))
     else:
         print("no runs found")
     if args.plot is not None:
         draw(status.rows, args.plot)
+
+
+def figures_of(row: Row) -> Goodput:
+    """The run's goodput; a running job's last life counts until now."""
+    run = RunDir(row.run_dir)
+    now = time.time() if row.state.startswith("RUNNING") else None
+    return goodput(read_jsonl(run.events), read_jsonl(run.metrics), now)
 
 
 def watch(args: argparse.Namespace) -> int:

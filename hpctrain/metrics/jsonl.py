@@ -4,13 +4,27 @@ A life that dies between checkpoints (a killed job, a node failure, a hang) has 
 after the checkpoint the next life resumes from; the next life trains and logs them again.
 Their old lines are cut off first, so a reader sees each step once, from the life that led to
 the final weights. Truncation in place keeps the file (a `tail -f` reader follows on).
+
+Every line carries `time` (UNIX seconds, when the step's record was written), so the run's
+goodput (hpctrain/status/goodput.py) can tell when each life trained what.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
+from typing import Any
+
+from hpctrain.journal import JsonLines
+
+
+class MetricsLines(JsonLines):
+    """metrics.jsonl: each record stamped with `time`, as events.jsonl's are."""
+
+    def write(self, record: dict[str, Any]) -> None:
+        super().write({**record, "time": round(time.time(), 3)})
 
 
 def drop_steps_after(path: Path, step: int) -> int:

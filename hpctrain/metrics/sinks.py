@@ -80,7 +80,7 @@ def open_sinks(config: Config, run_dir: Path, resumed_from_step: int, is_main: b
         from hpctrain.metrics.wandb_sink import WandbSink
 
         _add(extras, "W&B", lambda: WandbSink(config, run_dir, resumed_from_step))
-    return MetricSinks(JsonLines(run.metrics), extras)
+    return MetricSinks(jsonl.MetricsLines(run.metrics), extras)
 
 
 def _add(extras: list[Sink], label: str, build: Callable[[], Sink]) -> None:

@@ -10,9 +10,11 @@ from typing import Any
 
 import yaml
 
+from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.run.paths import RunDir
 from hpctrain.status import slurm_query
 from hpctrain.status.checkpoint_age import newest_checkpoint
+from hpctrain.status.goodput import goodput
 from hpctrain.status.journal_summary import JournalSummary, summarize
 from hpctrain.status.metrics_tail import read_tail
 from hpctrain.status.run_state import decide
@@ -34,6 +36,8 @@ class Row:
     samples_per_s: float | None
     checkpoint_step: int | None
     checkpoint_age_s: float | None
+    # hpctrain/status/goodput.py's figures (to_json of Goodput), up to the run's last record.
+    goodput: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         record = asdict(self)
@@ -52,8 +56,9 @@ class Status:
         return any(row.failed for row in self.rows)
 
 
-def collect(runs: list[Path], now: float | None = None) -> Status:
-    """Read every run's own files, then ask Slurm about all their jobs at once."""
+def collect(runs: list[Path], now: float | None = None, with_goodput: bool = False) -> Status:
+    """Read every run's own files, then ask Slurm about all their jobs at once. with_goodput:
+    also each run's goodput (it reads the whole metrics.jsonl: --json asks, the table does not)."""
     now = time.time() if now is None else now
     summaries: list[JournalSummary | str] = []
     for run in runs:
@@ -63,13 +68,15 @@ def collect(runs: list[Path], now: float | None = None) -> Status:
             summaries.append(getattr(error, "strerror", None) or (str(error) or type(error).__name__).splitlines()[0])
     answer = slurm_query.query([s.job_id for s in summaries if isinstance(s, JournalSummary) and s.job_id])
     rows = [
-        _row(run, summary, answer, now) if isinstance(summary, JournalSummary) else _unreadable(run, summary)
+        _row(run, summary, answer, now, with_goodput)
+        if isinstance(summary, JournalSummary)
+        else _unreadable(run, summary)
         for run, summary in zip(runs, summaries)
     ]
     return Status(rows, answer.notes)
 
 
-def _row(run: Path, journal: JournalSummary, answer: slurm_query.SlurmAnswer, now: float) -> Row:
+def _row(run: Path, journal: JournalSummary, answer: slurm_query.SlurmAnswer, now: float, with_goodput: bool) -> Row:
     job = answer.jobs.get(journal.job_id) if journal.job_id else None
     state = decide(job, journal)
     metrics = read_tail(RunDir(run).metrics)
@@ -90,6 +97,9 @@ def _row(run: Path, journal: JournalSummary, answer: slurm_query.SlurmAnswer, no
         samples_per_s=metrics.samples_per_s,
         checkpoint_step=checkpoint.step if checkpoint else None,
         checkpoint_age_s=max(0.0, now - checkpoint.written_at) if checkpoint else None,
+        goodput=goodput(read_jsonl(RunDir(run).events), read_jsonl(RunDir(run).metrics)).to_json()
+        if with_goodput
+        else None,
     )
 
 

@@ -1,0 +1,260 @@
+"""Goodput of a run: of the time its lives held an allocation, how much trained steps it kept.
+
+A pure function over the run's records: events.jsonl (one `start` per life, `checkpoint`s with
+blocking_s / write_s, the ending `requeue` | `relaunch` | `failure` | `cancelled` | `finish`)
+and metrics.jsonl (each record's `step` and `time`). Definitions (also in the README):
+
+- A life runs from its `start` event to its ending event. After a `relaunch` the allocation was
+  held all along, so the next life's allocated time begins at the relaunch, not at its start.
+- allocated: the sum of the lives' allocated times.
+- kept: training time (evaluation included) of the steps that survive into the final weights,
+  or, while a run has not finished, into its last logged step. Walking back from there, each
+  life keeps the steps from the step it resumed from to the step the next kept life resumed
+  from; a life whose checkpoints were all lost (torn) keeps nothing.
+- lost, split into: startup (allocated before the life's `start`: process start, rendezvous and
+  resume after a relaunch), checkpoint stalls (blocking_s; forced saves also block for write_s),
+  redone (from a life's last kept step to its end: steps the next life trains again, and the
+  stop itself: noticing a hang or a dead node, exiting).
+- wait: from one life's end to the next one's allocated start (Slurm's requeue hold, the queue,
+  the start of the batch script and of Python, or a user's resubmission). It is not allocated
+  time of this run, so it is shown apart and left out of goodput.
+- goodput % = kept / allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+ENDINGS = ("finish", "failure", "requeue", "relaunch", "cancelled")
+_FORCED_SAVES = ("final", "timelimit", "preempt", "interrupt")  # written before training goes on
+
+
+@dataclass(frozen=True)
+class Life:
+    job_id: str | None
+    restart: int | None
+    began: float  # allocated time starts (UNIX seconds)
+    started: float  # the `start` event: resumed, training begins
+    ended: float
+    ending: str  # finish | failure | requeue | relaunch | cancelled | stopped | running | unknown
+    cause: str | None
+    resumed_from: int
+    kept_to: int  # the last step of this life in the final lineage (resumed_from: none)
+    kept_s: float
+    startup_s: float
+    stall_s: float
+    redone_s: float
+
+    @property
+    def allocated_s(self) -> float:
+        return self.ended - self.began
+
+
+@dataclass(frozen=True)
+class Goodput:
+    lives: list[Life]
+    allocated_s: float
+    kept_s: float
+    startup_s: float
+    stall_s: float
+    redone_s: float
+    wait_s: float
+    goodput_pct: float | None  # None before any time was allocated
+
+    def to_json(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["lives"] = [{**asdict(life), "allocated_s": life.allocated_s} for life in self.lives]
+        return _rounded(record)
+
+
+def goodput(events: list[dict[str, Any]], metrics: list[dict[str, Any]], now: float | None = None) -> Goodput:
+    """`now`: the run is still going (its last life has no ending yet) and this is the time."""
+    segments = _segments(events)
+    final_step = _final_step(segments, metrics)
+    kept_to = _lineage([_int(seg[0].get("resumed_from_step")) or 0 for seg in segments], final_step)
+    lives: list[Life] = []
+    for index, segment in enumerate(segments):
+        previous = segments[index - 1] if index else None
+        is_last = index == len(segments) - 1
+        until = float("inf") if is_last else _time(segments[index + 1][0]) or float("inf")
+        lives.append(_life(segment, previous, kept_to[index], metrics, until, now if is_last else None))
+    waits = [max(0.0, later.began - earlier.ended) for earlier, later in zip(lives, lives[1:])]
+    allocated = sum(life.allocated_s for life in lives)
+    kept = sum(life.kept_s for life in lives)
+    return Goodput(
+        lives=lives,
+        allocated_s=allocated,
+        kept_s=kept,
+        startup_s=sum(life.startup_s for life in lives),
+        stall_s=sum(life.stall_s for life in lives),
+        redone_s=sum(life.redone_s for life in lives),
+        wait_s=sum(waits),
+        goodput_pct=100.0 * kept / allocated if allocated > 0 else None,
+    )
+
+
+def _segments(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The events from each `start` to the next one; those before the first start are dropped
+    (a job refused at preflight allocated no training)."""
+    segments: list[list[dict[str, Any]]] = []
+    for event in events:
+        if not isinstance(_time(event), float):
+            continue
+        if event.get("event") == "start":
+            segments.append([event])
+        elif segments:
+            segments[-1].append(event)
+    return segments
+
+
+def _final_step(segments: list[list[dict[str, Any]]], metrics: list[dict[str, Any]]) -> int:
+    if not segments:
+        return 0
+    last = segments[-1]
+    finishes = [_int(e.get("step")) for e in last if e.get("event") == "finish"]
+    if finishes and finishes[-1] is not None:
+        return finishes[-1]
+    logged = [_int(r.get("step")) or 0 for r in metrics if (_time(r) or 0.0) >= _time(last[0])]
+    return max([_int(last[0].get("resumed_from_step")) or 0, *logged])
+
+
+def _lineage(resumed_from: list[int], final_step: int) -> list[int]:
+    """For each life, the last of its steps the final state descends from (walking back: a life
+    kept what it trained up to the step the next kept life resumed from)."""
+    kept_to = list(resumed_from)
+    needed = final_step
+    for index in reversed(range(len(resumed_from))):
+        if resumed_from[index] < needed:
+            kept_to[index] = needed
+            needed = resumed_from[index]
+    return kept_to
+
+
+def _life(
+    segment: list[dict[str, Any]],
+    previous: list[dict[str, Any]] | None,
+    kept_to: int,
+    metrics: list[dict[str, Any]],
+    until: float,
+    now: float | None,
+) -> Life:
+    start = segment[0]
+    started = _time(start) or 0.0
+    resumed_from = _int(start.get("resumed_from_step")) or 0
+    # Events of another job before the next start (a resubmitted job that failed before its
+    # first start) are not this life's.
+    job = start.get("job_id")
+    same_job = [e for e in segment[1:] if e.get("job_id", job) == job]
+    mine = [r for r in metrics if started <= (_time(r) or 0.0) <= until and _int(r.get("step")) is not None]
+    ended, ending = _end(same_job, mine, started, now)
+    mine = [r for r in mine if (_time(r) or 0.0) <= ended]
+    own = [e for e in same_job if e.get("by") != "slurm"]
+    endings = [e for e in same_job if e.get("event") in ENDINGS]
+    cause = endings[-1].get("cause") if endings else None
+    began = started
+    relaunches = [e for e in previous or [] if e.get("event") == "relaunch" and e.get("job_id", job) == job]
+    if relaunches:
+        began = min(started, _time(relaunches[-1]) or started)
+    checkpoints = [e for e in own if e.get("event") == "checkpoint" and _time(e) is not None]
+    kept_until = (
+        _time_of_step(kept_to, started, ended, resumed_from, mine, checkpoints) if kept_to > resumed_from else started
+    )
+    stall_before = sum(_stall(e) for e in checkpoints if (_int(e.get("step")) or 0) < kept_to)
+    stall = sum(_stall(e) for e in checkpoints)
+    kept = max(0.0, kept_until - started - stall_before)
+    startup = started - began
+    redone = max(0.0, (ended - began) - startup - kept - stall)
+    return Life(
+        job_id=str(start["job_id"]) if start.get("job_id") not in (None, "") else None,
+        restart=_int(start.get("restart")),
+        began=began,
+        started=started,
+        ended=ended,
+        ending=ending,
+        cause=cause if isinstance(cause, str) else None,
+        resumed_from=resumed_from,
+        kept_to=kept_to,
+        kept_s=kept,
+        startup_s=startup,
+        stall_s=stall,
+        redone_s=redone,
+    )
+
+
+def _end(
+    same_job: list[dict[str, Any]], mine: list[dict[str, Any]], started: float, now: float | None
+) -> tuple[float, str]:
+    """When and how a life ended. failure/requeue `by: slurm` are written by the batch script's
+    next start: they end this life in meaning, not in time."""
+    own = [e for e in same_job if e.get("by") != "slurm"]
+    own_endings = [e for e in own if e.get("event") in ENDINGS]
+    if own_endings:
+        return _time(own_endings[-1]) or started, str(own_endings[-1].get("event"))
+    if now is not None:
+        return now, "running"
+    # Stopped by a signal outside Slurm (hpctrain-train), or killed with no word (SIGKILL, a
+    # hard time limit): the last thing it wrote.
+    times = [_time(e) or started for e in own] + [_time(r) or started for r in mine]
+    return max([started, *times]), "stopped" if _stopped(own) else "unknown"
+
+
+def _time_of_step(
+    step: int,
+    started: float,
+    ended: float,
+    resumed_from: int,
+    mine: list[dict[str, Any]],
+    checkpoints: list[dict[str, Any]],
+) -> float:
+    """When this life finished `step`: its metrics record, else its checkpoint (written after
+    the snapshot and the write), else extrapolated from its last record before it."""
+    for record in mine:
+        if record.get("step") == step:
+            return min(ended, _time(record) or ended)
+    for event in checkpoints:
+        if _int(event.get("step")) == step:
+            spent = (_number(event.get("blocking_s")) or 0.0) + (_number(event.get("write_s")) or 0.0)
+            return min(ended, max(started, (_time(event) or ended) - spent))
+    before = [r for r in mine if (_int(r.get("step")) or 0) < step]
+    if before:
+        last = before[-1]
+        last_step, last_time = _int(last.get("step")) or 0, _time(last) or started
+        per_step = (last_time - started) / max(1, last_step - resumed_from)
+        return min(ended, last_time + (step - last_step) * per_step)
+    return ended
+
+
+def _stopped(own: list[dict[str, Any]]) -> bool:
+    saves = [e for e in own if e.get("event") == "checkpoint"]
+    return bool(saves) and saves[-1].get("reason") in _FORCED_SAVES[1:]
+
+
+def _stall(event: dict[str, Any]) -> float:
+    blocking = _number(event.get("blocking_s")) or 0.0
+    if event.get("reason") in _FORCED_SAVES:
+        return blocking + (_number(event.get("write_s")) or 0.0)
+    return blocking
+
+
+def _time(record: dict[str, Any]) -> float | None:
+    value = _number(record.get("time"))
+    return float(value) if value is not None else None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""A seeded chaos soak on a real Slurm dev cluster: one job, random faults, exact results.
+
+    python scripts/chaos.py --minutes 6 --seed 1
+    python scripts/chaos.py --minutes 30 --seed 7 --dir /var/tmp/devc --port-base 19000 --out runs/chaos
+
+It starts (or reuses) a 3-node dev cluster (scripts/devcluster.py), trains an uninterrupted
+reference locally (same config, world size and threads), submits one job with hpctrain-submit
+(2 training nodes and 1 spare), and injects faults from the whole catalogue at seeded times:
+a node set down, a node drained, preemption by an `urgent` job, SIGKILL or SIGSTOP (a hang) of
+one rank's process, the time-limit warning, a torn newest checkpoint while the job is down, and
+scancel followed by hpctrain-submit into the same run dir. Slurm's ~120 s hold on a requeued job
+is lifted (scontrol update StartTime=now) so the soak spends its time on recovery.
+
+A fault waits until it can apply: the job RUNNING and training again since the last fault.
+At the end it checks model.pt bit for bit against the reference, every step once in
+metrics.jsonl and no job or process left, prints a table (each fault, when, what hpctrain did,
+the time to the next finished step) and the goodput, and exits 1 if a check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))  # chaos_faults and devcluster sit beside this file
+
+import chaos_faults as faults  # noqa: E402
+from chaos_faults import PACE_S, Fault, Soak  # noqa: E402
+
+KINDS = (
+    "node_down",
+    "node_drain",
+    "preempt",
+    "kill_rank",
+    "stop_rank",
+    "time_limit",
+    "torn_checkpoint",
+    "cancel_resubmit",
+)
+WARMUP_S = 20.0  # training first runs this long undisturbed
+MEAN_GAP_S = 25.0  # by default a fault every ~25 s of training, so each one's recovery is seen
+START_S = 60.0  # of the soak's wall time: submission to the first step, and the end's checks
+RECOVERY_S = 35.0  # wall time a fault costs on a busy 2-core machine (restart, start-up, redone)
+MIN_TRAINING_S = 120.0
+
+
+def fault_count(minutes: float) -> int:
+    return max(len(KINDS), int(minutes * 60 / (MEAN_GAP_S + RECOVERY_S)))
+
+
+def training_seconds(minutes: float, count: int) -> float:
+    """Of the soak's wall time, what is left for training once start-up and recoveries are paid."""
+    return max(MIN_TRAINING_S, minutes * 60 - START_S - count * RECOVERY_S)
+
+
+def schedule(seed: int, minutes: float, count: int | None = None) -> list[Fault]:
+    """The soak's faults for `seed`: the same seed gives the same list. Kinds come in shuffled
+    rounds of the whole catalogue, so every kind appears once in every len(KINDS) faults; the
+    gaps are exponential around the mean (a Poisson process) over the training time, after a
+    warm-up. Times count training from its first step; recoveries push the later ones back."""
+    rng = random.Random(seed)
+    count = fault_count(minutes) if count is None else count
+    window_s = training_seconds(minutes, count) - WARMUP_S
+    kinds: list[str] = []
+    while len(kinds) < count:
+        round_ = list(KINDS)
+        rng.shuffle(round_)
+        kinds.extend(round_)
+    gaps = [rng.expovariate(1.0) for _ in range(count)]
+    scale = window_s / sum(gaps)
+    times, at = [], WARMUP_S
+    for gap in gaps:
+        times.append(round(at, 1))
+        at += gap * scale
+    return [
+        Fault(number=i + 1, at_s=times[i], kind=kinds[i], rank=rng.randrange(2), node_pick=rng.randrange(1 << 16))
+        for i in range(count)
+    ]
+
+
+def training_steps(minutes: float, count: int) -> int:
+    """Steps to train for the training time: each step takes the pace plus about as long again
+    of compute on a busy 2-core machine."""
+    return int(training_seconds(minutes, count) / (2 * PACE_S))
+
+
+def overrides(max_steps: int) -> list[str]:
+    return [
+        "model._target_=helpers.paced.PacedConvNet",
+        f"trainer.max_steps={max_steps}",
+        "trainer.log_every=1",
+        "trainer.eval_every=0",
+        "trainer.ckpt_every=40",
+        "trainer.keep_checkpoints=3",
+        "trainer.hang_timeout_s=20",
+        "trainer.collective_timeout_s=60",
+        "slurm.nodes=2",
+        "slurm.ntasks_per_node=1",
+        "slurm.spare_nodes=1",
+        "slurm.max_restarts=100",
+        *(f"slurm.restart_budget.{cause}=30" for cause in ("preempt", "timelimit", "node_failure", "crash", "hang")),
+    ]
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="chaos.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, required=True, help="length of the soak")
+    parser.add_argument("--seed", type=int, required=True, help="the fault schedule's seed")
+    parser.add_argument("--faults", type=int, default=None, help="how many faults (default: one a minute, 8 or more)")
+    parser.add_argument("--dir", default=None, help="the dev cluster's folder (scripts/devcluster.py)")
+    parser.add_argument("--port-base", type=int, default=None, help="the dev cluster's first port")
+    parser.add_argument("--out", type=Path, default=None, help="where the run dir and the reference go")
+    args = parser.parse_args(argv)
+    if args.minutes <= 0:
+        parser.error(f"--minutes: must be > 0 (got {args.minutes:g})")
+    if args.faults is not None and args.faults < 1:
+        parser.error(f"--faults: must be >= 1 (got {args.faults})")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    plan = schedule(args.seed, args.minutes, args.faults)
+    print(f"chaos: seed {args.seed}, {args.minutes:g} minutes, {len(plan)} faults:")
+    for fault in plan:
+        print(f"  #{fault.number:<2} at {fault.at_s:7.1f} s  {fault.kind:<16} rank {fault.rank}")
+    out = (args.out or REPO / "runs" / f"chaos-seed{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    soak = Soak(args.seed, args.minutes, out / "run", out / "reference")
+    env = faults.cluster_env(args.dir, args.port_base)
+    config = overrides(training_steps(args.minutes, len(plan)))
+    # A SIGTERM ends the soak like Ctrl-C: through the clean-up below.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    reference = faults.start_reference(env, soak.reference, config)
+    try:
+        soak.job_ids.append(faults.submit(env, soak.run_dir, config))
+        faults.run_schedule(env, soak, plan, config)
+        faults.wait_done(env, soak, timeout_s=max(600.0, args.minutes * 60))
+        faults.finish_reference(reference)
+    except faults.ChaosError as error:
+        print(f"chaos: {error}", file=sys.stderr)
+        soak.skipped.append(str(error))
+    finally:
+        faults.clean_up(env, soak)
+        if reference.poll() is None:
+            reference.kill()
+            reference.wait()
+    report = faults.report(soak, training_steps(args.minutes, len(plan)))
+    (out / "chaos-report.json").write_text(json.dumps(report, indent=2, default=str))
+    print(faults.render(report))
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,421 @@
+"""The chaos soak's hands on the cluster (scripts/chaos.py): submit, inject, wait, clean up.
+
+Every call to Slurm is checked; one that fails raises ChaosError with Slurm's own words, except
+where a refusal is an answer (a node already back in service refuses `state=resume`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos_report import alive_processes, render, report  # noqa: F401  (chaos.py calls them here)
+
+REPO = Path(__file__).resolve().parents[1]
+PAUSE_ENV = "HPCTRAIN_TEST_STEP_PAUSE_S"
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
+FAULT_WAIT_S = 300.0  # how long a fault may wait for the job to be RUNNING and training again
+STUCK_S = 60.0  # PENDING this long for a reason no wait cures: the soak says so and stops
+WAITING_REASONS = {"BeginTime", "Priority", "Resources", "None"}
+DRAIN_WATCH_S = 10.0  # a job on a drained node should train on: watched this long
+PACE_S = 0.05  # each step of the job takes at least this long (helpers.paced, from the environment)
+
+
+class ChaosError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Fault:
+    number: int
+    at_s: float  # earliest injection, seconds after training first logged a step
+    kind: str
+    rank: int  # for kill_rank / stop_rank: which rank's process
+    node_pick: int  # for node_down / node_drain: which training node other than the batch node
+
+
+@dataclass
+class Injected:
+    fault: Fault
+    at: float  # UNIX time of the injection
+    target: str  # what was hit: node, rank and pid, checkpoint file, the new job id
+    job_id: str
+    step: int | None  # the last logged step when it was injected
+    note: str = ""
+    # The first step finished once over the fault (a later life's, or training on after a drain),
+    # seen while polling: the next life drops the lines of steps it trains again.
+    next_step_at: float | None = None
+    next_step: int | None = None
+
+
+@dataclass
+class Soak:
+    seed: int
+    minutes: float
+    run_dir: Path
+    reference: Path
+    job_ids: list[str] = field(default_factory=list)
+    injected: list[Injected] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    t0: float = 0.0  # when training first logged a step: fault times count from here
+    touched_nodes: set[str] = field(default_factory=set)  # downed or drained, to resume
+    final_state: str = "UNKNOWN"
+    jobs_left: list[str] = field(default_factory=list)
+    processes_left: list[int] = field(default_factory=list)
+
+
+# ---- the cluster and the job -------------------------------------------------------------------
+
+
+def cluster_env(directory: str | None, port_base: int | None) -> dict[str, str]:
+    import devcluster
+
+    slurm = devcluster.ensure_cluster(3, 2, directory or devcluster.DEFAULT_DIR, port_base=port_base)
+    env = {**os.environ, **slurm, "OMP_NUM_THREADS": "1"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    # helpers.paced (the paced ConvNet) lives with the tests; the job inherits this environment.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "tests"), env.get("PYTHONPATH", "")) if p)
+    env.pop(PAUSE_ENV, None)
+    return env
+
+
+def slurm(env: dict[str, str], *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(list(command), env=env, capture_output=True, text=True, timeout=60)
+    if check and done.returncode != 0:
+        raise ChaosError(f"`{' '.join(command)}` failed (exit {done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+def start_reference(env: dict[str, str], run_dir: Path, config: list[str]) -> subprocess.Popen[str]:
+    """The uninterrupted run, on this machine, at low priority (the soak's job comes first)."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Starved by the soak, it may go 20 s without a step: no hang or collective timeouts here
+    # (they change no weight).
+    quiet = ["trainer.hang_timeout_s=0", "trainer.collective_timeout_s=1800", "trainer.nprocs=2"]
+    command = [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={run_dir}", *config, *quiet]
+    with open(run_dir.parent / "reference.log", "w") as log:  # the child keeps its own copy
+        return subprocess.Popen(
+            command,
+            cwd=run_dir.parent,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=lambda: os.nice(10),
+        )
+
+
+def finish_reference(reference: subprocess.Popen[str], timeout_s: float = 1800) -> None:
+    if reference.wait(timeout=timeout_s) != 0:
+        raise ChaosError(f"the reference run failed (exit {reference.returncode}); see reference.log")
+
+
+def submit(env: dict[str, str], run_dir: Path, config: list[str]) -> str:
+    paced = {**env, PAUSE_ENV: str(PACE_S)}
+    command = [sys.executable, "-m", "hpctrain.cli.submit", f"hydra.run.dir={run_dir}", "cluster=devcluster", *config]
+    done = subprocess.run(command, env=paced, capture_output=True, text=True, cwd=run_dir.parent, timeout=300)
+    found = re.findall(r"^Submitted batch job (\d+)$", done.stdout, re.M)
+    if done.returncode != 0 or len(found) != 1:
+        raise ChaosError(f"hpctrain-submit failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return found[0]
+
+
+def job_state(env: dict[str, str], job_id: str) -> tuple[str | None, str | None]:
+    """(JobState, Reason); (None, None) once Slurm has forgotten the job."""
+    done = slurm(env, "scontrol", "show", "job", "-o", job_id, check=False)
+    state, reason = re.search(r"\bJobState=(\S+)", done.stdout), re.search(r"\bReason=(\S+)", done.stdout)
+    return (state.group(1) if state else None), (reason.group(1) if reason else None)
+
+
+class StuckWatch:
+    """Tells a job that waits for something that will not come (BadConstraints: it asks for more
+    nodes than its exclusions leave) from one waiting its turn or its requeue hold."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def stuck(self, state: str | None, reason: str | None) -> bool:
+        waiting_badly = state == "PENDING" and reason not in WAITING_REASONS
+        self.since = (self.since or time.monotonic()) if waiting_badly else None
+        return self.since is not None and time.monotonic() - self.since > STUCK_S
+
+
+def lift_hold(env: dict[str, str], job_id: str) -> None:
+    """A requeued job waits ~120 s for its BeginTime: start it now (root on the dev cluster)."""
+    state, reason = job_state(env, job_id)
+    if state == "PENDING" and reason == "BeginTime":
+        done = slurm(env, "scontrol", "update", f"jobid={job_id}", "StartTime=now", check=False)
+        if done.returncode != 0:  # the job may have started meanwhile: say so, go on waiting
+            print(f"chaos: could not lift job {job_id}'s hold: {done.stderr.strip()}", file=sys.stderr)
+
+
+def resume_nodes(env: dict[str, str], soak: Soak) -> None:
+    """Bring downed and drained nodes back (ReturnToService may have done it for a down one)."""
+    for node in sorted(soak.touched_nodes):
+        shown = slurm(env, "scontrol", "show", "node", "-o", node).stdout
+        state = re.search(r"\bState=(\S+)", shown)
+        if state and re.search(r"DOWN|DRAIN|FAIL", state.group(1)):
+            slurm(env, "scontrol", "update", f"nodename={node}", "state=resume")
+    soak.touched_nodes.clear()
+
+
+def metrics_records(run_dir: Path) -> list[dict[str, Any]]:
+    from hpctrain.journal import read_jsonl
+
+    return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def events_of(run_dir: Path) -> list[dict[str, Any]]:
+    from hpctrain.journal import read_jsonl
+
+    return read_jsonl(run_dir / "events.jsonl")
+
+
+# ---- the schedule ------------------------------------------------------------------------------
+
+
+def run_schedule(env: dict[str, str], soak: Soak, plan: list[Fault], config: list[str]) -> None:
+    soak.t0 = _wait_training(env, soak, since=lambda: 0.0)
+    for fault in plan:
+        if not _wait_ready(env, soak, fault):
+            return
+        injected = INJECT[fault.kind](env, soak, fault, config)
+        soak.injected.append(injected)
+        print(
+            f"chaos: #{fault.number} {fault.kind} at {injected.at - soak.t0:.1f} s, step {injected.step}: "
+            f"{injected.target}{(' (' + injected.note + ')') if injected.note else ''}",
+            flush=True,
+        )
+
+
+def _wait_training(env: dict[str, str], soak: Soak, since: Callable[[], float | None]) -> float:
+    """Until a step is logged after `since()` (None: not yet known) with the job RUNNING;
+    returns that record's time."""
+    deadline, stuck = time.monotonic() + FAULT_WAIT_S, StuckWatch()
+    while time.monotonic() < deadline:
+        job = soak.job_ids[-1]
+        lift_hold(env, job)
+        state, reason = job_state(env, job)
+        if state in ENDED or state is None:
+            raise ChaosError(f"job {job} ended ({state}) before training went on")
+        if stuck.stuck(state, reason):
+            raise ChaosError(f"job {job} stuck: PENDING with Reason={reason} for {STUCK_S:.0f} s")
+        note_next_step(soak)
+        after = since()
+        fresh = [r for r in metrics_records(soak.run_dir) if after is not None and (r.get("time") or 0) > after]
+        if fresh and state == "RUNNING":
+            return float(fresh[-1]["time"])
+        time.sleep(0.5)
+    raise ChaosError(f"not training again within {FAULT_WAIT_S:.0f} s")
+
+
+def _recovered_after(soak: Soak, settle_s: float = DRAIN_WATCH_S) -> float | None:
+    """After when a logged step shows the job over the last fault: the start of a new life (every
+    fault but a drain ends one), or some seconds of training on (a drained node is ridden out)."""
+    if not soak.injected:
+        return 0.0
+    last = soak.injected[-1]
+    if last.fault.kind == "node_drain":
+        return last.at + settle_s
+    starts = [e["time"] for e in events_of(soak.run_dir) if e.get("event") == "start" and e["time"] > last.at]
+    return starts[0] if starts else None
+
+
+def note_next_step(soak: Soak) -> None:
+    """The last fault's first step finished after it (for a drain: any step after it)."""
+    if not soak.injected or soak.injected[-1].next_step_at is not None:
+        return
+    after = _recovered_after(soak, settle_s=0.0)
+    fresh = [r for r in metrics_records(soak.run_dir) if after is not None and (r.get("time") or 0) > after]
+    if fresh:
+        soak.injected[-1].next_step_at, soak.injected[-1].next_step = fresh[0]["time"], fresh[0].get("step")
+
+
+def _wait_ready(env: dict[str, str], soak: Soak, fault: Fault) -> bool:
+    """Until the fault's time has come, the job RUNNING and training again since the last fault,
+    and the fault can apply. False (the fault skipped, and the rest) when the job has ended."""
+    try:
+        _wait_training(env, soak, since=lambda: _recovered_after(soak))
+    except ChaosError as error:
+        soak.skipped.append(f"#{fault.number} {fault.kind} and later: {error}")
+        return False
+    resume_nodes(env, soak)
+    while time.time() < soak.t0 + fault.at_s or not _applies(env, soak, fault):
+        state, _ = job_state(env, soak.job_ids[-1])
+        if state != "RUNNING":
+            return _wait_ready(env, soak, fault)  # stopped meanwhile (finished, or an earlier fault)
+        time.sleep(0.5)
+    return True
+
+
+def _applies(env: dict[str, str], soak: Soak, fault: Fault) -> bool:
+    if fault.kind in ("node_down", "node_drain"):
+        return _victim_node(env, soak, fault) is not None
+    if fault.kind in ("kill_rank", "stop_rank"):
+        return _rank_pid(soak, fault.rank) is not None
+    if fault.kind == "torn_checkpoint":
+        return len(_checkpoints(soak.run_dir)) >= 2  # one to tear and one to resume from
+    return True
+
+
+def _victim_node(env: dict[str, str], soak: Soak, fault: Fault) -> str | None:
+    """A training node of the running life other than the batch node (whose loss ends the job)."""
+    starts = [e for e in events_of(soak.run_dir) if e.get("event") == "start"]
+    done = slurm(env, "scontrol", "show", "job", "-o", soak.job_ids[-1], check=False)
+    batch = re.search(r"\bBatchHost=(\S+)", done.stdout)
+    if not starts or not batch:
+        return None
+    candidates = sorted(n for n in starts[-1].get("nodes", []) if n != batch.group(1))
+    return candidates[fault.node_pick % len(candidates)] if candidates else None
+
+
+def _rank_pid(soak: Soak, rank: int) -> int | None:
+    for pid, environ in alive_processes(soak.run_dir):
+        if environ.get("SLURM_JOB_ID") == soak.job_ids[-1] and environ.get("SLURM_PROCID") == str(rank):
+            return pid
+    return None
+
+
+def _checkpoints(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "checkpoints").glob("step_*.json"))
+
+
+def _last_step(soak: Soak) -> int | None:
+    records = metrics_records(soak.run_dir)
+    return records[-1].get("step") if records else None
+
+
+# ---- the faults --------------------------------------------------------------------------------
+
+
+def _injected(soak: Soak, fault: Fault, target: str, note: str = "") -> Injected:
+    return Injected(fault, time.time(), target, soak.job_ids[-1], _last_step(soak), note)
+
+
+def node_state(env: dict[str, str], soak: Soak, fault: Fault, state: str) -> Injected:
+    node = _victim_node(env, soak, fault)
+    assert node is not None  # _applies checked it
+    done = _injected(soak, fault, node)
+    slurm(env, "scontrol", "update", f"nodename={node}", f"state={state}", "reason=chaos")
+    soak.touched_nodes.add(node)
+    return done
+
+
+def preempt(env: dict[str, str], soak: Soak, fault: Fault, config: list[str]) -> Injected:
+    done = _injected(soak, fault, "")
+    urgent = slurm(
+        env, "sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", "3", "-o", "/dev/null", "--wrap", "sleep 2"
+    )
+    done.target = f"urgent job {urgent.stdout.strip().split(';')[0]}"
+    return done
+
+
+def signal_rank(soak: Soak, fault: Fault, signum: int) -> Injected:
+    pid = _rank_pid(soak, fault.rank)
+    assert pid is not None
+    done = _injected(soak, fault, f"rank {fault.rank} pid {pid}")
+    os.kill(pid, signum)
+    return done
+
+
+def time_limit(env: dict[str, str], soak: Soak, fault: Fault, config: list[str]) -> Injected:
+    # What `#SBATCH --signal=B:USR2@N` makes Slurm do N seconds before the limit: USR2 to the
+    # batch shell alone.
+    done = _injected(soak, fault, "USR2 to the batch shell")
+    slurm(env, "scancel", "--signal=USR2", "--batch", soak.job_ids[-1])
+    return done
+
+
+def torn_checkpoint(env: dict[str, str], soak: Soak, fault: Fault, config: list[str]) -> Injected:
+    """Preempt the job, and while it waits to run again, truncate its newest checkpoint."""
+    done = preempt(env, soak, fault, config)
+    deadline = time.monotonic() + 180
+    while job_state(env, soak.job_ids[-1])[0] != "PENDING":
+        if time.monotonic() > deadline or job_state(env, soak.job_ids[-1])[0] in ENDED:
+            done.note = f"the job never went back to PENDING ({job_state(env, soak.job_ids[-1])[0]}): nothing torn"
+            return done
+        time.sleep(0.5)
+    newest = _checkpoints(soak.run_dir)[-1].with_suffix(".pt")
+    size = newest.stat().st_size
+    os.truncate(newest, size // 2)
+    done.target += f"; {newest.name} cut to {size // 2} of {size} bytes"
+    return done
+
+
+def cancel_resubmit(env: dict[str, str], soak: Soak, fault: Fault, config: list[str]) -> Injected:
+    done = _injected(soak, fault, f"scancel {soak.job_ids[-1]}")
+    slurm(env, "scancel", soak.job_ids[-1])
+    deadline = time.monotonic() + 180
+    while (state := job_state(env, soak.job_ids[-1])[0]) not in ENDED and state is not None:
+        if time.monotonic() > deadline:
+            raise ChaosError(f"job {soak.job_ids[-1]} still {state} 180 s after scancel")
+        time.sleep(0.5)
+    soak.job_ids.append(submit(env, soak.run_dir, config))
+    done.target += f", then hpctrain-submit: job {soak.job_ids[-1]}"
+    return done
+
+
+INJECT = {
+    "node_down": lambda env, soak, fault, config: node_state(env, soak, fault, "down"),
+    "node_drain": lambda env, soak, fault, config: node_state(env, soak, fault, "drain"),
+    "preempt": preempt,
+    "kill_rank": lambda env, soak, fault, config: signal_rank(soak, fault, signal.SIGKILL),
+    "stop_rank": lambda env, soak, fault, config: signal_rank(soak, fault, signal.SIGSTOP),
+    "time_limit": time_limit,
+    "torn_checkpoint": torn_checkpoint,
+    "cancel_resubmit": cancel_resubmit,
+}
+
+
+# ---- the end -----------------------------------------------------------------------------------
+
+
+def wait_done(env: dict[str, str], soak: Soak, timeout_s: float) -> None:
+    """Until the last job ends, lifting holds; a job stuck PENDING for another reason is told."""
+    deadline, stuck = time.monotonic() + timeout_s, StuckWatch()
+    while time.monotonic() < deadline:
+        job = soak.job_ids[-1]
+        resume_nodes(env, soak)
+        lift_hold(env, job)
+        note_next_step(soak)
+        state, reason = job_state(env, job)
+        if state in ENDED or state is None:
+            note_next_step(soak)
+            soak.final_state = state or "GONE"
+            return
+        if stuck.stuck(state, reason):
+            soak.final_state = f"STUCK (PENDING, Reason={reason} for {STUCK_S:.0f} s)"
+            return
+        time.sleep(1.0)
+    soak.final_state = f"TIMEOUT ({job_state(env, soak.job_ids[-1])[0]} after {timeout_s:.0f} s)"
+
+
+def clean_up(env: dict[str, str], soak: Soak) -> None:
+    """Note what outlived the run (a check), then make sure nothing does."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (_jobs_left(env, soak) or alive_processes(soak.run_dir)):
+        time.sleep(1.0)
+    soak.jobs_left = _jobs_left(env, soak)
+    soak.processes_left = [pid for pid, _ in alive_processes(soak.run_dir)]
+    for job in soak.jobs_left:
+        slurm(env, "scancel", job, check=False)
+    for pid in soak.processes_left:
+        for signum in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+    resume_nodes(env, soak)
+
+
+def _jobs_left(env: dict[str, str], soak: Soak) -> list[str]:
+    done = slurm(env, "squeue", "-h", "-o", "%i")
+    return [job for job in done.stdout.split() if job in soak.job_ids]

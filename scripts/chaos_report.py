@@ -1,0 +1,137 @@
+"""The chaos soak's end (scripts/chaos.py): the checks, the fault table and the goodput.
+
+Read from the run dir the job wrote (events.jsonl, metrics.jsonl, model.pt) and the reference's
+model.pt; nothing here touches the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpctrain.journal import read_jsonl
+from hpctrain.status.detail import duration, summary
+from hpctrain.status.goodput import goodput
+
+if TYPE_CHECKING:
+    from chaos_faults import Injected, Soak
+
+
+def alive_processes(run_dir: Path) -> list[tuple[int, dict[str, str]]]:
+    """Processes of this run (their command line names its run dir): (pid, environment).
+    The training tasks are those with SLURM_STEP_ID that are not srun itself."""
+    found = []
+    needle = str(run_dir).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if needle not in b"\0".join(argv) or (entry / "stat").read_text().split(") ")[-1][:1] == "Z":
+                continue
+            raw = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        environ = dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
+        if Path(argv[0].decode(errors="replace")).name != "srun" and "SLURM_STEP_ID" in environ:
+            found.append((int(entry.name), environ))
+        elif Path(argv[0].decode(errors="replace")).name == "srun":
+            found.append((int(entry.name), {}))
+    return found
+
+
+def report(soak: Soak, max_steps: int) -> dict[str, Any]:
+    events = read_jsonl(soak.run_dir / "events.jsonl")
+    metrics = read_jsonl(soak.run_dir / "metrics.jsonl")
+    steps = [r.get("step") for r in metrics]
+    checks = {
+        "job completed": (soak.final_state == "COMPLETED", f"final state {soak.final_state}"),
+        "model.pt bit-identical to the uninterrupted run": _same_weights(soak.run_dir, soak.reference),
+        "every step once in metrics.jsonl": (
+            steps == list(range(1, max_steps + 1)),
+            f"{len(steps)} lines, {len(set(steps))} distinct, expected steps 1..{max_steps}",
+        ),
+        "no job left": (not soak.jobs_left, f"left: {soak.jobs_left}"),
+        "no process left": (not soak.processes_left, f"left: {soak.processes_left}"),
+    }
+    ends = [i.at for i in soak.injected[1:]] + [float("inf")]
+    rows = [_row(soak, item, end, events) for item, end in zip(soak.injected, ends)]
+    return {
+        "seed": soak.seed,
+        "minutes": soak.minutes,
+        "job_ids": soak.job_ids,
+        "run_dir": str(soak.run_dir),
+        "faults": rows,
+        "skipped": soak.skipped,
+        "goodput": goodput(events, metrics).to_json(),
+        "checks": {name: {"passed": ok, "detail": detail} for name, (ok, detail) in checks.items()},
+        "passed": all(ok for ok, _ in checks.values()),
+    }
+
+
+def _row(soak: Soak, item: Injected, end: float, events: list[dict]) -> dict[str, Any]:
+    window = [e for e in events if item.at <= (e.get("time") or 0) < end]
+    return {
+        "number": item.fault.number,
+        "kind": item.fault.kind,
+        "at_s": round(item.at - soak.t0, 1),
+        "job_id": item.job_id,
+        "step": item.step,
+        "target": item.target,
+        "note": item.note,
+        "did": [_said(e) for e in window if not (e.get("event") == "checkpoint" and e.get("reason") == "periodic")],
+        "next_step_s": round(item.next_step_at - item.at, 1) if item.next_step_at is not None else None,
+        "next_step": item.next_step,
+    }
+
+
+def _said(event: dict[str, Any]) -> str:
+    name = event.get("event")
+    if name == "checkpoint":
+        return f"saved {event.get('reason')}@{event.get('step')}"
+    if name == "start":
+        return f"start@{event.get('resumed_from_step')} {','.join(event.get('nodes') or [])}"
+    if name in ("failure", "requeue", "relaunch"):
+        extra = event.get("nodes") or event.get("failed") or event.get("reason") or ""
+        return f"{name} {event.get('cause')}{' ' + str(extra) if extra else ''}{' by slurm' if event.get('by') else ''}"
+    if name == "cancelled":
+        return f"cancelled@{event.get('step')}"
+    return str(name)
+
+
+def _same_weights(run_dir: Path, reference: Path) -> tuple[bool, str]:
+    import torch
+
+    try:
+        mine = torch.load(run_dir / "model.pt", weights_only=True)
+        theirs = torch.load(reference / "model.pt", weights_only=True)
+    except (OSError, RuntimeError) as error:
+        return False, f"cannot compare: {error}"
+    differ = [k for k in theirs if k not in mine or not torch.equal(mine[k], theirs[k])]
+    return not differ and mine.keys() == theirs.keys(), f"{len(differ)} of {len(theirs)} tensors differ"
+
+
+def render(result: dict[str, Any]) -> str:
+    head = f"{'#':>3}  {'AT':>7}  {'FAULT':<16} {'JOB':>5} {'STEP':>5}  {'NEXT STEP':>9}  WHAT HPCTRAIN DID"
+    lines = [f"chaos soak, seed {result['seed']}, {result['minutes']:g} minutes, jobs {result['job_ids']}", head]
+    for row in result["faults"]:
+        next_s = f"{row['next_step_s']:.1f} s" if row["next_step_s"] is not None else "never"
+        lines.append(
+            f"{row['number']:>3}  {row['at_s']:>6.1f}s  {row['kind']:<16} {row['job_id']:>5} {row['step'] or '-':>5}"
+            f"  {next_s:>9}  {'; '.join(row['did']) or '(nothing: trained on)'}"
+        )
+    lines += [f"skipped: {line}" for line in result["skipped"]]
+    figures = result["goodput"]
+    from hpctrain.status.goodput import Goodput
+
+    lines.append(summary(Goodput(**{**figures, "lives": []})))
+    lines.append(f"lives: {len(figures['lives'])}, wall time {duration(_wall(figures))}")
+    for name, check in result["checks"].items():
+        lines.append(f"{'PASS' if check['passed'] else 'FAIL'}  {name}: {check['detail']}")
+    return "\n".join(lines)
+
+
+def _wall(figures: dict[str, Any]) -> float:
+    lives = figures["lives"]
+    return lives[-1]["ended"] - lives[0]["began"] if lives else 0.0

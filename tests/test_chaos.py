@@ -1,0 +1,113 @@
+"""The chaos soak (scripts/chaos.py): its seeded schedule, and a short soak on the dev cluster
+that must end with the same weights as an uninterrupted run, each step once, nothing left."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from slurmtools import CLUSTER_DIR, PORT_BASE, REPO, why_no_slurm
+
+sys.path.insert(0, str(REPO / "scripts"))
+import chaos  # noqa: E402
+
+SHORT_SOAK_MINUTES = 6
+
+
+def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> None:
+    assert chaos.schedule(3, 30) == chaos.schedule(3, 30)
+    assert chaos.schedule(3, 30) != chaos.schedule(4, 30)
+
+
+def test_every_kind_of_fault_comes_in_each_round_of_the_catalogue() -> None:
+    for seed in range(20):
+        plan = chaos.schedule(seed, 30)
+        kinds = [fault.kind for fault in plan]
+        for first in range(0, len(kinds) - len(chaos.KINDS) + 1, len(chaos.KINDS)):
+            assert sorted(kinds[first : first + len(chaos.KINDS)]) == sorted(chaos.KINDS), seed
+        assert {fault.rank for fault in plan} <= {0, 1}
+
+
+def test_fault_times_rise_inside_the_training_window() -> None:
+    for minutes in (SHORT_SOAK_MINUTES, 30):
+        plan = chaos.schedule(11, minutes)
+        times = [fault.at_s for fault in plan]
+        assert times == sorted(times) and times[0] == chaos.WARMUP_S
+        assert times[-1] <= chaos.training_seconds(minutes, len(plan))
+    assert len(chaos.schedule(11, SHORT_SOAK_MINUTES)) >= 8
+    # A 30-minute soak: a fault every few minutes at most, the catalogue several times over.
+    assert len(chaos.schedule(11, 30)) >= 2 * len(chaos.KINDS)
+
+
+def test_a_count_of_faults_can_be_asked_for() -> None:
+    assert len(chaos.schedule(5, 30, count=6)) == 6
+    assert [f.kind for f in chaos.schedule(5, 30, count=6)] == [f.kind for f in chaos.schedule(5, 30, count=6)]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_short_soak_ends_exact_with_nothing_left(tmp_path: Path) -> None:
+    reason = why_no_slurm()
+    if reason:
+        pytest.skip(reason)
+    command = [
+        sys.executable,
+        str(REPO / "scripts" / "chaos.py"),
+        "--minutes",
+        str(SHORT_SOAK_MINUTES),
+        "--seed",
+        "1",
+        "--dir",
+        CLUSTER_DIR,
+        "--port-base",
+        str(PORT_BASE),
+        "--out",
+        str(tmp_path),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+    output = f"exit {done.returncode}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+    result = json.loads((tmp_path / "chaos-report.json").read_text())
+    assert len(result["faults"]) >= 8, output
+    assert {row["kind"] for row in result["faults"]} == set(chaos.KINDS), output
+    failed = {name: check["detail"] for name, check in result["checks"].items() if not check["passed"]}
+    assert not failed, output
+    assert done.returncode == 0, output
+
+
+def _run_dir(root: Path, steps: list[int], weights: dict) -> Path:
+    root.mkdir(parents=True)
+    (root / "events.jsonl").write_text(
+        json.dumps({"event": "start", "time": 100.0, "job_id": "5", "resumed_from_step": 0})
+        + "\n"
+        + json.dumps({"event": "finish", "time": 110.0, "job_id": "5", "step": steps[-1]})
+        + "\n"
+    )
+    (root / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "time": 100.0 + s}) + "\n" for s in steps))
+    torch.save(weights, root / "model.pt")
+    return root
+
+
+def test_the_end_checks_fail_on_a_step_twice_other_weights_or_a_job_left(tmp_path: Path) -> None:
+    import chaos_faults
+    import chaos_report
+
+    weights = {"w": torch.arange(4.0)}
+    reference = _run_dir(tmp_path / "reference", [1, 2, 3], weights)
+    good = chaos_faults.Soak(1, 6, _run_dir(tmp_path / "good", [1, 2, 3], weights), reference, job_ids=["5"])
+    good.final_state = "COMPLETED"
+    result = chaos_report.report(good, max_steps=3)
+    assert result["passed"], result["checks"]
+    assert "PASS  every step once in metrics.jsonl" in chaos_report.render(result)
+
+    bad = chaos_faults.Soak(1, 6, _run_dir(tmp_path / "bad", [1, 2, 2, 3], {"w": torch.arange(4.0) + 1e-7}), reference)
+    bad.final_state, bad.jobs_left = "COMPLETED", ["5"]
+    failed = {name for name, check in chaos_report.report(bad, max_steps=3)["checks"].items() if not check["passed"]}
+    assert failed == {
+        "model.pt bit-identical to the uninterrupted run",
+        "every step once in metrics.jsonl",
+        "no job left",
+    }
