@@ -210,7 +210,11 @@ def test_goodput_of_a_real_run_stopped_by_sigterm_and_resumed(tmp_path: Path) ->
     assert second.returncode == 0, second.stderr[-3000:]
 
     got = goodput(read_jsonl(run_dir / "events.jsonl"), read_jsonl(run_dir / "metrics.jsonl"))
-    stopped_at = [e["step"] for e in read_jsonl(run_dir / "events.jsonl") if e.get("reason") == "preempt"]
+    stopped_at = [
+        e["step"]
+        for e in read_jsonl(run_dir / "events.jsonl")
+        if e.get("event") == "checkpoint" and e.get("reason") == "preempt"
+    ]
     assert len(got.lives) == 2 and len(stopped_at) == 1
     assert [life.ending for life in got.lives] == ["stopped", "finish"]
     assert [(life.resumed_from, life.kept_to) for life in got.lives] == [(0, stopped_at[0]), (stopped_at[0], 200)]

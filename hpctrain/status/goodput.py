@@ -226,7 +226,8 @@ def _time_of_step(
 
 
 def _stopped(own: list[dict[str, Any]]) -> bool:
-    saves = [e for e in own if e.get("event") == "checkpoint"]
+    # A forced save skipped for lack of time writes no checkpoint, only its forced_save record.
+    saves = [e for e in own if e.get("event") in ("checkpoint", "forced_save")]
     return bool(saves) and saves[-1].get("reason") in _FORCED_SAVES[1:]
 
 
