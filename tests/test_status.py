@@ -186,7 +186,7 @@ def test_fifty_runs_cost_one_squeue_one_sacct_one_scontrol(
     assert len(slurm.calls()) == 3
     squeue = slurm.calls("squeue")[0]
     assert squeue[1:4] == ["-h", "-j", ",".join(ids)] and squeue[-2:] == ["-o", "%i|%T|%r"]
-    assert slurm.calls("sacct")[0][5] == ",".join(ids[20:])  # only what squeue did not list
+    assert slurm.calls("sacct")[0][6] == ",".join(ids[20:])  # only what squeue did not list
     assert slurm.scontrol_asked() == ids[20:]  # one scontrol, every leftover id on its stdin
     by_job = {row["job_id"]: row for row in rows.values()}
     assert {by_job[j]["state"] for j in queued[:15]} == {"RUNNING"}
@@ -212,7 +212,7 @@ def test_accounting_answers_before_scontrol(
     slurm.answer("sacct", "7|COMPLETED\n8|CANCELLED by 1000\n9|PREEMPTED\n")
     code, rows, _ = rows_of(capsys, *(str(tmp_path / n) for n in ("done", "cancelled", "preempted")))
     assert slurm.calls("scontrol") == []  # sacct knew them all
-    assert slurm.calls("sacct")[0][1:] == ["-n", "-P", "-X", "-j", "7,8,9", "-o", "JobIDRaw,State"]
+    assert slurm.calls("sacct")[0][1:] == ["-n", "-P", "-X", "--duplicates", "-j", "7,8,9", "-o", "JobIDRaw,State"]
     assert (rows["done"]["state"], rows["done"]["source"]) == ("COMPLETED", "sacct")
     assert rows["cancelled"]["state"] == "CANCELLED" and rows["cancelled"]["failed"]
     assert rows["preempted"]["state"] == "PREEMPTED"
@@ -339,6 +339,8 @@ def test_squeue_that_cannot_reach_the_controller_is_a_note(
     assert code == 0 and "UNKNOWN" in out
     assert "note: squeue failed: slurm_load_jobs error: Unable to contact slurm controller" in err
     assert "note: scontrol failed" in err and "Traceback" not in err
+    # Accounting that fails (not "disabled") is said too, with the line that tells why.
+    assert "note: sacct failed: sacct: error: Problem talking to the database: Connection refused" in err
 
 
 # ---- numbers of a row ----------------------------------------------------------------------------
