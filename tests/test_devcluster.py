@@ -182,6 +182,23 @@ def test_a_taken_database_port_is_named() -> None:
             devcluster.check_ports_free(shape)
 
 
+@pytest.mark.slurm
+@needs_cluster
+def test_a_database_that_cannot_start_shows_its_log(tmp_path: Path) -> None:
+    """A data dir never initialised: mariadbd exits, and the error carries the end of its log."""
+    import socket
+
+    for folder in ("run", "log", "db"):
+        (tmp_path / folder).mkdir()
+    with socket.socket() as probe:  # a free port for MariaDB (port base + 21)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    paths = devcluster.accounting.AccountingPaths(tmp_path)
+    env = devcluster.slurm_env(devcluster.Paths(tmp_path))
+    with pytest.raises(devcluster.accounting.AccountingError, match=r"(?s)mariadbd exited.*privilege tables"):
+        devcluster.accounting.start_database(paths, port - 21, env)
+
+
 def test_env_prints_only_the_export_line() -> None:
     result = run_cli("env", "--dir", TEST_DIR)
     assert result.returncode == 0
