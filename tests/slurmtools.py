@@ -54,10 +54,12 @@ def ensure_cluster(directory: str, nodes: int, gpus_per_node: int, port_base: in
     module = devcluster()
     paths = module.Paths(Path(directory).absolute())
     controller_before = _controller_pid(module, paths)
-    slurm = module.ensure_cluster(nodes, gpus_per_node, directory, port_base=port_base, **shape)
-    if _controller_pid(module, paths) != controller_before:
-        _started_here.add(directory)
-    return slurm
+    try:
+        return module.ensure_cluster(nodes, gpus_per_node, directory, port_base=port_base, **shape)
+    finally:
+        # Also when the start failed half-way (slurmdbd up, slurmctld not): stop what it left.
+        if controller_before is None or _controller_pid(module, paths) != controller_before:
+            _started_here.add(directory)
 
 
 def _controller_pid(module: ModuleType, paths: object) -> int | None:
