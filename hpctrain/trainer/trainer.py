@@ -259,7 +259,8 @@ class Trainer:
             "node": self.ctx.node or socket.gethostname(),
             "gpu": self.ctx.gpu,
             "device": str(self.ctx.device),
-            "cpus": sorted(os.sched_getaffinity(0)),
+            # None where the OS cannot say (macOS has no sched_getaffinity).
+            "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         }
         ranks: list[Any] = [mine]
         if self.ctx.distributed:
