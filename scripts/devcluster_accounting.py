@@ -163,7 +163,7 @@ def start_database(paths: AccountingPaths, port_base: int, env: dict[str, str]) 
         "--skip-name-resolve",
     ]
     with open(os.devnull, "w") as devnull:
-        # Its own session: the daemon outlives this script and a Ctrl-C in the caller's terminal.
+        # setsid: the daemon outlives this script and a Ctrl-C in the caller's terminal.
         process = subprocess.Popen(
             args, env=env, stdin=subprocess.DEVNULL, stdout=devnull, stderr=devnull, start_new_session=True
         )

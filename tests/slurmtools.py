@@ -67,7 +67,7 @@ def _controller_pid(module: ModuleType, paths: object) -> int | None:
 
 
 def stop_started_clusters() -> list[str]:
-    """Stop every cluster this run started (pytest_sessionfinish); returns their folders."""
+    """Stop every cluster this run started (when the test run ends); returns their folders."""
     if KEEP_CLUSTERS or not _started_here:
         return []
     module = devcluster()
