@@ -6,7 +6,8 @@ gres.conf, state, spool, pid files and logs.  Nothing is written to /etc/slurm;
 every Slurm command finds the cluster through the SLURM_CONF environment variable.
 
     python scripts/devcluster.py up [--nodes 3] [--gpus-per-node 2] [--cpus-per-node 2]
-                                    [--dir D] [--port-base 16817]
+                                    [--dir D] [--port-base 16817] [--no-accounting]
+                                    [--min-job-age 300]
     python scripts/devcluster.py down   [--dir D]
     python scripts/devcluster.py status [--dir D]
     eval "$(python scripts/devcluster.py env [--dir D])"
@@ -17,20 +18,26 @@ Layout of the fake cluster:
   * G fake GPUs per node, exposed as gres backed by /dev/fakegpu0.. (character
     devices that behave like /dev/null), so Slurm sets CUDA_VISIBLE_DEVICES;
   * two partitions over the same nodes: `batch` (default, preemptible: REQUEUE after
-    a 20 s grace time) and `urgent` (high priority tier, never preempted).
+    a 20 s grace time) and `urgent` (high priority tier, never preempted);
+  * strict like a site: each task pinned to its CPUs (TaskPlugin=task/affinity), and
+    accounting (slurmdbd on port-base+20, its own MariaDB on port-base+21, both started
+    from this directory; see devcluster_accounting.py), so `sacct` answers.
+    `--no-accounting` leaves accounting out: the path of the many small sites without it.
 
 Tests import `ensure_cluster()` from this file (via importlib) to get a running
 cluster and the environment that points at it.  (No `from __future__ import
 annotations` here on purpose: with it, dataclasses fail in a module loaded by
 importlib without first being registered in sys.modules.)
 
-Needs root (it installs slurm-wlm and munge with apt-get and starts daemons).
+Needs root (it installs slurm-wlm, munge, and for accounting mariadb-server and slurmdbd
+with apt-get, and starts daemons).
 Python 3.11, standard library only.
 """
 
 import argparse
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import shlex
@@ -44,6 +51,20 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
+
+
+def _load_accounting() -> ModuleType:
+    # The sibling module, found by path: tests load this file by path too, not as a package.
+    location = Path(__file__).resolve().with_name("devcluster_accounting.py")
+    spec = importlib.util.spec_from_file_location("devcluster_accounting", location)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+accounting = _load_accounting()
 
 DEFAULT_DIR = "/tmp/hpctrain-devcluster"
 DEFAULT_PORT_BASE = 16817
@@ -65,7 +86,7 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Processes a cluster consists of (slurmscriptd is a helper forked by slurmctld,
 # slurmstepd runs each job step for slurmd).
-DAEMON_NAMES = ("slurmctld", "slurmscriptd", "slurmd", "slurmstepd")
+DAEMON_NAMES = ("slurmctld", "slurmscriptd", "slurmd", "slurmstepd", *accounting.DAEMON_NAMES)
 
 # Node states (as printed by `sinfo -o %T`) that mean "the node works".
 HEALTHY_STATES = {"idle", "mixed", "allocated", "completing", "planned"}
@@ -90,6 +111,9 @@ class Shape:
     gpus_per_node: int
     cpus_per_node: int
     port_base: int
+    accounting: bool = True  # slurmdbd + MariaDB, so sacct answers (off: --no-accounting)
+    # How long slurmctld keeps an ended job (scontrol show job); sacct remembers it for good.
+    min_job_age_s: int = 300
 
 
 @dataclass(frozen=True)
@@ -177,7 +201,8 @@ def render_slurm_conf(shape: Shape, paths: Paths, hostname: str) -> str:
         "CredType=cred/munge",
         # No cgroups: works in containers and VMs alike; tasks are tracked by process group.
         "ProctrackType=proctrack/pgid",
-        "TaskPlugin=task/none",
+        # Pin each task to its CPUs, as sites do: a task sees only --cpus-per-task CPUs.
+        "TaskPlugin=task/affinity",
         "MpiDefault=none",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
@@ -194,7 +219,7 @@ def render_slurm_conf(shape: Shape, paths: Paths, hostname: str) -> str:
         "KillWait=5",
         "InactiveLimit=0",
         "Waittime=0",
-        "MinJobAge=300",
+        f"MinJobAge={shape.min_job_age_s}",
         "JobRequeue=1",
         # Preemption by partition: jobs in `urgent` requeue jobs in `batch`.
         "PreemptType=preempt/partition_prio",
@@ -209,6 +234,8 @@ def render_slurm_conf(shape: Shape, paths: Paths, hostname: str) -> str:
         f"SlurmdLogFile={paths.log}/slurmd-%n.log",
         "SlurmdDebug=info",
     ]
+    if shape.accounting:
+        lines += accounting.slurm_conf_lines(base)
     if shape.gpus_per_node:
         lines.append("GresTypes=gpu")
     lines += [
@@ -298,36 +325,39 @@ def require_root() -> None:
 # --------------------------------------------------------------------------- install
 
 
-def missing_commands() -> list[str]:
-    return [c for c in SLURM_COMMANDS + MUNGE_COMMANDS if which(c) is None]
+def missing_commands(with_accounting: bool) -> list[str]:
+    wanted = SLURM_COMMANDS + MUNGE_COMMANDS + (accounting.COMMANDS if with_accounting else ())
+    return [c for c in wanted if which(c) is None]
 
 
-def ensure_installed() -> None:
-    """apt-get install slurm-wlm and munge, but only when something is missing."""
-    missing = missing_commands()
+def ensure_installed(with_accounting: bool) -> None:
+    """apt-get install slurm-wlm and munge (and mariadb-server and slurmdbd for accounting),
+    but only when something is missing."""
+    missing = missing_commands(with_accounting)
+    packages = ["slurm-wlm", "munge", *(accounting.PACKAGES if with_accounting else ())]
     if not missing:
         return
     if which("apt-get") is None:
         raise DevClusterError(
             "devcluster installs Slurm with apt-get (Debian/Ubuntu), which this machine "
             f"lacks, and these commands are missing: {', '.join(missing)}. "
-            "Install slurm-wlm (slurmctld, slurmd, client tools) and munge yourself.",
+            f"Install {', '.join(packages)} yourself (or pass --no-accounting to do without accounting).",
             exit_code=2,
         )
-    log(f"installing slurm-wlm and munge (missing: {', '.join(missing)}); takes a minute")
+    log(f"installing {' '.join(packages)} (missing: {', '.join(missing)}); takes a minute")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     env["PATH"] = _path_with_system_dirs(env.get("PATH", ""))
     for args in (
         ["apt-get", "update"],
-        ["apt-get", "install", "-y", "slurm-wlm", "munge"],
+        ["apt-get", "install", "-y", *packages],
     ):
         # Let apt's output through: a slow mirror should be visible, not a silent hang.
         result = subprocess.run(args, env=env, stdout=sys.stderr, check=False)
         if result.returncode != 0:
             raise DevClusterError(f"`{shlex.join(args)}` failed (exit {result.returncode})")
-    still_missing = missing_commands()
+    still_missing = missing_commands(with_accounting)
     if still_missing:
-        raise DevClusterError(f"after installing slurm-wlm and munge these are still missing: {still_missing}")
+        raise DevClusterError(f"after installing {' '.join(packages)} these are still missing: {still_missing}")
 
 
 # --------------------------------------------------------------------------- munge
@@ -551,15 +581,28 @@ def is_up(paths: Paths, shape: Shape) -> bool:
         return False
     if not all(daemon_alive(paths.slurmd_pid(n), "slurmd", paths) for n in node_names(shape.nodes)):
         return False
+    if shape.accounting and not accounting_alive(paths):
+        return False
     return nodes_healthy(node_states(paths), shape, idle_only=False)
+
+
+def accounting_alive(paths: Paths) -> bool:
+    own = accounting.AccountingPaths(paths.root)
+    return daemon_alive(own.dbd_pid, "slurmdbd", paths) and daemon_alive(own.db_pid, "mariadbd", paths)
 
 
 # --------------------------------------------------------------------------- up / down
 
 
+def cluster_ports(shape: Shape) -> list[int]:
+    """Controller, nodes, and (with accounting) slurmdbd and MariaDB."""
+    ports = list(range(shape.port_base, shape.port_base + shape.nodes + 1))
+    return ports + (list(accounting.ports(shape.port_base)) if shape.accounting else [])
+
+
 def check_ports_free(shape: Shape) -> None:
     """Fail early, and plainly, when another cluster (or anything) holds our ports."""
-    for port in range(shape.port_base, shape.port_base + shape.nodes + 1):
+    for port in cluster_ports(shape):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
@@ -567,8 +610,7 @@ def check_ports_free(shape: Shape) -> None:
             except OSError:
                 raise DevClusterError(
                     f"port {port} is in use (another devcluster?); "
-                    f"pick another --port-base (the cluster uses {shape.port_base}.."
-                    f"{shape.port_base + shape.nodes})"
+                    f"pick another --port-base (the cluster uses {_describe_ports(shape)})"
                 ) from None
 
 
@@ -607,6 +649,8 @@ def start_cluster(shape: Shape, paths: Paths) -> None:
     write_config(shape, paths)
     check_ports_free(shape)
     ensure_fake_gpus(shape.gpus_per_node)
+    if shape.accounting:
+        _start_accounting(shape, paths)
     conf = str(paths.conf)
     log(f"starting slurmctld on port {shape.port_base}")
     # -c: start from a clean state, ignoring jobs a previous controller saved.
@@ -615,6 +659,17 @@ def start_cluster(shape: Shape, paths: Paths) -> None:
         start_daemon(["slurmd", "-N", node, "-f", conf], paths, f"slurmd-{node}.stderr")
     log(f"started {shape.nodes} slurmd; waiting for the nodes to become idle")
     wait_until_idle(shape, paths, STARTUP_TIMEOUT_S)
+
+
+def _start_accounting(shape: Shape, paths: Paths) -> None:
+    dbd_port, db_port = accounting.ports(shape.port_base)
+    log(f"starting MariaDB on port {db_port} and slurmdbd on port {dbd_port}")
+    try:
+        accounting.start(paths.root, shape.port_base, CLUSTER_NAME, slurm_env(paths))
+    except accounting.AccountingError as error:
+        raise DevClusterError(
+            f"accounting did not start: {error}\n(--no-accounting starts the cluster without it)"
+        ) from None
 
 
 def stop_cluster(paths: Paths) -> bool:
@@ -631,6 +686,9 @@ def stop_cluster(paths: Paths) -> bool:
     # directly makes slurmctld hang on shutdown ("_write_msg: read/write op failed").
     stop_processes({p: n for p, n in pids.items() if n in ("slurmd", "slurmstepd")})
     stop_processes({p: n for p, n in pids.items() if n == "slurmctld"})
+    # Accounting last: slurmctld sends its last job records to slurmdbd, which writes them to MariaDB.
+    stop_processes({p: n for p, n in pids.items() if n == "slurmdbd"})
+    stop_processes({p: n for p, n in pids.items() if n == "mariadbd"})
     leftover = cluster_pids(paths)
     if leftover:
         stop_processes(leftover)
@@ -680,7 +738,7 @@ def up(shape: Shape, directory: str) -> dict[str, str]:
 
 
 def _up_locked(shape: Shape, paths: Paths) -> dict[str, str]:
-    ensure_installed()
+    ensure_installed(shape.accounting)
     ensure_munge()
     expected_conf = render_slurm_conf(shape, paths, short_hostname())
     same_shape = read_shape(paths) == shape and _read_text(paths.conf) == expected_conf
@@ -705,10 +763,19 @@ def _read_text(path: Path) -> str | None:
 
 
 def _describe(shape: Shape) -> str:
+    kind = "with accounting" if shape.accounting else "no accounting"
     return (
-        f"{shape.nodes} nodes x {shape.cpus_per_node} CPUs x {shape.gpus_per_node} GPUs, "
-        f"ports {shape.port_base}..{shape.port_base + shape.nodes}"
+        f"{shape.nodes} nodes x {shape.cpus_per_node} CPUs x {shape.gpus_per_node} GPUs, {kind}, "
+        f"MinJobAge {shape.min_job_age_s}s, ports {_describe_ports(shape)}"
     )
+
+
+def _describe_ports(shape: Shape) -> str:
+    text = f"{shape.port_base}..{shape.port_base + shape.nodes}"
+    if shape.accounting:
+        dbd_port, db_port = accounting.ports(shape.port_base)
+        text += f", slurmdbd {dbd_port}, MariaDB {db_port}"
+    return text
 
 
 def resolve_port_base(directory: str, port_base: int | None) -> int:
@@ -731,6 +798,8 @@ def ensure_cluster(
     *,
     cpus_per_node: int = 2,
     port_base: int | None = None,
+    with_accounting: bool = True,
+    min_job_age_s: int = 300,
 ) -> dict[str, str]:
     """Start (or reuse) a cluster and return the environment that points at it.
 
@@ -739,7 +808,7 @@ def ensure_cluster(
     the same shape; restarts one of another shape.  Raises DevClusterError.
     """
     port = resolve_port_base(directory, port_base)
-    return up(Shape(nodes, gpus_per_node, cpus_per_node, port), directory)
+    return up(Shape(nodes, gpus_per_node, cpus_per_node, port, with_accounting, min_job_age_s), directory)
 
 
 def stop(directory: str) -> bool:
@@ -756,14 +825,16 @@ def stop(directory: str) -> bool:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    if args.nodes < 1 or args.gpus_per_node < 0 or args.cpus_per_node < 1:
-        raise DevClusterError("need --nodes >= 1, --cpus-per-node >= 1, --gpus-per-node >= 0", 2)
+    if args.nodes < 1 or args.gpus_per_node < 0 or args.cpus_per_node < 1 or args.min_job_age < 2:
+        raise DevClusterError("need --nodes >= 1, --cpus-per-node >= 1, --gpus-per-node >= 0, --min-job-age >= 2", 2)
     env = ensure_cluster(
         args.nodes,
         args.gpus_per_node,
         args.dir,
         cpus_per_node=args.cpus_per_node,
         port_base=args.port_base,
+        with_accounting=not args.no_accounting,
+        min_job_age_s=args.min_job_age,
     )
     print(f"export SLURM_CONF={shlex.quote(env['SLURM_CONF'])}")
     return 0
@@ -826,6 +897,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"slurmctld port; nodes use the next N ports (default: the port of the "
         f"cluster already in --dir, else {DEFAULT_PORT_BASE})",
+    )
+    p_up.add_argument(
+        "--no-accounting",
+        action="store_true",
+        help="no slurmdbd/MariaDB: sacct answers 'accounting storage is disabled', as on many small sites",
+    )
+    p_up.add_argument(
+        "--min-job-age",
+        type=int,
+        default=300,
+        help="seconds slurmctld keeps an ended job for scontrol (MinJobAge; default 300, Slurm's minimum 2)",
     )
     p_up.set_defaults(func=cmd_up)
 

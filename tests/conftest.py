@@ -226,3 +226,14 @@ def user_module_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("usercode")
     (folder / "mymod.py").write_text(USER_MODULE)
     return folder
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the dev clusters this run started (their slurmctld, slurmd, slurmdbd and mariadbd), so a
+    test run leaves no daemons behind. A cluster that was already up when the run began (a developer's)
+    is reused and left up; HPCTRAIN_TEST_KEEP_CLUSTERS=1 keeps the started ones too."""
+    import slurmtools
+
+    stopped = slurmtools.stop_started_clusters()
+    if stopped:
+        session.config.get_terminal_writer().line(f"stopped the dev clusters this run started: {', '.join(stopped)}")

@@ -21,6 +21,15 @@ CLUSTER_DIR = os.environ.get("HPCTRAIN_TEST_CLUSTER_DIR", "/tmp/hpctrain-devclus
 PORT_BASE = int(os.environ.get("HPCTRAIN_TEST_PORT_BASE", "18817"))
 NODES = 3
 GPUS_PER_NODE = 2
+# The lenient shape (no accounting: sacct answers "accounting storage is disabled", as on many small
+# sites) and a cluster that forgets ended jobs within seconds (MinJobAge 2): each its own folder and
+# ports inside the suite's block (the main cluster takes base..base+3, base+20, base+21).
+LENIENT_DIR, LENIENT_PORT_BASE = f"{CLUSTER_DIR}-lenient", PORT_BASE + 50
+FORGETFUL_DIR, FORGETFUL_PORT_BASE = f"{CLUSTER_DIR}-forgetful", PORT_BASE + 60
+# HPCTRAIN_TEST_KEEP_CLUSTERS=1 leaves the clusters this run started up at its end (to rerun a test fast).
+KEEP_CLUSTERS = os.environ.get("HPCTRAIN_TEST_KEEP_CLUSTERS") == "1"
+# Cluster folders this run started (or restarted in another shape): stopped when the run ends.
+_started_here: set[str] = set()
 
 
 def devcluster() -> ModuleType:
@@ -39,11 +48,58 @@ def why_no_slurm() -> str | None:
     return None
 
 
-def start_cluster() -> dict[str, str]:
+def ensure_cluster(directory: str, nodes: int, gpus_per_node: int, port_base: int, **shape: object) -> dict[str, str]:
+    """devcluster's ensure_cluster, remembering whether this run started the cluster: a cluster found
+    up (a developer's earlier run) is reused and left up; one started here is stopped at the end."""
+    module = devcluster()
+    paths = module.Paths(Path(directory).absolute())
+    controller_before = _controller_pid(module, paths)
+    try:
+        return module.ensure_cluster(nodes, gpus_per_node, directory, port_base=port_base, **shape)
+    finally:
+        # Also when the start failed half-way (slurmdbd up, slurmctld not): stop what it left.
+        if controller_before is None or _controller_pid(module, paths) != controller_before:
+            _started_here.add(directory)
+
+
+def _controller_pid(module: ModuleType, paths: object) -> int | None:
+    return next((pid for pid, name in module.cluster_pids(paths).items() if name == "slurmctld"), None)
+
+
+def stop_started_clusters() -> list[str]:
+    """Stop every cluster this run started (when the test run ends); returns their folders."""
+    if KEEP_CLUSTERS or not _started_here:
+        return []
+    module = devcluster()
+    stopped = sorted(_started_here)
+    for directory in stopped:
+        module.stop(directory)
+    _started_here.clear()
+    return stopped
+
+
+def start_cluster(*, accounting: bool = True) -> dict[str, str]:
+    """The suite's cluster, strict like a site (accounting, CPU pinning); accounting=False gives the
+    lenient one-node cluster without accounting."""
     reason = why_no_slurm()
     if reason:
         pytest.skip(reason)
-    slurm = devcluster().ensure_cluster(NODES, GPUS_PER_NODE, CLUSTER_DIR, port_base=PORT_BASE)
+    if accounting:
+        slurm = ensure_cluster(CLUSTER_DIR, NODES, GPUS_PER_NODE, PORT_BASE)
+    else:
+        slurm = ensure_cluster(LENIENT_DIR, 1, 0, LENIENT_PORT_BASE, with_accounting=False)
+    return cluster_env(slurm)
+
+
+def start_forgetful_cluster() -> dict[str, str]:
+    """Accounting on, MinJobAge 2 s: scontrol forgets an ended job within seconds, sacct does not."""
+    reason = why_no_slurm()
+    if reason:
+        pytest.skip(reason)
+    return cluster_env(ensure_cluster(FORGETFUL_DIR, 2, 0, FORGETFUL_PORT_BASE, min_job_age_s=2))
+
+
+def cluster_env(slurm: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env.update(slurm)
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
@@ -68,6 +124,21 @@ def job_field(env: dict[str, str], job_id: str, field: str) -> str | None:
     return match.group(1) if match else None
 
 
+def job_state(env: dict[str, str], job_id: str) -> str | None:
+    """The job's state from scontrol; once MinJobAge dropped it there, from sacct (with accounting)."""
+    state = job_field(env, job_id, "JobState")
+    if state is not None:
+        return state
+    done = subprocess.run(
+        ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobIDRaw,State"], env=env, capture_output=True, text=True
+    )
+    for line in done.stdout.splitlines():
+        raw_id, _, sacct_state = line.partition("|")
+        if raw_id == job_id and sacct_state:
+            return sacct_state.split()[0]  # "CANCELLED by 0"
+    return None
+
+
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
@@ -79,7 +150,7 @@ def wait_for_state(
     deadline = time.monotonic() + timeout_s
     state = None
     while time.monotonic() < deadline:
-        state = job_field(env, job_id, "JobState")
+        state = job_state(env, job_id)
         if state in states:
             return state
         if lift_holds and state == "PENDING" and job_field(env, job_id, "Reason") == "BeginTime":
@@ -125,6 +196,35 @@ def events(run_dir: Path) -> list[dict]:
 
 
 def train_locally(env: dict[str, str], run_dir: Path, *overrides: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={run_dir}", *overrides],
-                          env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={run_dir}", *overrides],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def suite_cluster_dirs() -> list[str]:
+    """Every cluster folder the suite may start (tests/test_devcluster.py adds `-devcluster`)."""
+    return [CLUSTER_DIR, f"{CLUSTER_DIR}-devcluster", LENIENT_DIR, FORGETFUL_DIR]
+
+
+def running_daemons() -> dict[str, list[str]]:
+    """folder -> names of the daemons still running from it (scripts/test.sh checks none is left)."""
+    module = devcluster()
+    found = {}
+    for directory in suite_cluster_dirs():
+        names = sorted(module.cluster_pids(module.Paths(Path(directory).absolute())).values())
+        if names:
+            found[directory] = names
+    return found
+
+
+if __name__ == "__main__":
+    # `python tests/slurmtools.py running`: prints the suite's clusters still running, exit 1 if any.
+    left = running_daemons()
+    for directory, names in left.items():
+        print(f"{directory}: {' '.join(names)}")
+    sys.exit(1 if left else 0)

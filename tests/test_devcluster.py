@@ -2,7 +2,7 @@
 
 The `slurm` tests start a real cluster (installing slurm-wlm with apt-get the first
 time), so they need root and a Debian/Ubuntu machine; elsewhere they are skipped.
-They leave the cluster up: later Slurm tests reuse it through `ensure_cluster`.
+The cluster they start is stopped when the test run ends (tests/conftest.py).
 """
 
 import importlib.util
@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from slurmtools import ensure_cluster
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "devcluster.py"
 # Not the developer's default cluster (/tmp/hpctrain-devcluster, ports 16817..).
@@ -62,7 +63,7 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str
 @pytest.fixture(scope="module")
 def cluster_env() -> dict[str, str]:
     """Environment for Slurm commands, pointing at the (started or reused) test cluster."""
-    env = devcluster.ensure_cluster(NODES, GPUS_PER_NODE, TEST_DIR, port_base=TEST_PORT_BASE)
+    env = ensure_cluster(TEST_DIR, NODES, GPUS_PER_NODE, TEST_PORT_BASE)
     assert env == {"SLURM_CONF": f"{TEST_DIR}/slurm.conf"}
     return {**os.environ, **env}
 
@@ -138,6 +139,64 @@ def test_config_declares_gpus_and_both_partitions() -> None:
     assert "PartitionName=urgent Nodes=node[1-3] Default=NO" in conf
     gres = devcluster.render_gres_conf(shape)
     assert "NodeName=node[1-3] Name=gpu File=/dev/fakegpu[0-1]" in gres
+
+
+def test_config_is_strict_like_a_site_by_default() -> None:
+    """CPU pinning and accounting through slurmdbd at port base + 20; MariaDB at + 21."""
+    shape = devcluster.Shape(nodes=2, gpus_per_node=0, cpus_per_node=2, port_base=20000)
+    conf = devcluster.render_slurm_conf(shape, devcluster.Paths(Path("/tmp/x")), "host")
+    assert "TaskPlugin=task/affinity" in conf.splitlines()
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in conf
+    assert "AccountingStorageHost=127.0.0.1\nAccountingStoragePort=20020\n" in conf
+    assert "MinJobAge=300" in conf
+    assert devcluster.cluster_ports(shape) == [20000, 20001, 20002, 20020, 20021]
+
+
+def test_config_without_accounting_names_no_slurmdbd() -> None:
+    shape = devcluster.Shape(2, 0, 2, 20000, accounting=False, min_job_age_s=2)
+    conf = devcluster.render_slurm_conf(shape, devcluster.Paths(Path("/tmp/x")), "host")
+    assert "Accounting" not in conf and "MinJobAge=2" in conf.splitlines()
+    assert "TaskPlugin=task/affinity" in conf.splitlines()
+    assert devcluster.cluster_ports(shape) == [20000, 20001, 20002]
+
+
+def test_slurmdbd_conf_is_private_and_points_at_its_own_database(tmp_path: Path) -> None:
+    paths = devcluster.accounting.AccountingPaths(tmp_path)
+    password = devcluster.accounting.write_slurmdbd_conf(paths, 20000)
+    assert (paths.dbd_conf.stat().st_mode & 0o777) == 0o600  # slurmdbd refuses a readable one
+    lines = paths.dbd_conf.read_text().splitlines()
+    assert {"DbdPort=20020", "StoragePort=20021", "StorageHost=127.0.0.1", f"StoragePass={password}"} <= set(lines)
+    assert len(password) == 32 and password != devcluster.accounting.write_slurmdbd_conf(paths, 20000)
+
+
+def test_a_taken_database_port_is_named() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        taken.listen()
+        # Pick a base whose MariaDB port (base + 21) is the taken one.
+        shape = devcluster.Shape(1, 0, 2, port - 21)
+        with pytest.raises(devcluster.DevClusterError, match=f"port {port} is in use.*MariaDB {port}"):
+            devcluster.check_ports_free(shape)
+
+
+@pytest.mark.slurm
+@needs_cluster
+def test_a_database_that_cannot_start_shows_its_log(tmp_path: Path) -> None:
+    """A data dir never initialised: mariadbd exits, and the error carries the end of its log."""
+    import socket
+
+    for folder in ("run", "log", "db"):
+        (tmp_path / folder).mkdir()
+    with socket.socket() as probe:  # a free port for MariaDB (port base + 21)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    paths = devcluster.accounting.AccountingPaths(tmp_path)
+    env = devcluster.slurm_env(devcluster.Paths(tmp_path))
+    with pytest.raises(devcluster.accounting.AccountingError, match=r"(?s)mariadbd exited.*privilege tables"):
+        devcluster.accounting.start_database(paths, port - 21, env)
 
 
 def test_env_prints_only_the_export_line() -> None:
@@ -216,11 +275,37 @@ def test_status_and_up_again_report_a_healthy_cluster(cluster_env: dict[str, str
 
 @pytest.mark.slurm
 @needs_cluster
+def test_tasks_are_pinned_and_sacct_answers(cluster_env: dict[str, str], job_dir: Path) -> None:
+    """task/affinity: two tasks on a 2-CPU node get one CPU each; accounting records the job."""
+    job_id, output = submit(
+        cluster_env,
+        job_dir,
+        "--nodes=1",
+        "--ntasks=2",
+        "--cpus-per-task=1",
+        "--wrap",
+        "srun --cpus-per-task=1 bash -c 'echo $SLURM_PROCID $(grep Cpus_allowed_list /proc/self/status)'",
+    )
+    assert wait_for_job(cluster_env, job_id) == "COMPLETED", output.read_text()
+    cpus = sorted(line.split()[-1] for line in output.read_text().splitlines())
+    assert cpus == ["0", "1"], output.read_text()
+    sacct = subprocess.run(
+        ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobIDRaw,State,AllocCPUS"],
+        env=cluster_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (sacct.returncode, sacct.stdout) == (0, f"{job_id}|COMPLETED|2\n"), sacct.stderr
+
+
+@pytest.mark.slurm
+@needs_cluster
 def test_down_stops_every_daemon_and_up_restarts(cluster_env: dict[str, str]) -> None:
     paths = devcluster.Paths(Path(TEST_DIR))
     down = run_cli("down", "--dir", TEST_DIR)
     assert down.returncode == 0, down.stderr
-    assert devcluster.cluster_pids(paths) == {}
+    assert devcluster.cluster_pids(paths) == {}  # slurmdbd and mariadbd included
     assert run_cli("status", "--dir", TEST_DIR).returncode != 0
     assert run_cli("down", "--dir", TEST_DIR).returncode == 0  # nothing to stop: fine
 
@@ -237,5 +322,5 @@ def test_down_stops_every_daemon_and_up_restarts(cluster_env: dict[str, str]) ->
         str(TEST_PORT_BASE),
     )
     assert up.returncode == 0, up.stderr
-    assert set(devcluster.cluster_pids(paths).values()) >= {"slurmctld", "slurmd"}
+    assert set(devcluster.cluster_pids(paths).values()) >= {"slurmctld", "slurmd", "slurmdbd", "mariadbd"}
     assert run_cli("status", "--dir", TEST_DIR).returncode == 0

@@ -1,9 +1,10 @@
 """Ask Slurm about many jobs in few calls: what each job's state is now.
 
 One `squeue` for every job id (jobs queued or running), then one `sacct` for the ids squeue
-no longer lists (a site with accounting remembers every job), then one `scontrol` for the ids
-still unanswered (the controller keeps an ended job for MinJobAge seconds, 300 by default).
-Many small clusters have no accounting: sacct then fails, which is normal and not reported.
+no longer lists (a site with accounting remembers every job, and every life of a requeued one),
+then one `scontrol` for the ids still unanswered (the controller keeps an ended job for MinJobAge
+seconds, 300 by default). Many small clusters have no accounting: sacct then says "accounting
+storage is disabled", which is normal and not reported; any other sacct failure is a note.
 A job none of them knows is left to the run's own journal. Calls go through `subprocess.run`
 with a list of arguments and a time limit; a missing command or a failing controller never
 raises, it adds a note.
@@ -20,6 +21,8 @@ TIMEOUT_S = 30
 # `%i|%T|%r`: job id, state in full (PENDING, not PD), reason (BeginTime after a requeue).
 SQUEUE_FORMAT = "%i|%T|%r"
 SACCT_FIELDS = "JobIDRaw,State"
+# What sacct says (exit 1) on a cluster without slurmdbd: normal, not worth a note.
+ACCOUNTING_DISABLED = "accounting storage is disabled"
 _JOB_ID = re.compile(r"^\d+$")
 # One `scontrol -o show job` record. JobName comes before these fields and may hold any text,
 # so they are matched as the run of fields Slurm always prints together. Reason may hold spaces.
@@ -34,7 +37,7 @@ _SCONTROL_RESTARTS = re.compile(r" Restarts=(\d+) ")
 class SlurmJob:
     state: str  # as Slurm spells it: RUNNING, PENDING, COMPLETED, PREEMPTED...
     reason: str | None  # why it waits (squeue/scontrol); None when there is none
-    restarts: int | None  # Slurm's own count (scontrol only)
+    restarts: int | None  # Slurm's own count (scontrol), or the lives sacct lists less one
     source: str  # the command that answered: squeue | sacct | scontrol
 
 
@@ -55,7 +58,7 @@ def query(job_ids: list[str], timeout_s: float = TIMEOUT_S) -> SlurmAnswer:
         answer.jobs.update(_squeue(wanted, timeout_s, answer.notes))
     left = [j for j in wanted if j not in answer.jobs]
     if left and shutil.which("sacct") is not None:
-        answer.jobs.update(_sacct(left, timeout_s))
+        answer.jobs.update(_sacct(left, timeout_s, answer.notes))
     left = [j for j in wanted if j not in answer.jobs]
     if left and shutil.which("scontrol") is not None:
         answer.jobs.update(_scontrol(left, timeout_s, answer.notes))
@@ -99,19 +102,34 @@ def _squeue(job_ids: list[str], timeout_s: float, notes: list[str]) -> dict[str,
     return jobs
 
 
-def _sacct(job_ids: list[str], timeout_s: float) -> dict[str, SlurmJob]:
-    # -X: the job itself, not its steps; -P: `|` between fields. Without --duplicates a requeued
-    # job is listed once, as its latest instance.
-    done = _run(["sacct", "-n", "-P", "-X", "-j", ",".join(job_ids), "-o", SACCT_FIELDS], timeout_s)
-    if isinstance(done, str) or done.returncode != 0:
-        return {}  # "accounting storage is disabled": this site has no accounting
-    jobs = {}
-    for line in done.stdout.splitlines():
+def _sacct(job_ids: list[str], timeout_s: float, notes: list[str]) -> dict[str, SlurmJob]:
+    # -X: the job itself, not its steps; -P: `|` between fields; --duplicates: every life of a
+    # requeued job, oldest first (PREEMPTED, NODE_FAIL, REQUEUED ... then the current one).
+    command = ["sacct", "-n", "-P", "-X", "--duplicates", "-j", ",".join(job_ids), "-o", SACCT_FIELDS]
+    done = _run(command, timeout_s)
+    if isinstance(done, str):
+        notes.append(done)
+        return {}
+    if done.returncode != 0:
+        if ACCOUNTING_DISABLED not in done.stderr:
+            notes.append(f"sacct failed: {_last_line(done)}")
+        return {}
+    return parse_sacct(done.stdout, job_ids)
+
+
+def parse_sacct(text: str, job_ids: list[str]) -> dict[str, SlurmJob]:
+    """`sacct -n -P -X --duplicates -o JobIDRaw,State` output -> the asked jobs' current state.
+
+    A job's lines come oldest life first; its last line is its state now and the lines before it
+    are the lives a requeue ended. An array task has its own JobIDRaw (`6_1` may be 8), so only
+    lines whose JobIDRaw is an asked id count."""
+    lives: dict[str, list[str]] = {}
+    for line in text.splitlines():
         parts = line.strip().split("|")
         if len(parts) >= 2 and parts[0] in job_ids and parts[1]:
             # "CANCELLED by 1000": the state is the first word.
-            jobs[parts[0]] = SlurmJob(parts[1].split()[0], None, None, "sacct")
-    return jobs
+            lives.setdefault(parts[0], []).append(parts[1].split()[0])
+    return {job_id: SlurmJob(states[-1], None, len(states) - 1, "sacct") for job_id, states in lives.items()}
 
 
 def _scontrol(job_ids: list[str], timeout_s: float, notes: list[str]) -> dict[str, SlurmJob]:
@@ -148,6 +166,12 @@ def _scontrol_record(line: str) -> SlurmJob | None:
 def _reason(text: str) -> str | None:
     text = text.strip()
     return None if text in ("", "None", "(None)", "(null)") else text
+
+
+def _last_line(done: subprocess.CompletedProcess[str]) -> str:
+    # sacct's errors end with the one that says what is wrong ("Problem talking to the database").
+    text = (done.stderr or done.stdout).strip()
+    return text.splitlines()[-1] if text else f"exit {done.returncode}"
 
 
 def _first_line(done: subprocess.CompletedProcess[str]) -> str:

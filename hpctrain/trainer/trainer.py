@@ -265,8 +265,15 @@ class Trainer:
         return cfg.epochs * per_epoch
 
     def _journal_start(self) -> None:
-        # Every rank reports where it runs and which GPU it binds, so the journal shows the layout.
-        mine = {"node": self.ctx.node or socket.gethostname(), "gpu": self.ctx.gpu, "device": str(self.ctx.device)}
+        # Every rank reports where it runs, which GPU it binds and which CPUs it may run on (Slurm's
+        # task/affinity pins each task to its slurm.cpus_per_task CPUs), so the journal shows the layout.
+        mine = {
+            "node": self.ctx.node or socket.gethostname(),
+            "gpu": self.ctx.gpu,
+            "device": str(self.ctx.device),
+            # None where the OS cannot say (macOS has no sched_getaffinity).
+            "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        }
         ranks: list[Any] = [mine]
         if self.ctx.distributed:
             ranks = [None] * self.ctx.world_size
