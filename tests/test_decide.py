@@ -145,9 +145,18 @@ ROWS = {
         (start("node1", "node2"),),
         out(137, warned=True),
         nodes="node_down_while_held",
-        **{**SPARE, "allocated": ("node1", "node3")},
+        allocated=("node1",),
         events=["failure:node_failure", "requeue:timelimit"],
         excluded=("node2",),
+    ),
+    "a requeue that would leave too few nodes keeps no failed node out (it would wait for ever)": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(137, warned=True, user_exclude=("node9",)),
+        nodes="node_down_while_held",
+        **{**SPARE, "allocated": ("node1", "node3")},
+        events=["failure:node_failure", "requeue:timelimit"],
+        excluded=("node9",),
     ),
     "node failure with too little time left for a checkpoint interval: requeue": Row(
         EARLIER,
@@ -157,7 +166,7 @@ ROWS = {
         **{**SPARE, "allocated": ("node1", "node3")},
         time_left_s=45.0,
         events=["failure:node_failure", "requeue:node_failure"],
-        excluded=("node2",),
+        excluded=(),  # all 3 nodes needed: keeping node2 out would leave the job waiting for ever
     ),
     "node failure, time left unknown: requeue": Row(
         EARLIER,
@@ -167,7 +176,7 @@ ROWS = {
         **{**SPARE, "allocated": ("node1", "node3")},
         time_left_s=None,
         events=["failure:node_failure", "requeue:node_failure"],
-        excluded=("node2",),
+        excluded=(),  # all 3 nodes needed: keeping node2 out would leave the job waiting for ever
     ),
     "life dying before start after a time-limit stop: crash": Row(
         (*EARLIER, ckpt(55, "timelimit", 60.0), requeue("timelimit", 61.0)),
@@ -204,7 +213,7 @@ ROWS = {
         out(1, excluded=("node2",)),
         nodes="node_down_while_held",
         allocated=("node1", "node3"),
-        original=("node1", "node2", "node3"),
+        original=("node1", "node3"),
         events=["failure:crash", "requeue:crash"],
         excluded=("node2",),
     ),
@@ -249,7 +258,7 @@ ROWS = {
         allocated=("node1",),
         original=("node1", "node2", "node3"),
         events=["failure:node_failure", "requeue:node_failure"],
-        excluded=("node2", "node3"),
+        excluded=(),  # all 3 nodes needed (see above): none kept out
     ),
     "the same node failing twice": Row(
         (

@@ -80,7 +80,7 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
                 tuple(relaunch.excluded),
                 f"relaunch on {','.join(relaunch.nodes)}",
             )
-    excluded = sorted(keep_out)
+    excluded = sorted(_requeue_exclusion(keep_out, outcome, cluster))
     written.append(Requeue(**mark, cause=cause, excluded=excluded))
     return Decision(Action.REQUEUE, tuple(written), tuple(excluded), f"requeue ({cause.value})")
 
@@ -207,6 +207,17 @@ def _keep_out(outcome: Outcome, cluster: ClusterView, lost: list[str]) -> set[st
     not returned to service: one that is back is allowed again."""
     earlier = {n for n in outcome.excluded if cluster.service(n) is not Service.UP}
     return set(outcome.user_exclude) | set(lost) | (earlier - set(outcome.user_exclude))
+
+
+def _requeue_exclusion(keep_out: set[str], outcome: Outcome, cluster: ClusterView) -> set[str]:
+    """The requeued job's ExcNodeList. It needs as many nodes as it holds (training nodes and
+    spares): if keeping failed nodes out leaves Slurm fewer than that, the job would wait for
+    ever once they are back (Reason=BadConstraints). Then only slurm.exclude stays: Slurm does not
+    start a job on a node while it is down anyway."""
+    needed = len(cluster.original or cluster.allocated)
+    if not cluster.nodes or len(set(cluster.nodes) - keep_out) >= needed:
+        return keep_out
+    return set(outcome.user_exclude)
 
 
 def _last_life(events: Sequence[Event]) -> Sequence[Event]:
