@@ -97,6 +97,12 @@ ROWS = {
     "scancel": Row(
         EARLIER, PREEMPT_SAVE, out(WORKER_SAVED_AND_STOPPED, terminated=True), action=Action.STOP, events=["cancelled"]
     ),
+    "scancel already recorded by the shell's trap: nothing written twice": Row(
+        EARLIER,
+        (*PREEMPT_SAVE, Cancelled(time=161.0, job_id=JOB, restart=0, step=40)),
+        out(WORKER_SAVED_AND_STOPPED, terminated=True),
+        action=Action.STOP,
+    ),
     "crash": Row(EARLIER, (start("node1", "node2"),), out(1), events=["failure:crash", "requeue:crash"]),
     "hang (srun passes the watchdog's 77 on as another code)": Row(
         EARLIER, (start("node1", "node2"), failure("hang", rank=1)), out(137), events=["requeue:hang"]

@@ -56,9 +56,7 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
     if outcome.terminated:
         # scancel signals this shell (a preemption does not, until its grace ends): stop. Slurm
         # requeues a preempted job whose grace ran out on its own; decide_begin then tells so.
-        return Decision(
-            Action.STOP, (Cancelled(**mark, step=last_checkpoint_step(history.events)),), message="cancelled"
-        )
+        return decide_cancelled(history)
     lost = lost_nodes(since, outcome, cluster)
     cause = classify(since, outcome, lost)
     written: list[Event] = []
@@ -83,6 +81,17 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
     excluded = sorted(_requeue_exclusion(keep_out, outcome, cluster))
     written.append(Requeue(**mark, cause=cause, excluded=excluded))
     return Decision(Action.REQUEUE, tuple(written), tuple(excluded), f"requeue ({cause.value})")
+
+
+def decide_cancelled(history: History) -> Decision:
+    """This shell got SIGTERM (scancel, or a preemption's grace ending): `cancelled`, written once
+    per life. The batch shell's trap writes it at once, since Slurm kills the shell KillWait
+    seconds later, often before the step has ended and after-step could run."""
+    told = any(
+        isinstance(e, Cancelled) and (e.job_id, e.restart) == (history.job_id, history.restart) for e in history.events
+    )
+    written = () if told else (Cancelled(**_marks(history), step=last_checkpoint_step(history.events)),)
+    return Decision(Action.STOP, written, message="cancelled")
 
 
 def decide_begin(history: History, cluster: ClusterView, budgets: Budgets) -> Decision | None:

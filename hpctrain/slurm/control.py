@@ -8,6 +8,9 @@
         TERMINATED: the shell got SIGTERM; WARNED: the time-limit signal; LAUNCHED: the UNIX
         time the step was launched, so it is judged by its own events only). Prints one line:
         `finish`, `requeue [NODES]`, `relaunch NODES`, `stop` or `fail`.
+    python -m hpctrain.slurm.control cancelled RUN_DIR
+        from the shell's SIGTERM trap: `cancelled` recorded at once (Slurm kills the shell
+        KillWait seconds after scancel, maybe before after-step); once per life.
     python -m hpctrain.slurm.control requeue-refused RUN_DIR EXCLUDED MESSAGE
         scontrol refused the requeue: submit the run dir's job.sbatch again (same run dir, it
         resumes), or end FAILED saying why. Never exits 0.
@@ -27,7 +30,7 @@ from omegaconf import OmegaConf
 
 from hpctrain.run import exitcodes
 from hpctrain.run.causes import Cause
-from hpctrain.run.decide import Decision, History, decide, decide_begin, lineage
+from hpctrain.run.decide import Decision, History, decide, decide_begin, decide_cancelled, lineage
 from hpctrain.run.events import Failure, Journal, read_events
 from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes, parse_time_left
 from hpctrain.run.paths import RunDir
@@ -122,6 +125,11 @@ class Controller:
         decision = decide(self.history(launched_at), outcome, self.cluster(), self.budgets())
         self._record(decision)
         return " ".join([decision.action.value, ",".join(decision.excluded)]).strip()
+
+    def cancelled(self) -> int:
+        """The shell's SIGTERM trap: record `cancelled` now, once per life."""
+        self._record(decide_cancelled(self.history()))
+        return 0
 
     def requeue_refused(self, excluded: str, message: str) -> int:
         """scontrol refused the requeue: submit job.sbatch again into the same run dir."""
@@ -220,11 +228,14 @@ def main(argv: list[str] | None = None) -> None:
         code = None if args[2] == "-" else int(args[2])
         print(Controller(Path(args[1])).after_step(code, terminated, excluded, warned, launched_at))
         return
+    if len(args) == 2 and args[0] == "cancelled":
+        sys.exit(Controller(Path(args[1])).cancelled())
     if len(args) == 4 and args[0] == "requeue-refused":
         sys.exit(Controller(Path(args[1])).requeue_refused(args[2], args[3]))
     sys.exit(
         "usage: python -m hpctrain.slurm.control begin RUN_DIR"
-        " | after-step RUN_DIR CODE TERMINATED WARNED EXCLUDED LAUNCHED | requeue-refused RUN_DIR EXCLUDED MESSAGE"
+        " | after-step RUN_DIR CODE TERMINATED WARNED EXCLUDED LAUNCHED | cancelled RUN_DIR"
+        " | requeue-refused RUN_DIR EXCLUDED MESSAGE"
     )
 
 
