@@ -38,7 +38,11 @@ from hpctrain.trainer.trainer import Trainer
 # Same arithmetic on both sides: no clipping, no schedule, no mid-run evaluation.
 # Periodic checkpoints are off (the baseline has none); the final one is in both runs and cancels.
 FAIRNESS = [
-    "trainer.grad_clip=0", "sched=constant", "trainer.eval_every=0", "trainer.threads=1", "trainer.ckpt_every=0"
+    "trainer.grad_clip=0",
+    "sched=constant",
+    "trainer.eval_every=0",
+    "trainer.threads=1",
+    "trainer.ckpt_every=0",
 ]
 
 
@@ -135,7 +139,9 @@ def main() -> None:
         }
         out = root / "times.txt"
         mp.start_processes(
-            worker, args=(args.nprocs, str(root / "store"), runs, args.rounds, str(out)), nprocs=args.nprocs,
+            worker,
+            args=(args.nprocs, str(root / "store"), runs, args.rounds, str(out)),
+            nprocs=args.nprocs,
             start_method="spawn",
         )
         rows = [dict(kv.split("=") for kv in line.split()) for line in out.read_text().splitlines()]

@@ -168,13 +168,13 @@ def resume_nodes(env: dict[str, str], soak: Soak) -> None:
 
 
 def metrics_records(run_dir: Path) -> list[dict[str, Any]]:
-    from hpctrain.journal import read_jsonl
+    from hpctrain.run.jsonlines import read_jsonl
 
     return read_jsonl(run_dir / "metrics.jsonl")
 
 
 def events_of(run_dir: Path) -> list[dict[str, Any]]:
-    from hpctrain.journal import read_jsonl
+    from hpctrain.run.jsonlines import read_jsonl
 
     return read_jsonl(run_dir / "events.jsonl")
 

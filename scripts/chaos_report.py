@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.journal import read_jsonl
+from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.status.detail import duration, summary
 from hpctrain.status.goodput import goodput
 

@@ -142,6 +142,7 @@ def test_a_failed_write_leaves_no_temporary_file_and_the_previous_checkpoint_int
         state["extra"] = {"hook": _Unpicklable()}
         expected = Exception
     else:
+
         def no_json(*args: Any, **kwargs: Any) -> str:
             raise OSError(28, "No space left on device")
 
@@ -502,8 +503,9 @@ def test_an_error_in_the_background_write_is_raised_by_the_next_wait(
 
 def _checkpointer(folder: Path, fingerprint: str = "fp-A", records: list | None = None) -> Checkpointer:
     on_written = records.append if records is not None else (lambda record: None)
-    return Checkpointer(folder, DistContext.single(cuda_devices=0), keep=2, fingerprint=fingerprint,
-                        on_written=on_written)
+    return Checkpointer(
+        folder, DistContext.single(cuda_devices=0), keep=2, fingerprint=fingerprint, on_written=on_written
+    )
 
 
 def test_checkpointer_background_save_then_wait_then_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -42,8 +42,7 @@ def test_digits_split_disjoint_and_complete() -> None:
 
     raw = load_digits()
     everything = sorted(
-        tuple((img / 16.0).astype("float32").flatten().tolist()) + (int(t),)
-        for img, t in zip(raw.images, raw.target)
+        tuple((img / 16.0).astype("float32").flatten().tolist()) + (int(t),) for img, t in zip(raw.images, raw.target)
     )
     assert sorted(rows(s.train) + rows(s.eval)) == everything
 

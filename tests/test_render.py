@@ -18,7 +18,13 @@ from hpctrain.slurm.render import filename_pattern, render, sbatch_flag, sbatch_
 
 GOLDEN = Path(__file__).parent / "golden"
 HOSTILE = [
-    "a'; touch pwned; echo '", "$(touch pwned)", "`touch pwned`", 'x"; touch pwned; "', "a b", "semi;colon", "#hash"
+    "a'; touch pwned; echo '",
+    "$(touch pwned)",
+    "`touch pwned`",
+    'x"; touch pwned; "',
+    "a b",
+    "semi;colon",
+    "#hash",
 ]
 
 

@@ -37,7 +37,10 @@ def test_two_nodes_two_tasks_match_local_four_processes(slurm_env: dict[str, str
     local_dir = tmp_path / "local"
     local = subprocess.run(
         [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={local_dir}", *SHORT, "trainer.nprocs=4"],
-        env=slurm_env, capture_output=True, text=True, timeout=300,
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert local.returncode == 0, local.stderr
     assert wait_finished(slurm_env, job_ids[0]) == "COMPLETED", job_output(slurm_dir)
@@ -56,8 +59,15 @@ def test_two_nodes_two_tasks_match_local_four_processes(slurm_env: dict[str, str
 
 def test_sweep_returns_at_once_and_trains_every_point(slurm_env: dict[str, str], tmp_path: Path) -> None:
     started = time.monotonic()
-    job_ids, out = submit(slurm_env, tmp_path / "sweep", *SHORT, "optim.lr=1e-3,3e-3", "model=mlp,convnet",
-                          "trainer.max_steps=10", multirun=True)
+    job_ids, out = submit(
+        slurm_env,
+        tmp_path / "sweep",
+        *SHORT,
+        "optim.lr=1e-3,3e-3",
+        "model=mlp,convnet",
+        "trainer.max_steps=10",
+        multirun=True,
+    )
     returned_s = time.monotonic() - started
     assert len(job_ids) == 4 and len(set(job_ids)) == 4, out
     # It returned while jobs were still queued or running (it never waits for them).
@@ -78,8 +88,15 @@ def test_sweep_returns_at_once_and_trains_every_point(slurm_env: dict[str, str],
 @pytest.mark.parametrize("gpu_bind", ["all", "per_task"])
 def test_each_rank_binds_a_distinct_gpu(slurm_env: dict[str, str], tmp_path: Path, gpu_bind: str) -> None:
     run_dir = tmp_path / gpu_bind
-    job_ids, _ = submit(slurm_env, run_dir, "trainer.max_steps=2", "trainer.eval_every=0", "slurm.nodes=2",
-                        "slurm.gpus_per_node=2", f"slurm.gpu_bind={gpu_bind}")
+    job_ids, _ = submit(
+        slurm_env,
+        run_dir,
+        "trainer.max_steps=2",
+        "trainer.eval_every=0",
+        "slurm.nodes=2",
+        "slurm.gpus_per_node=2",
+        f"slurm.gpu_bind={gpu_bind}",
+    )
     assert wait_finished(slurm_env, job_ids[0]) == "COMPLETED", job_output(run_dir)
     start = [e for e in events(run_dir) if e["event"] == "start"][0]
     assert start["world_size"] == 4  # one task per GPU by default
@@ -91,9 +108,18 @@ def test_each_rank_binds_a_distinct_gpu(slurm_env: dict[str, str], tmp_path: Pat
 
 def test_test_only_accepts_what_is_rendered(slurm_env: dict[str, str], tmp_path: Path) -> None:
     run_dir = tmp_path / "dry"
-    job_ids, out = submit(slurm_env, run_dir, "dry_run=true", "slurm.nodes=2", "slurm.gpus_per_node=2",
-                          "slurm.mem=1000M", "slurm.job_name='a b\"c#d'", "slurm.extra=['--comment=x y']")
+    job_ids, out = submit(
+        slurm_env,
+        run_dir,
+        "dry_run=true",
+        "slurm.nodes=2",
+        "slurm.gpus_per_node=2",
+        "slurm.mem=1000M",
+        "slurm.job_name='a b\"c#d'",
+        "slurm.extra=['--comment=x y']",
+    )
     assert job_ids == [] and "#SBATCH --nodes=2" in out
-    done = subprocess.run(["sbatch", "--test-only", str(run_dir / "job.sbatch")], env=slurm_env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["sbatch", "--test-only", str(run_dir / "job.sbatch")], env=slurm_env, capture_output=True, text=True
+    )
     assert done.returncode == 0 and "to start at" in done.stderr, done.stderr

@@ -53,8 +53,12 @@ def of(kind: str, run_dir: Path) -> list[dict]:
 
 
 def node_state(env: dict[str, str], node: str, state: str) -> None:
-    done = subprocess.run(["scontrol", "update", f"nodename={node}", f"state={state}", "reason=hpctrain-test"],
-                          env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        ["scontrol", "update", f"nodename={node}", f"state={state}", "reason=hpctrain-test"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     # ReturnToService=2 may have brought a downed node back already: resuming it then fails.
     assert done.returncode == 0 or state == "resume", done.stderr
 
@@ -65,8 +69,13 @@ def test_preemption_saves_at_the_signal_step_and_resumes_exactly(slurm_env, tmp_
     (job_id,), _ = submit(slurm_env, run_dir, *config)
     wait_for_step(run_dir, 60)
     # A job in the high-priority partition that needs every node preempts ours.
-    urgent = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", "3", "-o", "/dev/null",
-                             "--wrap", "sleep 2"], env=slurm_env, capture_output=True, text=True, check=True)
+    urgent = subprocess.run(
+        ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", "3", "-o", "/dev/null", "--wrap", "sleep 2"],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     lift_requeue_hold(slurm_env, job_id)
     assert wait_finished(slurm_env, urgent.stdout.strip().split(";")[0]) == "COMPLETED"
     assert wait_finished(slurm_env, job_id, timeout_s=600) == "COMPLETED", job_output(run_dir)
@@ -87,16 +96,23 @@ def test_time_limit_requeues_until_done(slurm_env, tmp_path: Path) -> None:
     # 1-minute allocations, warned 40 s ahead (Slurm may warn up to a minute early). Each step
     # takes at least 42 ms in the job, so its 1500 steps need over 63 s of training: more than one
     # allocation on any machine. The reference trains the same config without the pause.
-    config = [*RUN, "model._target_=helpers.paced.PacedConvNet", "trainer.max_steps=1500", "slurm.time=1",
-              "slurm.signal_delay_s=40"]
+    config = [
+        *RUN,
+        "model._target_=helpers.paced.PacedConvNet",
+        "trainer.max_steps=1500",
+        "slurm.time=1",
+        "slurm.signal_delay_s=40",
+    ]
     paced_env = {**slurm_env, PAUSE_ENV: "0.042", "PYTHONPATH": with_test_helpers(slurm_env)}
     (job_id,), _ = submit(paced_env, run_dir, *config)
     # The paced job leaves the CPU mostly idle: the unpaced reference trains meanwhile.
     reference = tmp_path / "reference"
     reference_run = subprocess.Popen(
         [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={reference}", *config],
-        env={**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
+        env={**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     assert wait_finished(slurm_env, job_id, timeout_s=900, lift_holds=True) == "COMPLETED", job_output(run_dir)
     requeues = of("requeue", run_dir)
@@ -168,8 +184,9 @@ def test_restart_budget_stops_a_job_that_always_fails(slurm_env, tmp_path: Path)
     run_dir = tmp_path / "always-fails"
     # A loss that cannot take the model's output crashes at every start: one crash restart is
     # allowed, then stop. (A bad model argument is a user's mistake: it stops at once, no restart.)
-    (job_id,), _ = submit(slurm_env, run_dir, "trainer.max_steps=20", "slurm.restart_budget.crash=1",
-                          "loss._target_=torch.nn.MSELoss")
+    (job_id,), _ = submit(
+        slurm_env, run_dir, "trainer.max_steps=20", "slurm.restart_budget.crash=1", "loss._target_=torch.nn.MSELoss"
+    )
     # Waiting for PENDING would catch the job before its first start; lift the requeue's hold.
     assert wait_finished(slurm_env, job_id, timeout_s=300, lift_holds=True) == "FAILED", job_output(run_dir)
     crashes = [e for e in of("failure", run_dir) if e["cause"] == "crash"]
@@ -206,8 +223,9 @@ def test_torn_newest_checkpoint_falls_back_and_stays_exact(slurm_env, tmp_path: 
     with open(newest, "r+b") as file:  # a write cut short by a dying node
         file.truncate(newest.stat().st_size // 2)
     # The rendered script runs again by hand, in the same run dir.
-    again = subprocess.run(["sbatch", "--parsable", str(run_dir / "job.sbatch")], env=slurm_env,
-                           capture_output=True, text=True, check=True).stdout.strip()
+    again = subprocess.run(
+        ["sbatch", "--parsable", str(run_dir / "job.sbatch")], env=slurm_env, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert wait_finished(slurm_env, again, timeout_s=300) == "COMPLETED", job_output(run_dir)
     resumed = of("start", run_dir)[-1]["resumed_from_step"]
     assert resumed == int(previous.stem.split("_")[1])
@@ -225,8 +243,13 @@ def test_recovery_cases_side_by_side(slurm_env, tmp_path: Path) -> None:
     configs = {
         # A job Slurm will not requeue (a site's policy, here --no-requeue): the run dir is submitted again.
         "refused": [*crash, "slurm.extra=['--no-requeue']"],
-        "hang": ["trainer.max_steps=50", "model._target_=helpers.stuck.StuckAfter", "trainer.hang_timeout_s=20",
-                 "trainer.eval_every=0", "slurm.restart_budget.hang=0"],
+        "hang": [
+            "trainer.max_steps=50",
+            "model._target_=helpers.stuck.StuckAfter",
+            "trainer.hang_timeout_s=20",
+            "trainer.eval_every=0",
+            "slurm.restart_budget.hang=0",
+        ],
         "exclude": [*crash, "slurm.exclude=node3"],
         # Last: the warning comes while a setup line runs: the shell survives (set -u), launches
         # nothing, requeues.
@@ -246,7 +269,8 @@ def test_recovery_cases_side_by_side(slurm_env, tmp_path: Path) -> None:
     assert [e["excluded"] for e in of("requeue", runs["exclude"])] == [["node3"]]
 
     assert wait_finished(slurm_env, jobs["early_warning"], 600, lift_holds=True) == "COMPLETED", job_output(
-        runs["early_warning"])
+        runs["early_warning"]
+    )
     assert [e["cause"] for e in of("requeue", runs["early_warning"])] == ["timelimit"]
     assert [s["restart"] for s in of("start", runs["early_warning"])] == [1]  # nothing launched in life 0
     assert "unbound variable" not in job_output(runs["early_warning"])

@@ -11,7 +11,10 @@ from pathlib import Path
 def submit(tmp_path: Path, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "hpctrain.cli.submit", f"hydra.run.dir={tmp_path / 'run'}", *overrides],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

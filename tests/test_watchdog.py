@@ -26,10 +26,20 @@ def test_stuck_training_process_exits_with_hang_code(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={tmp_path / 'run'}",
-         "model._target_=helpers.stuck.StuckAfter", "trainer.max_steps=50", "trainer.hang_timeout_s=10",
-         "trainer.eval_every=0"],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "hpctrain.cli.train",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            "model._target_=helpers.stuck.StuckAfter",
+            "trainer.max_steps=50",
+            "trainer.hang_timeout_s=10",
+            "trainer.eval_every=0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == EXIT_HANG, done.stdout[-2000:] + done.stderr[-2000:]
     assert time.monotonic() - started < 60

@@ -24,9 +24,9 @@ from typing import Any, BinaryIO
 import torch
 
 from hpctrain.checkpoint.format import check_readable
-from hpctrain.rundir import CheckpointFiles as Entry
-from hpctrain.rundir import checkpoint_files as paths_for
-from hpctrain.rundir import checkpoints_in as entries
+from hpctrain.run.paths import CheckpointFiles as Entry
+from hpctrain.run.paths import checkpoint_files as paths_for
+from hpctrain.run.paths import checkpoints_in as entries
 
 log = logging.getLogger(__name__)
 

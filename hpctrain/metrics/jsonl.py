@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain.journal import JsonLines
+from hpctrain.run.jsonlines import JsonLines
 
 
 class MetricsLines(JsonLines):

@@ -75,6 +75,5 @@ class ConvNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         expected = (self.in_channels, self.image_size, self.image_size)
         if x.dim() != 4 or tuple(x.shape[1:]) != expected:
-            raise ValueError(f"ConvNet expects input [B, {', '.join(map(str, expected))}], "
-                             f"got {list(x.shape)}")
+            raise ValueError(f"ConvNet expects input [B, {', '.join(map(str, expected))}], got {list(x.shape)}")
         return self.classifier(self.features(x))

@@ -51,8 +51,5 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() < 2 or math.prod(x.shape[1:]) != self.in_features:
-            raise ValueError(
-                f"MLP expects [B, ...] with {self.in_features} features per sample, "
-                f"got {list(x.shape)}"
-            )
+            raise ValueError(f"MLP expects [B, ...] with {self.in_features} features per sample, got {list(x.shape)}")
         return self.net(x)

@@ -23,7 +23,7 @@ MAX_BYTES_BACK = 2 * 1024 * 1024
 @dataclass(frozen=True)
 class MetricsTail:
     step: int | None = None
-    loss: float | None = None  # nan when it was not finite (hpctrain.journal writes null)
+    loss: float | None = None  # nan when it was not finite (hpctrain.run.jsonlines writes null)
     samples_per_s: float | None = None
     eval_accuracy: float | None = None
     eval_loss: float | None = None
@@ -77,7 +77,7 @@ def _read_backwards(file: BinaryIO, max_bytes_back: int) -> Iterator[bytes]:
 
 def _parse(line: bytes, required: str) -> dict[str, Any] | None:
     """One metrics record; None for a blank or torn line (a writer killed mid-line), which
-    hpctrain.journal.read_jsonl skips too."""
+    hpctrain.run.jsonlines.read_jsonl skips too."""
     if not line.strip():
         return None
     try:

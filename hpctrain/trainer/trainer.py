@@ -23,9 +23,9 @@ from hpctrain.config import Config, fingerprint, identity
 from hpctrain.data.splits import Splits
 from hpctrain.dist import DistContext
 from hpctrain.errors import UserError
-from hpctrain.journal import Journal
 from hpctrain.metrics import MetricSinks, open_sinks
-from hpctrain.rundir import RunDir
+from hpctrain.run.events import Journal
+from hpctrain.run.paths import RunDir
 from hpctrain.signals import StopFlag
 from hpctrain.trainer import components, loaders
 from hpctrain.trainer.evaluate import evaluate, flatten
@@ -73,8 +73,12 @@ class Trainer:
         self.total_steps = self._total_steps_for(parts.splits)
         self.scaler = torch.amp.GradScaler("cuda") if self._precision == "fp16" else None
         self.checkpointer = Checkpointer(
-            self.run.checkpoints, ctx, config.trainer.keep_checkpoints, fingerprint(config),
-            on_written=lambda record: self.journal.event("checkpoint", **record), identity=identity(config),
+            self.run.checkpoints,
+            ctx,
+            config.trainer.keep_checkpoints,
+            fingerprint(config),
+            on_written=lambda record: self.journal.event("checkpoint", **record),
+            identity=identity(config),
             on_forced=lambda record: self.journal.event("forced_save", **record),
         )
         # Read once at start-up: a preemption's SIGTERM gives this long for the forced save.
