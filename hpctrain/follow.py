@@ -44,7 +44,7 @@ def follow(run_dir: Path, poll_s: float = 1.0, out=sys.stdout) -> int:
     offsets: dict[Path, int] = {}
     state = None
     while True:
-        for log in sorted(run_dir.glob("slurm-*.out")):
+        for log in RunDir(run_dir).slurm_outputs():
             with open(log, "rb") as file:
                 file.seek(offsets.get(log, 0))
                 chunk = file.read()

@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from clitools import assert_refused, describe, fake_slurm, files, lines, run_cli
 
 from hpctrain.checkpoint import Checkpointer, CheckpointMismatch, store
 from hpctrain.dist import DistContext
+from hpctrain.run.causes import Action
 from hpctrain.slurm import sbatch
 from hpctrain.slurm.control import Controller
 
@@ -262,12 +264,15 @@ def test_saved_weights_of_other_names_or_shapes_are_refused_by_name(tmp_path: Pa
 def test_the_batch_script_stops_instead_of_requeueing_after_a_user_error(tmp_path: Path, trained: Path) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(trained, run_dir)
+    launched_at = time.time()  # the step judged is the one launched now, not the trained run's
+    refused = {"event": "failure", "time": launched_at + 1, "cause": "user_error", "job_id": "7", "restart": 0}
     with open(run_dir / "events.jsonl", "a") as journal:
-        journal.write(json.dumps({"event": "failure", "cause": "user_error", "job_id": "7", "restart": 0}) + "\n")
+        journal.write(json.dumps(refused) + "\n")
     controller = Controller(run_dir, env={"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0"})
 
     # 143: what srun says when --kill-on-bad-exit ended the other tasks of a refused start.
-    assert controller.after_step(143, terminated=False, excluded=[]) == "stop"
+    action = controller.after_step(143, terminated=False, excluded=[], launched_at=launched_at)
+    assert action == Action.FAIL.value
 
 
 # ---- a full disk ------------------------------------------------------------------------------

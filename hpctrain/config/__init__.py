@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hpctrain.config import setup_lines, targets
 from hpctrain.config.schema import Config, DataConfig, TrainerConfig
 from hpctrain.errors import UserError
+from hpctrain.run.paths import RunDir
 
 __all__ = [
     "Config",
@@ -157,7 +158,7 @@ def save_resolved(resolved: DictConfig | dict[str, Any], path: Path) -> None:
 
 def load_run_config(run_dir: Path) -> Config:
     """The config a job runs: the run dir's resolved config.yaml, checked again."""
-    path = Path(run_dir) / "config.yaml"
+    path = RunDir(Path(run_dir)).config
     if not path.is_file():
         raise UserError(f"{path}: no config.yaml; is {run_dir} a run directory?")
     try:

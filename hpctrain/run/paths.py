@@ -9,6 +9,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+# sbatch's --output in a run dir: every life of a job appends to its file (%j: the job id).
+SLURM_OUTPUT_PATTERN = "slurm-%j.out"
+
 
 @dataclass(frozen=True)
 class RunDir:
@@ -90,6 +93,10 @@ class RunDir:
         tmp = self.submission.with_name(self.submission.name + ".tmp")
         tmp.write_text(json.dumps(record, indent=2) + "\n")
         os.replace(tmp, self.submission)
+
+    def slurm_outputs(self) -> list[Path]:
+        """The jobs' output files (SLURM_OUTPUT_PATTERN), oldest job first."""
+        return sorted(self.root.glob(SLURM_OUTPUT_PATTERN.replace("%j", "*")))
 
     def submitted_job_id(self) -> str | None:
         """The id of the job last submitted from this run dir (hpctrain-submit), or None."""

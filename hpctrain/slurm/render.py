@@ -24,6 +24,7 @@ import jinja2
 from hpctrain import __version__
 from hpctrain.config import Config
 from hpctrain.config.schema import SlurmConfig
+from hpctrain.run.paths import SLURM_OUTPUT_PATTERN
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.:,=/@+\-\[\]]+$")
 
@@ -121,7 +122,7 @@ def render(config: Config, run_dir: Path, submit_dir: Path, code_dir: Path | Non
             run_dir=str(run_dir),
             submit_dir=str(submit_dir),
             code_dir=str(code_dir) if code_dir else "",
-            output=filename_pattern(run_dir) + "/slurm-%j.out",
+            output=filename_pattern(run_dir) + "/" + SLURM_OUTPUT_PATTERN,
             python=python,
             task_command=task_command,
             control_command=control_command,

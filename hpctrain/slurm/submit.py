@@ -31,9 +31,10 @@ from hpctrain.slurm.render import render
 log = logging.getLogger(__name__)
 
 # What hpctrain-submit writes in a fresh run dir (besides Hydra's .hydra/): removable on failure.
-_OURS = {".hydra", "config.yaml", "job.sbatch", "submission.json", "code"}
+_NAMES = RunDir(Path("."))
+_OURS = {".hydra", *(p.name for p in (_NAMES.config, _NAMES.job_script, _NAMES.submission, _NAMES.code))}
 # What Hydra writes in a fresh sweep dir besides the points' run dirs (and the shared code/).
-_SWEEP_FILES = {"multirun.yaml", "code"}
+_SWEEP_FILES = {"multirun.yaml", _NAMES.code.name}
 # Job states in which a job still owns its run dir.
 _LIVE_STATES = {
     "PENDING",
@@ -66,7 +67,7 @@ class Point:
 
     @property
     def script(self) -> Path:
-        return self.run.root / "job.sbatch"
+        return self.run.job_script
 
 
 def write_script(point: Point, submit_dir: Path) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hpctrain.run.paths import RunDir
+
 # hydra.run.dir (runs/<date>/<time>) and hydra.sweep.dir (runs/multirun/<date>/<time>/<point>)
 # of conf/config.yaml both start here, relative to where the command was run.
 DEFAULT_ROOT = Path("runs")
@@ -13,7 +15,8 @@ DEFAULT_LIMIT = 20
 # mistyped `/` never walks a whole disk.
 MAX_DEPTH = 5
 # Files that only a run dir holds: the journal (once trained), submission.json (once queued).
-_RUN_FILES = ("events.jsonl", "submission.json", "metrics.jsonl")
+_NAMES = RunDir(Path("."))
+_RUN_FILES = tuple(p.name for p in (_NAMES.events, _NAMES.submission, _NAMES.metrics))
 # What Hydra writes at the top of a sweep dir (hpctrain-submit -m, hpctrain-train -m).
 _SWEEP_FILE = "multirun.yaml"
 
@@ -27,7 +30,7 @@ def is_run_dir(path: Path) -> bool:
     alone may be a project's own Hydra config folder (conf/config.yaml), not a run."""
     if any((path / name).is_file() for name in _RUN_FILES):
         return True
-    return (path / "config.yaml").is_file() and (path / ".hydra").is_dir()
+    return RunDir(path).config.is_file() and (path / ".hydra").is_dir()
 
 
 def run_dirs(paths: list[Path], limit: int = DEFAULT_LIMIT) -> list[Path]:
@@ -99,7 +102,7 @@ def _subdirs(folder: Path) -> list[os.DirEntry[str]]:
 def last_activity(run: Path) -> float:
     """When the run last wrote anything it is known by: a running job keeps moving to the top."""
     newest = 0.0
-    for name in ("config.yaml", *_RUN_FILES):
+    for name in (_NAMES.config.name, *_RUN_FILES):
         try:
             newest = max(newest, (run / name).stat().st_mtime)
         except OSError:

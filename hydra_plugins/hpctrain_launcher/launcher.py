@@ -47,6 +47,7 @@ class SubmitLauncher(Launcher):
         from hpctrain.cli.submit import discard_sweep, prepare_point, submit_or_exit
         from hpctrain.config import resolved_yaml
         from hpctrain.config.points import PointChecker
+        from hpctrain.run.paths import RunDir
         from hpctrain.slurm.code_snapshot import CodeSnapshot
 
         assert self.config is not None and self.hydra_context is not None
@@ -58,7 +59,7 @@ class SubmitLauncher(Launcher):
         points: list = []
         returns: list[JobReturn] = []
         # One copy of the code for every point, taken when the first point asks for it.
-        shared_code = CodeSnapshot(sweep_dir.resolve() / "code")
+        shared_code = CodeSnapshot(RunDir(sweep_dir.resolve()).code)
         # The first point of each structure is checked in full, the others by what they change.
         checker = PointChecker()
         published: Optional[DictConfig] = None
