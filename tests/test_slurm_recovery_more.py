@@ -174,6 +174,55 @@ def train_reference(env: dict[str, str], run_dir: Path, *overrides: str) -> subp
     )
 
 
+def fail_a_node_after_the_warning(env: dict[str, str], job_id: str, run_dir: Path, touched: set[str]) -> str:
+    """The warning, then a training node set down before the step ended; returns the node."""
+    wait_for_step(run_dir, 20, timeout_s=180)
+    victim = of("start", run_dir)[0]["nodes"][1]  # not the batch node
+    # The victim's task is stopped first, so the step cannot end between the warning and
+    # the node failure; the warning is seen pending on it (it went shell -> srun -> tasks).
+    stopped = worker_pid(job_id, victim)
+    os.kill(stopped, signal.SIGSTOP)
+    warn(env, job_id)
+    wait_pending_signal(stopped, USR2_BIT)
+    touched.add(victim)
+    scontrol(env, "update", f"nodename={victim}", "state=down", "reason=hpctrain-test")
+    wait_for_state(env, job_id, {"PENDING"}, 120)
+    wait_for_field(env, job_id, "ExcNodeList", victim)  # set just after the requeue
+    resume(env, victim)
+    # Three nodes that exclude one of three can never run here (Slurm: BadConstraints); a site's
+    # partition has more. As its administrator would once the node is back, let it in again
+    # (and lift the ~120 s hold a requeue sets, as every recovery test does).
+    scontrol(env, "update", f"jobid={job_id}", "ExcNodeList=", "StartTime=now")
+    return victim
+
+
+def fault_at_step_20(env: dict[str, str], jobs: dict[str, str], runs: dict[str, Path], touched: set[str]) -> None:
+    """Each gets its fault at step 20, whichever of the two starts first (they compete for CPUs):
+    the one-node job the warning alone; the other, its idle spare drained, then the warning."""
+
+    def drain_spare_and_warn() -> None:
+        allocated = parse_node_list(job_field(env, jobs["drained_spare"], "NodeList") or "")
+        (spare,) = set(allocated) - set(of("start", runs["drained_spare"])[0]["nodes"])
+        touched.add(spare)
+        scontrol(env, "update", f"nodename={spare}", "state=drain", "reason=maintenance")
+        warn(env, jobs["drained_spare"])
+
+    faults = {
+        "dies_before_start": lambda: warn(env, jobs["dies_before_start"]),
+        "drained_spare": drain_spare_and_warn,
+    }
+    deadline = time.monotonic() + 240
+    while faults and time.monotonic() < deadline:
+        for name in [name for name in faults if latest_step(runs[name]) >= 20]:
+            faults.pop(name)()
+        time.sleep(0.2)
+    assert not faults, f"{sorted(faults)}: no step 20 within 240 s"
+    # Requeued for the time limit, the job waits for its drained spare until it is back.
+    wait_for_state(env, jobs["drained_spare"], {"PENDING"}, 120)
+    for node in touched:
+        resume(env, node)
+
+
 def test_recovery_after_the_time_limit_warning_side_by_side(slurm_env, tmp_path: Path) -> None:
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     paced = {**env, PAUSE_ENV: PAUSE_S}
@@ -182,25 +231,8 @@ def test_recovery_after_the_time_limit_warning_side_by_side(slurm_env, tmp_path:
     jobs: dict[str, str] = {}
     touched: set[str] = set()  # nodes drained or set down here: resumed whatever happens
     try:
-        # ---- a training node fails after the warning, before the step ended -----------------
         jobs["node_fails"] = submit(paced, runs["node_fails"], *TRAIN, *WITH_SPARE)[0][0]
-        wait_for_step(runs["node_fails"], 20, timeout_s=180)
-        victim = of("start", runs["node_fails"])[0]["nodes"][1]  # not the batch node
-        # The victim's task is stopped first, so the step cannot end between the warning and
-        # the node failure; the warning is seen pending on it (it went shell -> srun -> tasks).
-        stopped = worker_pid(jobs["node_fails"], victim)
-        os.kill(stopped, signal.SIGSTOP)
-        warn(slurm_env, jobs["node_fails"])
-        wait_pending_signal(stopped, USR2_BIT)
-        touched.add(victim)
-        scontrol(slurm_env, "update", f"nodename={victim}", "state=down", "reason=hpctrain-test")
-        wait_for_state(slurm_env, jobs["node_fails"], {"PENDING"}, 120)
-        wait_for_field(slurm_env, jobs["node_fails"], "ExcNodeList", victim)  # set just after the requeue
-        resume(slurm_env, victim)
-        # Three nodes that exclude one of three can never run here (Slurm: BadConstraints); a site's
-        # partition has more. As its administrator would once the node is back, let it in again
-        # (and lift the ~120 s hold a requeue sets, as every recovery test does).
-        scontrol(slurm_env, "update", f"jobid={jobs['node_fails']}", "ExcNodeList=", "StartTime=now")
+        victim = fail_a_node_after_the_warning(slurm_env, jobs["node_fails"], runs["node_fails"], touched)
 
         # ---- the other two, submitted together once no node will fail any more -------------
         # The one-node job's tasks start through a wrapper that cannot start in a restarted
@@ -219,30 +251,7 @@ def test_recovery_after_the_time_limit_warning_side_by_side(slurm_env, tmp_path:
             submitted = {name: pool.submit(submit, paced, runs[name], *config) for name, config in configs.items()}
             jobs.update({name: future.result()[0][0] for name, future in submitted.items()})
 
-        # Each gets its fault at step 20, whichever of the two starts first (they compete for CPUs):
-        # the one-node job the warning alone; the other, its idle spare drained, then the warning.
-        def drain_spare_and_warn() -> None:
-            allocated = parse_node_list(job_field(slurm_env, jobs["drained_spare"], "NodeList") or "")
-            (spare,) = set(allocated) - set(of("start", runs["drained_spare"])[0]["nodes"])
-            touched.add(spare)
-            scontrol(slurm_env, "update", f"nodename={spare}", "state=drain", "reason=maintenance")
-            warn(slurm_env, jobs["drained_spare"])
-
-        faults = {
-            "dies_before_start": lambda: warn(slurm_env, jobs["dies_before_start"]),
-            "drained_spare": drain_spare_and_warn,
-        }
-        deadline = time.monotonic() + 240
-        while faults and time.monotonic() < deadline:
-            for name in [name for name in faults if latest_step(runs[name]) >= 20]:
-                faults.pop(name)()
-            time.sleep(0.2)
-        assert not faults, f"{sorted(faults)}: no step 20 within 240 s"
-        # Requeued for the time limit, the job waits for its drained spare until it is back.
-        wait_for_state(slurm_env, jobs["drained_spare"], {"PENDING"}, 120)
-        for node in touched:
-            resume(slurm_env, node)
-
+        fault_at_step_20(slurm_env, jobs, runs, touched)
         states = wait_all_ended(slurm_env, jobs, 600)
     finally:
         for node in touched:  # a node back in service already refuses `resume`: not an error here
@@ -280,6 +289,8 @@ def test_recovery_after_the_time_limit_warning_side_by_side(slurm_env, tmp_path:
     starts = of("start", drained)
     assert len(saved) == 1 and [s["resumed_from_step"] for s in starts] == [0, saved[0]], events(drained)
 
+    # Stopped by the time limit once, its next lives die before `start`: each a crash (never
+    # taken for the earlier time limit, whose budget is 50), and the second spends crash's budget of 1.
     dying = runs["dies_before_start"]
     assert states["dies_before_start"] == "FAILED", job_output(dying)
     assert [e["cause"] for e in of("requeue", dying)] == ["timelimit", "crash"], events(dying)
