@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import datetime
 import fcntl
-import json
-import os
 import socket
 import struct
-import time
 from pathlib import Path
 
 import torch.distributed as dist
+
+from hpctrain.run import handoff
 
 
 def port_file(directory: Path, job_id: str, restart: int, step_id: str) -> Path:
@@ -34,13 +33,13 @@ def open_store(rank: int, world_size: int, path: Path, timeout_s: float, address
     timeout = datetime.timedelta(seconds=timeout_s)
     if rank == 0:
         store = dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        record = {"port": store.port, "host": socket.gethostname(), "addr": address or socket.gethostname()}
-        tmp.write_text(json.dumps(record))
-        tmp.replace(path)  # readers see nothing or the whole record, never half of one
+        handoff.publish(
+            path, {"port": store.port, "host": socket.gethostname(), "addr": address or socket.gethostname()}
+        )
         return store
-    published = _wait_for_record(path, timeout_s)
+    published = handoff.wait_for(path, timeout_s)
+    if published is None:
+        raise TimeoutError(f"rank 0 did not publish its rendezvous port in {path} within {timeout_s:.0f} s")
     return dist.TCPStore(published["addr"], int(published["port"]), world_size, is_master=False, timeout=timeout)
 
 
@@ -74,15 +73,3 @@ def resolves(host: str) -> bool:
         return True
     except OSError:
         return False
-
-
-def _wait_for_record(path: Path, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    delay = 0.05
-    while time.monotonic() < deadline:
-        try:
-            return json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
-    raise TimeoutError(f"rank 0 did not publish its rendezvous port in {path} within {timeout_s:.0f} s")

@@ -15,13 +15,11 @@ hpctrain-train runs there as on any machine.
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.run import handoff
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm.env import in_slurm_step
 
@@ -74,21 +72,13 @@ def verdict_path(run_dir: Path, env: Mapping[str, str]) -> Path:
 
 def publish_verdict(path: Path, error: str | None) -> None:
     """Rank 0: the run dir is ready (config.yaml written), or why it refused."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"ok": error is None, "error": error}))
-    tmp.replace(path)
+    handoff.publish(path, {"ok": error is None, "error": error})
 
 
 def wait_for_verdict(path: Path, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    delay = 0.05
-    while time.monotonic() < deadline:
-        try:
-            return json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+    verdict = handoff.wait_for(path, timeout_s)
+    if verdict is not None:
+        return verdict
     raise StepError(
         f"rank 0 wrote no config to {path.parent.parent} within {timeout_s:.0f} s: is the run dir on a "
         "filesystem every node sees, and did rank 0 start? (its output says why it did not)"
