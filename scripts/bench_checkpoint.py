@@ -87,7 +87,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hpctrain.checkpoint import Checkpointer, store
+from hpctrain.checkpoint import Checkpointer, snapshot, store
 from hpctrain.dist import DistContext
 from hpctrain.models.gpt import GPT
 
@@ -148,23 +148,8 @@ def trainer_state(model: GPT, optimizer: torch.optim.Optimizer, step: int) -> di
 
 
 def distinct_tensors(tree: Any) -> list[torch.Tensor]:
-    """Every tensor in the tree once (the tied embedding/head weight appears twice in a GPT's
-    state_dict but is one tensor, and torch.save writes it once)."""
-    found: dict[tuple[int, int, tuple[int, ...]], torch.Tensor] = {}
-
-    def walk(node: Any) -> None:
-        if isinstance(node, torch.Tensor):
-            key = (node.untyped_storage().data_ptr(), int(node.storage_offset()), tuple(node.shape))
-            found.setdefault(key, node.detach())
-        elif isinstance(node, dict):
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                walk(value)
-
-    walk(tree)
-    return list(found.values())
+    """Every tensor in the tree once, detached (what torch.save writes)."""
+    return [t.detach() for t in snapshot.distinct_tensors(tree)]
 
 
 def all_tensors(tree: Any) -> list[torch.Tensor]:

@@ -63,18 +63,15 @@ class Snapshotter:
         return buffer
 
 
-def state_bytes(tree: Any) -> int:
-    """The bytes of every distinct tensor in a state tree (a tied weight counts once)."""
-    seen: set[tuple[Any, ...]] = set()
-    total = 0
+def distinct_tensors(tree: Any) -> list[torch.Tensor]:
+    """Every tensor in a state tree once: a tied weight (a GPT's embedding and head) appears
+    twice in its state_dict but is one tensor, written once."""
+    found: dict[tuple[Any, ...], torch.Tensor] = {}
 
     def walk(node: Any) -> None:
-        nonlocal total
         if isinstance(node, torch.Tensor):
             key = (node.device, node.untyped_storage().data_ptr(), node.storage_offset(), tuple(node.shape))
-            if key not in seen:
-                seen.add(key)
-                total += node.numel() * node.element_size()
+            found.setdefault(key, node)
         elif isinstance(node, dict):
             for value in node.values():
                 walk(value)
@@ -83,4 +80,9 @@ def state_bytes(tree: Any) -> int:
                 walk(value)
 
     walk(tree)
-    return total
+    return list(found.values())
+
+
+def state_bytes(tree: Any) -> int:
+    """The bytes of every distinct tensor in a state tree (a tied weight counts once)."""
+    return sum(t.numel() * t.element_size() for t in distinct_tensors(tree))
