@@ -51,6 +51,13 @@ def prepare_run_dir(cfg: DictConfig, check: Checker = to_typed) -> tuple[Config,
     """Check the config and write the run dir's config.yaml; on a bad config, print what to
     change, remove the run dir Hydra just made (if it holds nothing of a run) and exit 2.
     `check` gives the typed and the resolved config (a sweep checks its points more cheaply)."""
+    config, run, _ = write_run_dir(cfg, check)
+    return config, run
+
+
+def write_run_dir(cfg: DictConfig, check: Checker = to_typed) -> tuple[Config, RunDir, dict[str, Any]]:
+    """`prepare_run_dir`, also giving the resolved config it wrote as plain dicts and lists (what
+    reading config.yaml back would give, without the read: a sweep's points each need it)."""
     hydra_cfg = HydraConfig.get()
     run = RunDir(Path(hydra_cfg.runtime.output_dir))
     try:
@@ -63,8 +70,10 @@ def prepare_run_dir(cfg: DictConfig, check: Checker = to_typed) -> tuple[Config,
     if run.config.exists():
         _refuse_a_different_config(run, resolved)
     _refuse_checkpoints_of_another_model(run, config)
-    save_resolved(resolved, run.config)
-    return config, run
+    plain = resolved if isinstance(resolved, dict) else OmegaConf.to_container(resolved, enum_to_str=True)
+    assert isinstance(plain, dict)  # a DictConfig's container is a dict
+    save_resolved(plain, run.config)
+    return config, run, plain
 
 
 class MakeRunDir(Callback):
