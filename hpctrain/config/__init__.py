@@ -13,13 +13,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
-from omegaconf._utils import OmegaConfDumper
 from omegaconf.errors import OmegaConfBaseException
 
-from hpctrain.config import setup_lines, targets
+from hpctrain.config import setup_lines, targets, yaml_text
 from hpctrain.config.schema import Config, DataConfig, TrainerConfig
 from hpctrain.errors import UserError
 from hpctrain.run.paths import RunDir
@@ -135,18 +133,10 @@ def _structured(plain: DictConfig) -> Config:
     return config
 
 
-class _YamlDumper(getattr(yaml, "CDumper", yaml.Dumper)):  # type: ignore[misc]
-    """OmegaConf.to_yaml's dumper (strings that read as numbers or booleans quoted), with
-    libyaml's emitter when present: the same text, about 3x faster for a sweep's many points."""
-
-
-_YamlDumper.add_representer(str, OmegaConfDumper.str_representer)
-
-
 def resolved_yaml(resolved: DictConfig | dict[str, Any] | list[Any]) -> str:
     """config.yaml's text: what OmegaConf.to_yaml writes (OmegaConf.save, for a list)."""
     plain = OmegaConf.to_container(resolved, enum_to_str=True) if isinstance(resolved, DictConfig) else resolved
-    return yaml.dump(plain, Dumper=_YamlDumper, default_flow_style=False, allow_unicode=True, sort_keys=False)
+    return yaml_text.dump_mapping(plain) if isinstance(plain, dict) else yaml_text.dump(plain)
 
 
 def save_resolved(resolved: DictConfig | dict[str, Any], path: Path) -> None:
