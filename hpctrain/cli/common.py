@@ -11,7 +11,7 @@ import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
@@ -72,6 +72,7 @@ def write_run_dir(cfg: DictConfig, check: Checker = to_typed) -> tuple[Config, R
     _refuse_checkpoints_of_another_model(run, config)
     plain = resolved if isinstance(resolved, dict) else OmegaConf.to_container(resolved, enum_to_str=True)
     assert isinstance(plain, dict)  # a DictConfig's container is a dict
+    plain = cast(dict[str, Any], plain)  # its keys are config keys
     save_resolved(plain, run.config)
     return config, run, plain
 

@@ -40,7 +40,7 @@ def dump(tree: Any) -> str:
     return yaml.dump(tree, Dumper=_YamlDumper, default_flow_style=False, allow_unicode=True, sort_keys=False)
 
 
-def dump_mapping(tree: dict[str, Any]) -> str:
+def dump_mapping(tree: dict[Any, Any]) -> str:
     """`dump(tree)`, reusing the text of top-level sections dumped before with the same value."""
     try:
         seen: set[int] = set()
