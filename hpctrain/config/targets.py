@@ -11,7 +11,6 @@ hpctrain.errors.ArgumentError. It must be cheap: it runs for every point of a sw
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 import hydra.utils
 from hydra.errors import InstantiationException
 
+from hpctrain.config import signatures
 from hpctrain.errors import ArgumentError, UserError
 
 log = logging.getLogger(__name__)
@@ -29,12 +29,10 @@ _HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
 
 
 def locate(node: Mapping[str, Any], key: str) -> Callable[..., Any]:
-    """The callable a `_target_` node names, or a ValueError naming the key to fix."""
-    target = node.get("_target_") if isinstance(node, Mapping) else None
-    if not isinstance(target, str) or not target:
-        raise ValueError(f"{key}._target_: missing; set {key}._target_=package.module.Callable")
+    """The callable a `_target_` node names, imported, or a ValueError naming the key to fix."""
+    target = _target(node, key)
     try:
-        obj = _import(target)
+        obj = signatures.load(target)
     except Exception as error:  # ImportError, AttributeError, ... all mean "cannot find it"
         raise ValueError(f"{key}._target_: cannot import {target!r} ({error})") from None
     if not callable(obj):
@@ -42,30 +40,24 @@ def locate(node: Mapping[str, Any], key: str) -> Callable[..., Any]:
     return obj
 
 
-@functools.lru_cache(maxsize=256)
-def _import(target: str) -> Any:
-    # Cached: a sweep checks the same few targets for every point.
-    return hydra.utils.get_object(target)
-
-
-def _signature(obj: Callable[..., Any]) -> inspect.Signature | None:
+def _described(node: Mapping[str, Any], key: str) -> signatures.Description:
+    """What `locate` checks and the checks read, without importing the target when the cache
+    of hpctrain.config.signatures knows it; the same ValueError as `locate`."""
+    target = _target(node, key)
     try:
-        # Cached, as _import: inspect.signature of a class takes about a millisecond.
-        return _cached_signature(obj)
-    except TypeError:  # an unhashable callable object
-        return _uncached_signature(obj)
+        description = signatures.describe(target)
+    except Exception as error:  # ImportError, AttributeError, ... all mean "cannot find it"
+        raise ValueError(f"{key}._target_: cannot import {target!r} ({error})") from None
+    if not description.callable:
+        raise ValueError(f"{key}._target_: {target!r} is not callable")
+    return description
 
 
-@functools.lru_cache(maxsize=256)
-def _cached_signature(obj: Callable[..., Any]) -> inspect.Signature | None:
-    return _uncached_signature(obj)
-
-
-def _uncached_signature(obj: Callable[..., Any]) -> inspect.Signature | None:
-    try:
-        return inspect.signature(obj)
-    except (TypeError, ValueError):  # some builtins have no introspectable signature
-        return None
+def _target(node: Mapping[str, Any], key: str) -> str:
+    target = node.get("_target_") if isinstance(node, Mapping) else None
+    if not isinstance(target, str) or not target:
+        raise ValueError(f"{key}._target_: missing; set {key}._target_=package.module.Callable")
+    return target
 
 
 def _takes_any_keyword(sig: inspect.Signature) -> bool:
@@ -79,8 +71,7 @@ def arguments(node: Mapping[str, Any]) -> dict[str, Any]:
 def check(node: Mapping[str, Any], key: str, positional: int = 0, injected: Sequence[str] = ()) -> None:
     """Raise ValueError unless the target accepts the node's keys (plus `positional` leading
     arguments and the `injected` keywords hpctrain supplies itself)."""
-    obj = locate(node, key)
-    sig = _signature(obj)
+    sig = _described(node, key).signature
     if sig is None:
         return
     kwargs = arguments(node)
@@ -101,9 +92,9 @@ def check(node: Mapping[str, Any], key: str, positional: int = 0, injected: Sequ
 
 def preflight(node: Mapping[str, Any], key: str) -> None:
     """Run the target's `preflight` hook, if it has one; ValueError naming `key.argument`."""
-    hook = getattr(locate(node, key), "preflight", None)
-    if not callable(hook):
+    if not _described(node, key).preflight:
         return
+    hook = locate(node, key).preflight  # type: ignore[attr-defined]
     try:
         hook(**arguments(node))
     except ArgumentError as error:
@@ -111,7 +102,7 @@ def preflight(node: Mapping[str, Any], key: str) -> None:
 
 
 def accepts(node: Mapping[str, Any], name: str) -> bool:
-    sig = _signature(locate(node, "_target_"))
+    sig = _described(node, "_target_").signature
     return sig is not None and (name in sig.parameters or _takes_any_keyword(sig))
 
 
@@ -119,7 +110,7 @@ def drop_foreign_arguments(node: dict[str, Any], key: str, overridden: set[str])
     """After `key._target_` was overridden, drop the arguments the group's old target had
     that the new one does not take (the way LightningCLI treats a new class_path), except
     those the user set on the command line. Returns the dropped names."""
-    sig = _signature(locate(node, key))
+    sig = _described(node, key).signature
     if sig is None or _takes_any_keyword(sig):
         return []
     dropped = [name for name in arguments(node) if name not in sig.parameters and f"{key}.{name}" not in overridden]

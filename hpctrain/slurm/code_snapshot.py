@@ -17,6 +17,7 @@ back to a commit even after the snapshot is deleted.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import logging
 import shutil
@@ -81,6 +82,24 @@ def module_source(module: ModuleType) -> Path | None:
     return Path(file) if file else None
 
 
+def _top_source(top: str) -> Path | None:
+    """`module_source` of a top-level module, found without importing it when it is not imported
+    yet (the config check may have read its targets from hpctrain.config.signatures' cache, and
+    importing torch only to find its folder takes a second). ImportError when there is none."""
+    module = sys.modules.get(top)
+    if module is None:
+        spec = importlib.util.find_spec(top)
+        if spec is None:
+            raise ImportError(f"no module named {top!r}")
+        if spec.submodule_search_locations is not None:  # a package: what its __path__ will be
+            locations = list(spec.submodule_search_locations)
+            return Path(locations[0]) if len(locations) == 1 else None
+        if spec.has_location and spec.origin:  # a module: what its __file__ will be
+            return Path(spec.origin)
+        module = importlib.import_module(top)  # anything else: as it is once imported
+    return module_source(module)
+
+
 class CodeSnapshot:
     """A `code/` folder filled once per hpctrain-submit command; a sweep adds each point's
     targets to the same folder (those already copied are skipped)."""
@@ -127,11 +146,10 @@ class CodeSnapshot:
             self.manifest["libraries"][top] = "built-in"
             return
         try:
-            module = importlib.import_module(top)  # the config check imported it already
+            source = _top_source(top)
         except ImportError:  # `_target_: dict`: Hydra resolved a builtin name, not a module
             self.manifest["libraries"][top] = "built-in"
             return
-        source = module_source(module)
         if source is None:
             raise ValueError(
                 f"slurm.code_snapshot: cannot tell which files make up {top!r} to copy them; "
