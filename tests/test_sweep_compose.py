@@ -24,6 +24,12 @@ POINTS = [
     ["optim.lr=0.4", "data.batch_size=8", "slurm.setup=[module load x]"],
     ["trainer.max_steps=7"],
     ["model=gpt", "data=tokens", "data.dataset.seq_len=16"],  # model.block_size follows by interpolation
+    # A scalar over the last point's scalar is set without putting the composed value back first;
+    # the keys the point does not set still are put back.
+    ["trainer.seed=5", "optim.lr=0.6", "model.channels=[2,2]"],
+    ["optim.lr=0.7", "model.channels=[3]"],
+    ["optim.lr=null"],
+    ["model=gpt", "data=tokens", "data.dataset.seq_len=8"],
 ]
 
 
