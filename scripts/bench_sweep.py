@@ -12,9 +12,13 @@ each point count, in rotated order every round (the machine is noisy):
   prepare      the same with dry_run=true: everything before the first sbatch
 
 Printed: median and p90 seconds per case, ratios against `sbatch 8x` measured in the same run,
-and the median CPU seconds of each case's processes (sbatch's own, not slurmctld's).
+and the median CPU seconds of each case's processes (sbatch's own, not slurmctld's). The `submit`
+case counts the jobs Slurm queued (`squeue -r`: one per point, whether each point is its own job
+or a task of a job array) and fails unless every point is there.
 
-    python scripts/bench_sweep.py [--points 100 1000] [--rounds 3] [overrides ...]
+    python scripts/bench_sweep.py [--points 100 1000] [--rounds 3] [--cases ...] [overrides ...]
+
+`--cases prepare` needs no Slurm.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 PARALLELISM = 8  # slurm.submit_parallelism's default
+CASES = ["sbatch 1x", "sbatch 8x", "submit", "prepare"]
 Samples = dict[tuple[int, str], list[float]]  # (points, case) -> one value per round
 JOB_ID = re.compile(r"^Submitted batch job (\d+)$", re.MULTILINE)
 
@@ -73,6 +78,18 @@ def cancel(job_ids: list[str]) -> None:
             print(f"warning: scancel failed: {done.stderr.strip()}", file=sys.stderr)
 
 
+def queued(job_ids: list[str]) -> int:
+    """Jobs Slurm holds for these ids, array tasks one by one (squeue -r)."""
+    if not job_ids:
+        return 0
+    done = subprocess.run(
+        ["squeue", "-h", "-r", "-o", "%i", "-j", ",".join(job_ids)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        sys.exit(f"squeue failed ({done.returncode}): {done.stderr.strip()}")
+    return len(done.stdout.split())
+
+
 def children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -90,13 +107,14 @@ def timed(case: str, count: int, work: Path, script: Path, overrides: list[str])
     elif case == "sbatch 8x":
         job_ids = bare_sbatch(script, count, PARALLELISM)
     elif case == "submit":
-        job_ids = JOB_ID.findall(run([*sweep, "slurm.extra=[--hold]"], work))
+        job_ids = sorted(set(JOB_ID.findall(run([*sweep, "slurm.extra=[--hold]"], work))))
     else:
         run([*sweep, "dry_run=true"], work)
         job_ids = []
     elapsed, cpu = time.perf_counter() - start, children_cpu_s() - cpu_before
-    if case == "submit" and len(job_ids) != count:
-        sys.exit(f"hpctrain-submit printed {len(job_ids)} job ids for {count} points")
+    if case == "submit" and queued(job_ids) != count:
+        cancel(job_ids)
+        sys.exit(f"hpctrain-submit queued {queued(job_ids)} jobs (ids printed: {len(job_ids)}) for {count} points")
     cancel(job_ids)
     shutil.rmtree(sweep_dir, ignore_errors=True)
     return elapsed, cpu
@@ -111,11 +129,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--points", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=CASES, help="in this order, rotated every round")
     parser.add_argument("overrides", nargs="*", default=["cluster=devcluster"], help="for every hpctrain-submit")
     args = parser.parse_args()
-    if shutil.which("sbatch") is None:
+    cases = args.cases
+    if shutil.which("sbatch") is None and cases != ["prepare"]:
         sys.exit("no sbatch on PATH: start a cluster (scripts/devcluster.py up) and set SLURM_CONF")
-    cases = ["sbatch 1x", "sbatch 8x", "submit", "prepare"]
     work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     try:
         run([*submit_command(), "dry_run=true", f"hydra.run.dir={work / 'one'}", *args.overrides], work)
@@ -141,7 +160,7 @@ def report(times: Samples, cpus: Samples, counts: list[int], cases: list[str]) -
     time of the processes (a busy machine stretches wall time more than CPU time)."""
     print(f"\n{'points':>6}  {'case':10s} {'median':>8} {'p90':>8}  {'/ sbatch 8x':>11}  {'per point':>9}  {'CPU':>7}")
     for count in counts:
-        floor = statistics.median(times[count, "sbatch 8x"])
+        floor = statistics.median(times[count, "sbatch 8x"]) if (count, "sbatch 8x") in times else float("nan")
         for case in cases:
             median = statistics.median(times[count, case])
             print(

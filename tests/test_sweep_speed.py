@@ -3,10 +3,12 @@ the same typed Config, the same config.yaml, the same refusal for a bad value.""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
-from clitools import run_cli
+from clitools import cli_env, run_cli
 from conftest import describe
 from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
@@ -17,6 +19,8 @@ from hpctrain import config as hconfig
 from hpctrain.config import resolved_plain, resolved_yaml, to_typed
 from hpctrain.config.points import PointChecker, changed_paths
 from hydra_plugins.hpctrain_launcher.compose import sweep_configs
+
+TESTS = Path(__file__).parent
 
 # Each row: a point and whether the cheap check may serve it (the first point of a structure,
 # and a swapped `_target_`, get the full check).
@@ -129,3 +133,41 @@ def test_a_dry_run_sweep_writes_each_points_own_config(tmp_path: Path) -> None:
         assert str(run_dir) in (run_dir / "job.sbatch").read_text()
         seen.add((config.optim.lr, config.trainer.seed))
     assert seen == {(lr, seed) for lr in (0.1, 0.2, 0.3) for seed in (1, 2)}
+
+
+def counted_sweep(tmp_path: Path, points: int, cache: Path) -> dict[str, int]:
+    """The counts of tests/helpers/counted_submit.py for a dry-run sweep of `points` values."""
+    counts = tmp_path / f"counts-{points}.json"
+    env = cli_env()
+    env.update(HPCTRAIN_TEST_COUNTS=str(counts), HPCTRAIN_TARGET_CACHE=str(cache))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH", "")]))
+    lrs = ",".join(f"{1e-5 * (i + 1):.6g}" for i in range(points))
+    done = run_cli(
+        "helpers.counted_submit",
+        "-m",
+        f"optim.lr={lrs}",
+        "dry_run=true",
+        f"hydra.sweep.dir={tmp_path / f'sweep-{points}'}",
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, describe(done)
+    assert f"checked {points} points, 1 of them in full" in done.stdout + done.stderr, describe(done)
+    return json.loads(counts.read_text())
+
+
+def test_a_sweeps_costly_steps_do_not_grow_with_its_points(tmp_path: Path) -> None:
+    """Counts, not seconds (a busy machine stretches seconds): 10 and 40 points of one structure
+    compose, check in full, publish HydraConfig, compile the template and read YAML back the same
+    number of times; each further point dumps only its changed section and its overrides; and once
+    the target cache knows the targets, nothing imports torch."""
+    cache = tmp_path / "cache"
+    small, large = counted_sweep(tmp_path, 10, cache), counted_sweep(tmp_path, 40, cache)
+    for once in ("composed", "OmegaConf.to_object", "HydraConfig.set_config", "Jinja environments", "OmegaConf.load"):
+        assert large.get(once, 0) == small.get(once, 0), (once, small, large)
+    assert small["composed"] == 1 and small["Jinja environments"] == 1, small
+    assert large["renders"] - small["renders"] == 30  # one job.sbatch a point
+    per_point = (large["YAML characters dumped"] - small["YAML characters dumped"]) / 30
+    config_yaml = len((tmp_path / "sweep-40" / "0" / "config.yaml").read_text())
+    assert per_point < config_yaml / 5, (per_point, config_yaml)  # not the whole config.yaml a point
+    assert large.get("imported targets", 0) == 0 and large["torch imported"] == 0, large

@@ -90,12 +90,12 @@ def _describe(obj: Any) -> Description:
 
 
 def _store() -> Path | None:
-    """One file per Python (an entry's files belong to one installation)."""
+    """One file per Python environment (an entry's files belong to one installation)."""
     setting = os.environ.get(_ENV, "")
     if setting.lower() in ("off", "0", "false", "no"):
         return None
     folder = Path(setting) if setting else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hpctrain"
-    python = hashlib.sha256(f"{sys.executable}\n{sys.version}".encode()).hexdigest()[:12]
+    python = hashlib.sha256(f"{sys.prefix}\n{sys.version}".encode()).hexdigest()[:12]
     return folder / f"targets-{python}.json"
 
 
