@@ -171,3 +171,33 @@ def test_a_sweeps_costly_steps_do_not_grow_with_its_points(tmp_path: Path) -> No
     config_yaml = len((tmp_path / "sweep-40" / "0" / "config.yaml").read_text())
     assert per_point < config_yaml / 5, (per_point, config_yaml)  # not the whole config.yaml a point
     assert large.get("imported targets", 0) == 0 and large["torch imported"] == 0, large
+
+
+def test_a_sweeps_points_write_what_single_submissions_write(tmp_path: Path) -> None:
+    """Byte for byte: each point's config.yaml and job.sbatch (its own paths aside) are what
+    `hpctrain-submit` of the same overrides alone writes through the full check and a whole dump."""
+    # Hydra numbers the points with the last key varying fastest.
+    points = {
+        0: ["optim.lr=0.1", "trainer.seed=1"],
+        1: ["optim.lr=0.1", "trainer.seed=2"],
+        2: ["optim.lr=0.2", "trainer.seed=1"],
+    }
+    sweep_dir = tmp_path / "sweep"
+    done = run_cli(
+        "submit",
+        "-m",
+        "optim.lr=0.1,0.2",
+        "trainer.seed=1,2",
+        "dry_run=true",
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, describe(done)
+    for num, overrides in points.items():
+        alone = tmp_path / f"alone-{num}"
+        done = run_cli("submit", *overrides, "dry_run=true", f"hydra.run.dir={alone}", cwd=tmp_path)
+        assert done.returncode == 0, describe(done)
+        point = sweep_dir / str(num)
+        assert (point / "config.yaml").read_text() == (alone / "config.yaml").read_text(), overrides
+        script = (point / "job.sbatch").read_text().replace(str(sweep_dir / "code"), str(alone / "code"))
+        assert script.replace(str(point), str(alone)) == (alone / "job.sbatch").read_text(), overrides

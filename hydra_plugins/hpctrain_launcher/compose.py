@@ -78,6 +78,7 @@ class _Structure:
         # The same for every point of the structure (hydra.* overrides are structural): read once.
         hydra = config.hydra
         self.task = hydra.overrides._get_node("task")
+        self.override_dirname = hydra.job._get_node("override_dirname")
         dirname = hydra.job.config.override_dirname
         self.dirname = {"kv_sep": dirname.kv_sep, "item_sep": dirname.item_sep, "exclude_keys": dirname.exclude_keys}
 
@@ -126,8 +127,8 @@ def sweep_configs(
         structure.apply([o for o in parsed if not _structural(o, loader)])
         config = structure.config
         app = [o for o in parsed if not o.is_hydra_override()]
-        # Hydra's schema types the list (List[str]): set in place, it is checked as an assignment
-        # would check it, for half the cost.
-        structure.task._set_value([o.input_line for o in app])
-        config.hydra.job.override_dirname = get_overrides_dirname(overrides=app, **structure.dirname)
+        # Set on the nodes themselves: Hydra's schema types them (List[str], str) and each checks
+        # its value as an assignment through the config would, for a fraction of the cost.
+        structure.task._set_value([o.input_line for o in app])  # type: ignore[union-attr]
+        structure.override_dirname._set_value(get_overrides_dirname(overrides=app, **structure.dirname))  # type: ignore[union-attr]
         yield config
