@@ -98,6 +98,17 @@ class _Structure:
         ConfigLoaderImpl._apply_overrides_to_config(values, self.config)
 
 
+def _set_lines(task: Any, lines: list[str]) -> None:
+    """hydra.overrides.task := lines. A sweep's points mostly have as many lines as the last one:
+    each element node then takes its new line (a List[str] element checks it is a string), which
+    costs a tenth of making the list anew."""
+    if len(task) != len(lines):
+        task._set_value(lines)
+        return
+    for index, line in enumerate(lines):
+        task._get_node(index)._set_value(line)
+
+
 def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, (str, int, float, bool))
 
@@ -129,6 +140,6 @@ def sweep_configs(
         app = [o for o in parsed if not o.is_hydra_override()]
         # Set on the nodes themselves: Hydra's schema types them (List[str], str) and each checks
         # its value as an assignment through the config would, for a fraction of the cost.
-        structure.task._set_value([o.input_line for o in app])  # type: ignore[union-attr]
+        _set_lines(structure.task, [str(o.input_line) for o in app])
         structure.override_dirname._set_value(get_overrides_dirname(overrides=app, **structure.dirname))  # type: ignore[union-attr]
         yield config
