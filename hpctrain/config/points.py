@@ -100,13 +100,20 @@ def _interpolated_paths(node: Any, prefix: str = "") -> Iterator[str]:
 
 def _patched(reference: _Reference, cfg: DictConfig, keys: set[str]) -> dict[str, Any]:
     """This point's resolved config: the reference's, with the values that can differ resolved
-    again (the keys either point set, and every interpolation)."""
-    plain = copy.deepcopy(reference.plain)
+    again (the keys either point set, and every interpolation). Only the dicts on the way to
+    those values are copied; the rest is the reference's own (a deep copy of it all cost more
+    than the rest of the check): what this returns is read, never written into."""
+    plain = dict(reference.plain)
+    copied = {id(plain)}
     for path in sorted(keys | reference.dynamic):  # a parent before its children
         *parents, leaf = path.split(".")
         holder: Any = plain
         for part in parents:
-            holder = holder.get(part) if isinstance(holder, dict) else None
+            child = holder.get(part) if isinstance(holder, dict) else None
+            if isinstance(child, dict) and id(child) not in copied:
+                child = holder[part] = dict(child)
+                copied.add(id(child))
+            holder = child
         if not isinstance(holder, dict):
             raise _NotCheap
         try:
@@ -144,6 +151,8 @@ def derive(reference: _Reference, plain: dict[str, Any]) -> Config:
 
 def changed_paths(old: Any, new: Any, prefix: str = "") -> Iterator[str]:
     """Dotted paths of the leaves (or lists, or whole sections) that differ."""
+    if old is new:  # a section `_patched` shared with the reference: nothing to walk
+        return
     if isinstance(old, dict) and isinstance(new, dict):
         for key in old.keys() | new.keys():
             if key not in old or key not in new:
