@@ -89,7 +89,7 @@ def _run(command: list[str], timeout_s: float, stdin: str | None = None) -> subp
 
 def _squeue(job_ids: list[str], timeout_s: float, answer: SlurmAnswer) -> dict[str, SlurmJob]:
     # -r: one line per array task (`36_7`), never a pending array folded into `36_[7-9]`.
-    done = _run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", SQUEUE_FORMAT], timeout_s)
+    done = _run(["squeue", "-h", "-j", ",".join(job_ids), "-r", "-o", SQUEUE_FORMAT], timeout_s)
     if isinstance(done, str):
         answer.notes.append(f"{done}; states come from scontrol and the runs' journals")
         return {}
