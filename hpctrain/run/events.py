@@ -109,6 +109,25 @@ class Failure(Event):
 class Cancelled(Event):
     name: ClassVar[str] = "cancelled"
     step: int | None = None  # the newest checkpoint's step
+    # None: the batch shell's SIGTERM trap; "hpctrain-cancel": recorded by that command right
+    # after its scancel (a pending job never runs a trap). One cancel is recorded per life.
+    by: str | None = None
+
+
+# hpctrain-cancel's name in `cancelled` events (`by`).
+CANCELLED_BY_COMMAND = "hpctrain-cancel"
+
+
+@dataclass(frozen=True)
+class Retry(Event):
+    """`hpctrain-submit --retry` resubmitted this run dir's job.sbatch after its job ended
+    without finishing: the run resumes in job `job_id` from its newest checkpoint, with a new
+    restart budget window (budgets count from here; hpctrain.run.decide.lineage)."""
+
+    name: ClassVar[str] = "retry"
+    previous_job_id: str | None = None  # the job that ended without finishing
+    previous_state: str | None = None  # how it ended (Slurm's state, or the journal's word)
+    reason: str | None = None  # why it was picked, as the command printed it
 
 
 @dataclass(frozen=True)
@@ -119,7 +138,7 @@ class Finish(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.name: cls for cls in (Start, Checkpoint, ForcedSave, Requeue, Relaunch, Failure, Cancelled, Finish)
+    cls.name: cls for cls in (Start, Checkpoint, ForcedSave, Requeue, Relaunch, Failure, Cancelled, Retry, Finish)
 }
 
 

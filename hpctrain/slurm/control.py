@@ -33,6 +33,7 @@ from hpctrain.run.causes import Cause
 from hpctrain.run.decide import Decision, History, decide, decide_begin, decide_cancelled, lineage
 from hpctrain.run.events import Failure, Journal, read_events
 from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes, parse_time_left
+from hpctrain.run.jsonlines import locked
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm.env import parse_node_list
 
@@ -45,6 +46,9 @@ class Controller:
         self.journal = Journal(self.run.events)
         self.job_id = self.env.get("SLURM_JOB_ID", "")
         self.restart = int(self.env.get("SLURM_RESTART_COUNT", "0"))
+        # An array task's other name (`36_7`): what submission.json and hpctrain-cancel call it.
+        array = (self.env.get("SLURM_ARRAY_JOB_ID", ""), self.env.get("SLURM_ARRAY_TASK_ID", ""))
+        self.aliases = (f"{array[0]}_{array[1]}",) if all(array) else ()
 
     # ---- facts -----------------------------------------------------------------------------------
 
@@ -53,9 +57,9 @@ class Controller:
         return Budgets(dict(self.slurm.get("restart_budget", {})), None if total is None else int(total))
 
     def history(self, launched_at: float | None = None) -> History:
-        events = lineage(read_events(self.run.events), self.job_id)
+        events = lineage(read_events(self.run.events), self.job_id, self.aliases)
         since = () if launched_at is None else tuple(e for e in events if e.time >= launched_at)
-        return History(self.job_id, self.restart, events, since)
+        return History(self.job_id, self.restart, events, since, self.aliases)
 
     def cluster(self) -> ClusterView:
         original = self.env.get("SLURM_JOB_NODELIST", "")
@@ -127,8 +131,10 @@ class Controller:
         return " ".join([decision.action.value, ",".join(decision.excluded)]).strip()
 
     def cancelled(self) -> int:
-        """The shell's SIGTERM trap: record `cancelled` now, once per life."""
-        self._record(decide_cancelled(self.history()))
+        """The shell's SIGTERM trap: record `cancelled` now, once per life. Under the journal's
+        lock, as hpctrain-cancel records it: whichever comes second sees the other's record."""
+        with locked(self.run.events):
+            self._record(decide_cancelled(self.history()))
         return 0
 
     def requeue_refused(self, excluded: str, message: str) -> int:

@@ -67,6 +67,11 @@ def _expand(path: Path, limit: int, named: bool) -> list[Path]:
     return runs[:limit] if limit > 0 else runs
 
 
+def sweep_points(path: Path) -> list[Path]:
+    """A sweep dir's points (run dirs) in Hydra's numbering; [] for a folder that is no sweep dir."""
+    return _sweep_points(path)
+
+
 def _sweep_points(path: Path) -> list[Path]:
     """A sweep dir's points in Hydra's numbering (0, 1, ..., 10), not in the order 0, 1, 10."""
     if not (path / _SWEEP_FILE).is_file():
