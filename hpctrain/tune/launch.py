@@ -10,6 +10,7 @@ whose submissions keep failing ends instead of looping.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import optuna
@@ -33,8 +34,11 @@ class Filled:
     errors: list[str] = field(default_factory=list)  # one line per trial that could not be queued
 
 
-def fill(setup: StudySetup, by_job: str | None = None) -> Filled:
-    """Submit what `to_submit` allows now (the caller holds studies.study_lock)."""
+def fill(
+    setup: StudySetup, by_job: str | None = None, submit: Callable[[list[Point], int], list[str]] = submit_all
+) -> Filled:
+    """Submit what `to_submit` allows now (the caller holds studies.study_lock). `submit`:
+    hpctrain.slurm.submit.submit_all (all or nothing; one Slurm array once arrays land)."""
     settings = setup.settings
     filled = Filled()
     asked: list[optuna.Trial] = []
@@ -54,7 +58,7 @@ def fill(setup: StudySetup, by_job: str | None = None) -> Filled:
     if not points:
         return filled
     try:
-        job_ids = submit_all(points, setup.submit_parallelism)
+        job_ids = submit(points, setup.submit_parallelism)
     except sbatch.SbatchError as error:
         for trial in asked:
             _fail(setup, trial, f"not submitted: {error}", by_job, filled)
