@@ -37,11 +37,26 @@ def test_a_search_runs_to_its_end_after_the_command_returned(tmp_path: Path) -> 
     sweep = tmp_path / "search"
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "hpctrain.cli.tune", f"hydra.sweep.dir={sweep}", "cluster=devcluster", *TINY,
-         "optim.lr=float(1e-4,3e-1,log)", "tune.metric=eval_accuracy", "tune.direction=maximize",
-         f"tune.n_trials={TRIALS}", f"tune.parallel={PARALLEL}", "tune.pruner=median",
-         "tune.pruner_startup_trials=2", "tune.seed=3"],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "hpctrain.cli.tune",
+            f"hydra.sweep.dir={sweep}",
+            "cluster=devcluster",
+            *TINY,
+            "optim.lr=float(1e-4,3e-1,log)",
+            "tune.metric=eval_accuracy",
+            "tune.direction=maximize",
+            f"tune.n_trials={TRIALS}",
+            f"tune.parallel={PARALLEL}",
+            "tune.pruner=median",
+            "tune.pruner_startup_trials=2",
+            "tune.seed=3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     returned_s = time.monotonic() - started
     assert done.returncode == 0, done.stdout + done.stderr

@@ -117,11 +117,27 @@ START = Start(job_id="7", world_size=1)
 VERDICTS = [
     ((START, Finish(step=20, extra={"eval_loss": 0.5, "eval_accuracy": 0.9})), "finish", Verdict("COMPLETE", 0.5)),
     ((START, Pruned(step=10, metric="eval_loss", value=1.5)), "finish", Verdict("PRUNED", 1.5)),
-    ((START, Finish(step=20, extra={"loss": 0.5})), "finish", Verdict("FAIL", reason="tune.metric 'eval_loss' is not among the final metrics (loss)")),
-    ((START, Finish(step=20, extra={"eval_loss": float("nan")})), "finish", Verdict("FAIL", reason="eval_loss ended as nan, not a finite number")),
+    (
+        (START, Finish(step=20, extra={"loss": 0.5})),
+        "finish",
+        Verdict("FAIL", reason="tune.metric 'eval_loss' is not among the final metrics (loss)"),
+    ),
+    (
+        (START, Finish(step=20, extra={"eval_loss": float("nan")})),
+        "finish",
+        Verdict("FAIL", reason="eval_loss ended as nan, not a finite number"),
+    ),
     ((START,), "stop", Verdict("FAIL", reason="cancelled (scancel)")),
-    ((START, Failure(cause="user_error", message="data.path: no file")), "fail", Verdict("FAIL", reason="the run failed: user_error (data.path: no file)")),
-    ((START, Failure(cause="budget", reason="restart budget for crash spent")), "fail", Verdict("FAIL", reason="the run failed: budget (restart budget for crash spent)")),
+    (
+        (START, Failure(cause="user_error", message="data.path: no file")),
+        "fail",
+        Verdict("FAIL", reason="the run failed: user_error (data.path: no file)"),
+    ),
+    (
+        (START, Failure(cause="budget", reason="restart budget for crash spent")),
+        "fail",
+        Verdict("FAIL", reason="the run failed: budget (restart budget for crash spent)"),
+    ),
     ((), "fail", Verdict("FAIL", reason="the run ended (fail) without finishing")),
 ]
 

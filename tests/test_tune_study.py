@@ -55,8 +55,13 @@ def end_and_refill(root: str, number: int, start: multiprocessing.synchronize.Ba
 
 
 def test_trials_ending_at_once_never_exceed_the_budgets(tmp_path: Path) -> None:
-    tune = make_study(tmp_path / "sweep", "optim.lr=0.01", "+tune.params={optim.lr: 'float(1e-4,1e-1,log)'}",
-                      "tune.n_trials=6", "tune.parallel=4")
+    tune = make_study(
+        tmp_path / "sweep",
+        "optim.lr=0.01",
+        "+tune.params={optim.lr: 'float(1e-4,1e-1,log)'}",
+        "tune.n_trials=6",
+        "tune.parallel=4",
+    )
     with studies.study_lock(tune):
         first = fill(StudySetup.read(tune), submit=queued)
     assert first.job_ids == ["fake-0", "fake-1", "fake-2", "fake-3"] and not first.errors
@@ -86,8 +91,9 @@ def test_trials_ending_at_once_never_exceed_the_budgets(tmp_path: Path) -> None:
 def test_a_refused_trial_config_is_told_fail_and_the_search_goes_on(tmp_path: Path) -> None:
     # A trial's config refused on the compute node (here: base.yaml's dataset made unimportable
     # after hpctrain-tune checked it) fails that trial, not the search.
-    tune = make_study(tmp_path / "sweep", "+tune.params={data.batch_size: 'choice(8,16)'}", "tune.n_trials=3",
-                      "tune.parallel=2")
+    tune = make_study(
+        tmp_path / "sweep", "+tune.params={data.batch_size: 'choice(8,16)'}", "tune.n_trials=3", "tune.parallel=2"
+    )
     base = tune.base.read_text().replace("_target_: hpctrain.data.digits", "_target_: hpctrain.data.no_such_module")
     tune.base.write_text(base)
     with studies.study_lock(tune):
@@ -111,8 +117,9 @@ def test_the_trainer_prunes_a_trial_at_an_evaluation_step(tmp_path: Path) -> Non
     # One earlier trial that did far better at every evaluation step: the median to beat.
     distribution = {"optim.lr": optuna.distributions.FloatDistribution(1e-4, 1e-3, log=True)}
     studies.load(tune, settings).add_trial(
-        optuna.trial.create_trial(params={"optim.lr": 1e-3}, distributions=distribution, value=0.99,
-                                  intermediate_values={5: 0.99, 10: 0.99})
+        optuna.trial.create_trial(
+            params={"optim.lr": 1e-3}, distributions=distribution, value=0.99, intermediate_values={5: 0.99, 10: 0.99}
+        )
     )
     with studies.study_lock(tune):
         filled = fill(StudySetup.read(tune), submit=queued)

@@ -67,15 +67,20 @@ def check_space(cfg: DictConfig, resolved: DictConfig, space: list[Param]) -> No
     a follower would keep the base value), and the space's edges pass the config's checks."""
     from hpctrain.tune.trials import check_params
 
-    unresolved = OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
+    unresolved = OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"]))
     missing = object()
     for param in space:
         where = f"tune.params.{param.key}"
         if OmegaConf.select(resolved, param.key, default=missing) is missing:
-            fail(f"{where}: {param.key} is not a key of the config; tune a key that exists (see hpctrain-train --cfg job)")
+            fail(
+                f"{where}: {param.key} is not a key of the config; tune a key that exists"
+                " (hpctrain-train --cfg job lists them)"
+            )
         if "${" + param.key + "}" in unresolved or "${" + param.key + "." in unresolved:
-            fail(f"{where}: another key follows {param.key} by interpolation (${{{param.key}}}); tune that key too "
-                 "or set it explicitly")
+            fail(
+                f"{where}: another key follows {param.key} by interpolation (${{{param.key}}}); tune that key too "
+                "or set it explicitly"
+            )
         for value in param.edges():
             try:
                 check_params(resolved, {param.key: value})
@@ -88,13 +93,19 @@ def check_settings(config: Any) -> None:
     if tune.metric not in KNOWN_METRICS:
         fail(f"tune.metric: {tune.metric!r} is not logged in metrics.jsonl; use one of {', '.join(KNOWN_METRICS)}")
     if tune.pruner != "none" and config.trainer.eval_every == 0:
-        fail("tune.pruner: the pruner judges trials at evaluation steps; set trainer.eval_every > 0 or tune.pruner=none")
+        fail(
+            "tune.pruner: the pruner judges trials at evaluation steps; set trainer.eval_every > 0 or tune.pruner=none"
+        )
     if tune.pruner != "none" and not tune.metric.startswith("eval_"):
-        fail(f"tune.pruner: prunes on evaluation metrics; set tune.metric to eval_loss or eval_accuracy "
-             f"(got {tune.metric}) or tune.pruner=none")
+        fail(
+            f"tune.pruner: prunes on evaluation metrics; set tune.metric to eval_loss or eval_accuracy "
+            f"(got {tune.metric}) or tune.pruner=none"
+        )
     if config.dry_run:
-        fail("dry_run: hpctrain-tune queues trials as they end and has no dry run; "
-             "hpctrain-submit dry_run=true shows a job script")
+        fail(
+            "dry_run: hpctrain-tune queues trials as they end and has no dry run; "
+            "hpctrain-submit dry_run=true shows a job script"
+        )
 
 
 def write_study(tune: TuneDir, cfg: DictConfig, overrides: list[str]) -> list[Param]:
@@ -125,8 +136,14 @@ def write_study(tune: TuneDir, cfg: DictConfig, overrides: list[str]) -> list[Pa
         chosen = [str(c) for p in space if p.key.endswith("_target_") for c in p.choices]
         code.include([*targets_in(OmegaConf.to_container(resolved)), *chosen], Path(os.getcwd()))
         code_dir = str(code.folder)
-    record = {"study_name": config.tune.study_name, "submit_dir": os.getcwd(), "code": code_dir,
-              "created_at": round(time.time(), 3), "hpctrain_version": __version__, "overrides": overrides}
+    record = {
+        "study_name": config.tune.study_name,
+        "submit_dir": os.getcwd(),
+        "code": code_dir,
+        "created_at": round(time.time(), 3),
+        "hpctrain_version": __version__,
+        "overrides": overrides,
+    }
     tune.study.write_text(json.dumps(record, indent=2) + "\n")
     studies.create(tune, config.tune)
     return space
@@ -141,7 +158,9 @@ def _main(cfg: DictConfig) -> None:
         fail(f"{tune.root} holds files already (a study?); pick a new hydra.sweep.dir=...")
     overrides = [str(o) for o in HydraConfig.get().overrides.task]
     with open_dict(cfg):
-        cfg.tune.params = {**OmegaConf.to_container(cfg.tune.params), **_space_from_argv}
+        from_config = OmegaConf.to_container(cfg.tune.params)
+        assert isinstance(from_config, dict)
+        cfg.tune.params = {**from_config, **_space_from_argv}
     overrides += [f"tune.params.{k}={v}" for k, v in _space_from_argv.items()]
     try:
         write_study(tune, cfg, overrides)

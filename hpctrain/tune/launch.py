@@ -65,8 +65,17 @@ def fill(
         return filled
     for trial, point, job_id in zip(asked, points, job_ids):
         trial.set_user_attr("job_id", job_id)
-        _record(setup, Trial(job_id=job_id, number=trial.number, state="RUNNING", params=trial.params,
-                             run_dir=str(point.run.root), by_job=by_job))
+        _record(
+            setup,
+            Trial(
+                job_id=job_id,
+                number=trial.number,
+                state="RUNNING",
+                params=trial.params,
+                run_dir=str(point.run.root),
+                by_job=by_job,
+            ),
+        )
     filled.points, filled.job_ids = points, job_ids
     return filled
 
@@ -75,8 +84,9 @@ def _fail(setup: StudySetup, trial: optuna.Trial, reason: str, by_job: str | Non
     trial.set_user_attr("reason", reason)
     studies.load(setup.tune, setup.settings).tell(trial.number, state=TrialState.FAIL)
     run = RunDir(setup.tune.trial_dir(trial.number))
-    record = Trial(number=trial.number, state="FAIL", params=trial.params, run_dir=str(run.root), reason=reason,
-                   by_job=by_job)
+    record = Trial(
+        number=trial.number, state="FAIL", params=trial.params, run_dir=str(run.root), reason=reason, by_job=by_job
+    )
     _record(setup, record)
     if run.root.is_dir():
         Journal(run.events).write_event(record)

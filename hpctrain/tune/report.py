@@ -59,8 +59,11 @@ def judge(events: Sequence[Event], action: str, metric: str) -> Verdict:
     failures = [e for e in events if isinstance(e, Failure)]
     if failures:
         last = failures[-1]
-        return Verdict("FAIL", reason=f"the run failed: {last.cause}" + (f" ({last.message or last.reason})"
-                                                                          if last.message or last.reason else ""))
+        return Verdict(
+            "FAIL",
+            reason=f"the run failed: {last.cause}"
+            + (f" ({last.message or last.reason})" if last.message or last.reason else ""),
+        )
     return Verdict("FAIL", reason=f"the run ended ({action}) without finishing")
 
 
@@ -136,9 +139,19 @@ def _tell(run: RunDir, setup: StudySetup, action: str, job: str | None) -> None:
         study.tell(number, verdict.value)
     else:
         study.tell(number, state=TrialState[verdict.state])
-    told = Trial(job_id=job, number=number, state=verdict.state, value=verdict.value, params=trial.params,
-                 run_dir=str(run.root), reason=verdict.reason, by_job=job)
+    told = Trial(
+        job_id=job,
+        number=number,
+        state=verdict.state,
+        value=verdict.value,
+        params=trial.params,
+        run_dir=str(run.root),
+        reason=verdict.reason,
+        by_job=job,
+    )
     Journal(setup.tune.events).write_event(told)
     Journal(run.events).write_event(told)
     value = f" {setup.settings.metric}={verdict.value:g}" if verdict.value is not None else ""
-    print(f"hpctrain-tune: trial {number} told {verdict.state}{value}" + (f": {verdict.reason}" if verdict.reason else ""))
+    print(
+        f"hpctrain-tune: trial {number} told {verdict.state}{value}" + (f": {verdict.reason}" if verdict.reason else "")
+    )

@@ -75,7 +75,9 @@ def parse_space(params: dict[str, Any]) -> list[Param]:
 def parse_param(key: str, spec: Any) -> Param:
     where = f"tune.params.{key}"
     if not re.fullmatch(r"[A-Za-z_][\w.]*", key) or key.startswith("tune.") or ".." in key or key.endswith("."):
-        raise ValueError(f"{where}: {key!r} is not a config key to tune (like optim.lr); the tune section itself cannot be tuned")
+        raise ValueError(
+            f"{where}: {key!r} is not a config key to tune (like optim.lr); the tune section itself cannot be tuned"
+        )
     if isinstance(spec, str):
         return _from_string(key, spec, where)
     if isinstance(spec, dict):
@@ -108,7 +110,9 @@ def _from_string(key: str, spec: str, where: str) -> Param:
 def _from_dict(key: str, spec: dict[str, Any], where: str) -> Param:
     unknown = set(spec) - {"type", "low", "high", "log", "step", "choices"}
     if unknown:
-        raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}; use type, low, high, log, step, choices")
+        raise ValueError(
+            f"{where}: unknown field(s) {', '.join(sorted(unknown))}; use type, low, high, log, step, choices"
+        )
     kind = spec.get("type")
     if kind not in KINDS:
         raise ValueError(f"{where}.type: must be one of {', '.join(KINDS)} (got {kind!r})")

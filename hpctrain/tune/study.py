@@ -26,9 +26,9 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import FrozenTrial, TrialState
 
+from hpctrain.config.tune import TuneConfig
 from hpctrain.run.paths import TuneDir
 from hpctrain.tune.budget import Counts
-from hpctrain.config.tune import TuneConfig
 from hpctrain.tune.space import Param
 
 # A holder of the study lock silent for this long is taken as dead (its node failed mid-way):
@@ -76,7 +76,7 @@ def create(tune: TuneDir, settings: TuneConfig) -> optuna.Study:
     return optuna.create_study(
         storage=storage(tune),
         study_name=settings.study_name,
-        direction=settings.direction,
+        direction=optuna.study.StudyDirection[settings.direction.upper()],
         sampler=sampler(settings, 0),
         pruner=pruner(settings),
     )
