@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import subprocess
+import sys
 from pathlib import Path
 
 import optuna
@@ -140,3 +142,15 @@ def test_the_trainer_prunes_a_trial_at_an_evaluation_step(tmp_path: Path) -> Non
     _tell(run, setup, "finish", "fake-1")
     assert studies.load(tune, settings).get_trials()[1].state == TrialState.PRUNED
     assert [e["state"] for e in read_jsonl(run.events) if e["event"] == "trial"] == ["PRUNED"]
+
+
+def test_without_optuna_the_command_names_the_pip_command(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['optuna'] = None; "
+        f"sys.argv = ['hpctrain-tune', 'hydra.sweep.dir={tmp_path / 'sweep'}', 'optim.lr=float(1e-4,1e-1)']; "
+        "from hpctrain.cli.tune import main; main()"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'hpctrain[tune]'" in done.stderr and done.stderr.startswith("error: hpctrain-tune needs Optuna")
+    assert not (tmp_path / "sweep").exists()

@@ -152,10 +152,14 @@ def write_study(tune: TuneDir, cfg: DictConfig, overrides: list[str]) -> list[Pa
 @hydra.main(version_base="1.3", config_path="pkg://hpctrain.conf", config_name="tune")
 def _main(cfg: DictConfig) -> None:
     logs.setup(rank=0)
-    require_optuna()
     tune = TuneDir(Path(HydraConfig.get().runtime.output_dir).resolve())
     if tune.is_study() or not is_fresh(tune.root):
         fail(f"{tune.root} holds files already (a study?); pick a new hydra.sweep.dir=...")
+    try:
+        require_optuna()
+    except SystemExit:
+        discard_if_empty(tune.root)  # made by Hydra for this command: nothing of it stays
+        raise
     overrides = [str(o) for o in HydraConfig.get().overrides.task]
     with open_dict(cfg):
         from_config = OmegaConf.to_container(cfg.tune.params)
