@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurmtools import job_output, job_state, start_cluster
+from slurmtools import job_output, start_cluster, wait_finished
 
 pytestmark = pytest.mark.slurm
 
@@ -100,7 +100,8 @@ def test_a_search_runs_to_its_end_after_the_command_returned(tmp_path: Path) -> 
         assert names[0] == "start" and names.count("trial") == 1, (run_dir, names)  # told once
         told = next(e for e in events if e["event"] == "trial")
         assert told["state"] == trial["state"]
-        assert job_state(env, trial["job_id"]) == "COMPLETED", job_output(run_dir)
+        # Told before its job ends: the control step writes tune.json, then the batch script exits.
+        assert wait_finished(env, trial["job_id"], timeout_s=60) == "COMPLETED", job_output(run_dir)
         if trial["state"] == "PRUNED":
             assert "pruned" in names and "finish" not in names
         else:
