@@ -137,8 +137,37 @@ class Finish(Event):
     step: int = 0  # final metrics are in `extra` (eval_accuracy, eval_loss, loss, ...)
 
 
+@dataclass(frozen=True)
+class Pruned(Event):
+    """hpctrain-tune: the study's pruner stopped this trial at an evaluation step; a checkpoint
+    of that step was saved and the job ends COMPLETED."""
+
+    name: ClassVar[str] = "pruned"
+    always: ClassVar[tuple[str, ...]] = ()
+    step: int = 0
+    metric: str = ""  # tune.metric
+    value: float | None = None  # its value at that step, the last one reported to the study
+
+
+@dataclass(frozen=True)
+class Trial(Event):
+    """hpctrain-tune: a trial of the study submitted or told, in the sweep dir's tune.jsonl and
+    (once told) in the trial's own events.jsonl."""
+
+    name: ClassVar[str] = "trial"
+    always: ClassVar[tuple[str, ...]] = ()
+    number: int = 0  # the trial's number in the study (its run dir is <sweep dir>/<number>)
+    state: str = ""  # RUNNING (submitted), COMPLETE, PRUNED or FAIL (told)
+    value: float | None = None  # the objective told to the study
+    params: dict[str, Any] | None = None
+    run_dir: str | None = None
+    reason: str | None = None  # why it failed (a failed run, a refused submission)
+    by_job: str | None = None  # the job that submitted or told it (None: hpctrain-tune itself)
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.name: cls for cls in (Start, Checkpoint, ForcedSave, Requeue, Relaunch, Failure, Cancelled, Retry, Finish)
+    cls.name: cls
+    for cls in (Start, Checkpoint, ForcedSave, Requeue, Relaunch, Failure, Cancelled, Retry, Finish, Pruned, Trial)
 }
 
 

@@ -114,7 +114,10 @@ class Controller:
         if decision is None:
             return 0
         self._record(decision)
-        return exitcodes.CONTROL_BUDGET_SPENT if decision.action.value == "fail" else 0
+        if decision.action.value == "fail":
+            self._trial_ended("fail")
+            return exitcodes.CONTROL_BUDGET_SPENT
+        return 0
 
     def after_step(
         self,
@@ -128,6 +131,8 @@ class Controller:
         outcome = self.outcome(exit_code, terminated, warned, excluded)
         decision = decide(self.history(launched_at), outcome, self.cluster(), self.budgets())
         self._record(decision)
+        if decision.action.value in ("finish", "fail", "stop"):
+            self._trial_ended(decision.action.value)
         return " ".join([decision.action.value, ",".join(decision.excluded)]).strip()
 
     def cancelled(self) -> int:
@@ -173,6 +178,7 @@ class Controller:
             )
         )
         print(f"hpctrain: {reason}; submitting again failed: {why}", file=sys.stderr)
+        self._trial_ended("fail")
         return exitcodes.BATCH_FAILED
 
     def _requeued_anyway(self) -> bool:
@@ -191,6 +197,14 @@ class Controller:
         if done.returncode != 0 or not job_id.isdigit():
             return None, (done.stderr.strip() or done.stdout.strip() or f"sbatch exited {done.returncode}")
         return job_id, ""
+
+    def _trial_ended(self, action: str) -> None:
+        """A trial of hpctrain-tune's study (trial.json in its run dir) has ended: tell the study
+        and submit the next trials. Other runs pay one stat() and import nothing."""
+        if self.run.trial.is_file():
+            from hpctrain.tune.report import trial_ended
+
+            trial_ended(self.run.root, action)
 
     def _record(self, decision: Decision) -> None:
         for event in decision.events:
