@@ -23,7 +23,8 @@ SQUEUE_FORMAT = "%i|%T|%r"
 SACCT_FIELDS = "JobIDRaw,State"
 # What sacct says (exit 1) on a cluster without slurmdbd: normal, not worth a note.
 ACCOUNTING_DISABLED = "accounting storage is disabled"
-_JOB_ID = re.compile(r"^\d+$")
+# A job (`36`) or an array task (`36_7`): squeue, sacct, scancel take both.
+_JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
 # One `scontrol -o show job` record. JobName comes before these fields and may hold any text,
 # so they are matched as the run of fields Slurm always prints together. Reason may hold spaces.
 _SCONTROL_ID = re.compile(r"^(?:scontrol: )?JobId=(\d+) ")
@@ -45,17 +46,20 @@ class SlurmJob:
 class SlurmAnswer:
     jobs: dict[str, SlurmJob] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # one line each, for the user
+    # squeue answered: a job it does not list is neither queued nor running (what a retry or
+    # a cancel must know for sure).
+    squeue_answered: bool = False
 
 
 def query(job_ids: list[str], timeout_s: float = TIMEOUT_S) -> SlurmAnswer:
     answer = SlurmAnswer()
-    wanted = sorted({j for j in job_ids if _JOB_ID.match(j)}, key=int)
+    wanted = sorted({j for j in job_ids if _JOB_ID.match(j)}, key=lambda j: tuple(map(int, j.split("_"))))
     if not wanted:
         return answer
     if shutil.which("squeue") is None:
         answer.notes.append("squeue not found on PATH: states come from the runs' own journals")
     else:
-        answer.jobs.update(_squeue(wanted, timeout_s, answer.notes))
+        answer.jobs.update(_squeue(wanted, timeout_s, answer))
     left = [j for j in wanted if j not in answer.jobs]
     if left and shutil.which("sacct") is not None:
         answer.jobs.update(_sacct(left, timeout_s, answer.notes))
@@ -83,17 +87,18 @@ def _run(command: list[str], timeout_s: float, stdin: str | None = None) -> subp
         return f"{command[0]}: {error.strerror or error}"
 
 
-def _squeue(job_ids: list[str], timeout_s: float, notes: list[str]) -> dict[str, SlurmJob]:
-    done = _run(["squeue", "-h", "-j", ",".join(job_ids), "-o", SQUEUE_FORMAT], timeout_s)
+def _squeue(job_ids: list[str], timeout_s: float, answer: SlurmAnswer) -> dict[str, SlurmJob]:
+    # -r: one line per array task (`36_7`), never a pending array folded into `36_[7-9]`.
+    done = _run(["squeue", "-h", "-j", ",".join(job_ids), "-r", "-o", SQUEUE_FORMAT], timeout_s)
     if isinstance(done, str):
-        notes.append(f"{done}; states come from scontrol and the runs' journals")
+        answer.notes.append(f"{done}; states come from scontrol and the runs' journals")
         return {}
-    if done.returncode != 0:
-        # Asked about a single job it no longer lists, squeue fails with "Invalid job id
-        # specified"; about several, it lists those it knows. Both mean: not queued.
-        if "Invalid job id" not in done.stderr:
-            notes.append(f"squeue failed: {_first_line(done)}")
+    # Asked about a single job it no longer lists, squeue fails with "Invalid job id
+    # specified"; about several, it lists those it knows. Both mean: not queued.
+    if done.returncode != 0 and "Invalid job id" not in done.stderr:
+        answer.notes.append(f"squeue failed: {_first_line(done)}")
         return {}
+    answer.squeue_answered = True
     jobs = {}
     for line in done.stdout.splitlines():
         parts = line.strip().split("|", 2)
