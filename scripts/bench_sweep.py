@@ -11,6 +11,10 @@ each point count, in rotated order every round (the machine is noisy):
                render, write the run dirs, sbatch every point, print the job ids
   prepare      the same with dry_run=true: everything before the first sbatch
 
+After each case its jobs are cancelled and its run dirs removed, then the machine settles
+(`os.sync()` and a pause, --settle-s): right after 1000 run dirs were removed, creating the next
+1000 took up to twice as long.
+
 Printed: median and p90 seconds per case, ratios against `sbatch 8x` measured in the same run,
 and the median CPU seconds of each case's processes (sbatch's own, not slurmctld's). The `submit`
 case counts the jobs Slurm queued (`squeue -r`: one per point, whether each point is its own job
@@ -95,7 +99,9 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(case: str, count: int, work: Path, script: Path, overrides: list[str]) -> tuple[float, float]:
+def timed(
+    case: str, count: int, work: Path, script: Path, overrides: list[str], settle_s: float
+) -> tuple[float, float]:
     """One case: (seconds from start to shell back, CPU seconds of the processes it ran);
     its jobs are cancelled afterwards (not timed)."""
     lrs = ",".join(f"{1e-5 * (i + 1):.6g}" for i in range(count))
@@ -117,7 +123,15 @@ def timed(case: str, count: int, work: Path, script: Path, overrides: list[str])
         sys.exit(f"hpctrain-submit queued {queued(job_ids)} jobs (ids printed: {len(job_ids)}) for {count} points")
     cancel(job_ids)
     shutil.rmtree(sweep_dir, ignore_errors=True)
+    settle(settle_s)
     return elapsed, cpu
+
+
+def settle(seconds: float) -> None:
+    """Not timed: let the file system write back and free what the last case made and removed
+    (1000 run dirs), and slurmctld record the cancellations, before the next case starts."""
+    os.sync()
+    time.sleep(seconds)
 
 
 def p90(values: list[float]) -> float:
@@ -129,6 +143,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--points", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--settle-s", type=float, default=2.0, help="pause after each case's cleanup (not timed)")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=CASES, help="in this order, rotated every round")
     parser.add_argument("overrides", nargs="*", default=["cluster=devcluster"], help="for every hpctrain-submit")
     args = parser.parse_args()
@@ -145,7 +160,7 @@ def main() -> None:
             for count in args.points:
                 shift = round_index % len(cases)
                 for case in cases[shift:] + cases[:shift]:
-                    seconds, cpu = timed(case, count, work, script, args.overrides)
+                    seconds, cpu = timed(case, count, work, script, args.overrides, args.settle_s)
                     times.setdefault((count, case), []).append(seconds)
                     cpus.setdefault((count, case), []).append(cpu)
                     print(f"round {round_index + 1} {count:5d} points  {case:10s} {seconds:7.2f}s (CPU {cpu:.2f}s)")
