@@ -20,6 +20,7 @@ from hpctrain import config as hconfig
 from hpctrain.config import resolved_plain, resolved_yaml, to_typed
 from hpctrain.config.points import PointChecker, changed_paths
 from hydra_plugins.hpctrain_launcher.compose import sweep_configs
+from hydra_plugins.hpctrain_launcher.launcher import _resolved
 
 TESTS = Path(__file__).parent
 
@@ -207,3 +208,15 @@ def test_a_sweeps_points_write_what_single_submissions_write(tmp_path: Path) -> 
         assert (point / "config.yaml").read_text() == (alone / "config.yaml").read_text(), overrides
         script = (point / "job.sbatch").read_text().replace(str(sweep_dir / "code"), str(alone / "code"))
         assert script.replace(str(point), str(alone)) == (alone / "job.sbatch").read_text(), overrides
+
+
+@pytest.mark.parametrize("subdir", ["3", "a/b", "..", "linked", "x"])
+def test_a_points_output_dir_is_what_path_resolve_gives(tmp_path: Path, subdir: str) -> None:
+    """The launcher resolves the sweep dir once; its points' run dirs must still come out as
+    Path.resolve() says, through symbolic links too."""
+    (tmp_path / "real" / "elsewhere").mkdir(parents=True)
+    (tmp_path / "via").symlink_to(tmp_path / "real")  # the sweep dir is reached through a link
+    (tmp_path / "real" / "linked").symlink_to(tmp_path / "real" / "elsewhere")
+    sweep_dir = tmp_path / "via"
+    run_dir = sweep_dir / subdir
+    assert _resolved(run_dir, sweep_dir, sweep_dir.resolve()) == run_dir.resolve()
