@@ -107,6 +107,25 @@ class RunDir:
         return str(job_id) if job_id else None
 
 
+@dataclass(frozen=True)
+class SweepArrays:
+    """A sweep's job arrays (slurm.array): array number `k` is queued from `script(k)`, whose task
+    `t` trains in the run dir the relative symlink `links(k)/t` points to. Its --output goes
+    through that link, so each task's SLURM_OUTPUT_PATTERN file lands in its own run dir."""
+
+    sweep: Path
+
+    @property
+    def folder(self) -> Path:
+        return self.sweep / ".array"
+
+    def script(self, k: int) -> Path:
+        return self.folder / f"array-{k}.sbatch"
+
+    def links(self, k: int) -> Path:
+        return self.folder / f"array-{k}"
+
+
 # checkpoints/step_XXXXXXXX.pt with its step_XXXXXXXX.json, written last: a checkpoint counts
 # from the moment its .json exists. Here, not in hpctrain.checkpoint, so that tools reading run
 # dirs (hpctrain-status, the submit checks) need no torch.

@@ -35,6 +35,7 @@ from hpctrain.run.events import Failure, Journal, read_events
 from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes, parse_time_left
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm.env import parse_node_list
+from hpctrain.slurm.jobid import job_of
 
 
 class Controller:
@@ -43,7 +44,8 @@ class Controller:
         self.env = dict(os.environ) if env is None else env
         self.slurm = OmegaConf.load(self.run.config).get("slurm", {})
         self.journal = Journal(self.run.events)
-        self.job_id = self.env.get("SLURM_JOB_ID", "")
+        # `<array>_<task>` in an array task: its SLURM_JOB_ID may name the whole array.
+        self.job_id = job_of(self.env)
         self.restart = int(self.env.get("SLURM_RESTART_COUNT", "0"))
 
     # ---- facts -----------------------------------------------------------------------------------
