@@ -107,7 +107,8 @@ def assoc_limits(text: str, cluster: str, account: str | None) -> tuple[Limit | 
         return (
             Limit(submit, f"{name} (MaxSubmitJobs)") if submit is not None else None,
             Limit(running, f"{name} (MaxJobs)") if running is not None else None,
-            parts[7] or None,
+            # No DefaultQOS: a job gets the association's only QOS (Slurm's default is `normal`).
+            parts[7] or (parts[6] if parts[6] and "," not in parts[6] else None),
         )
     return None, None, None
 

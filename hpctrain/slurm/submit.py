@@ -111,10 +111,10 @@ def submit_all(points: list[Point], parallelism: int) -> list[str]:
     of array 36."""
     if not points:
         return []
-    sbatch.sbatch_path()  # say "no sbatch" once, before anything else happens
     batches: list[_Batch] = []
     job_ids: list[str | None] = []
     try:
+        sbatch.sbatch_path()  # say "no sbatch" once, before anything else happens
         batches = _plan(points)
         job_ids = [None] * len(batches)
         job_ids[0] = sbatch.submit(batches[0].script)
