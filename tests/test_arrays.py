@@ -136,7 +136,9 @@ L = Limits(1001)
         (3, L, 4, None, None),
     ],
 )
-def test_limits_table(points: int, given: Limits, parallelism: int | None, refusal: str | None, note: str | None) -> None:
+def test_limits_table(
+    points: int, given: Limits, parallelism: int | None, refusal: str | None, note: str | None
+) -> None:
     verdict = check(points, given, parallelism)
     assert (verdict.refusal is None) == (refusal is None) and (verdict.note is None) == (note is None)
     assert refusal is None or refusal in (verdict.refusal or "")

@@ -194,14 +194,16 @@ def read_limits(account: str | None, qos: str | None) -> Limits:
 def _accounting_limits(cluster: str, account: str | None, qos: str | None) -> tuple[Limit | None, Limit | None]:
     user = _user()
     fields = "Cluster,Account,User,Partition,MaxSubmit,MaxJobs,QOS,DefaultQOS"
-    done = _ask(["sacctmgr", "-n", "-P", "show", "assoc", f"where user={user}", f"format={fields}"])
+    done = _ask(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", f"format={fields}"])
     why = _failure(done)
     if why is not None or isinstance(done, str):
         log.info("sacctmgr gave no associations (%s): no submit limit checked", why)
         return None, None
     assoc_submit, assoc_running, default_qos = assoc_limits(done.stdout, cluster, account)
     job_qos = qos or default_qos or "normal"
-    done = _ask(["sacctmgr", "-n", "-P", "show", "qos", f"where name={job_qos}", "format=Name,MaxSubmitPU,MaxJobsPU"])
+    done = _ask(
+        ["sacctmgr", "-n", "-P", "show", "qos", "where", f"name={job_qos}", "format=Name,MaxSubmitPU,MaxJobsPU"]
+    )
     why = _failure(done)
     if why is not None or isinstance(done, str):
         log.info("sacctmgr gave no QOS %s (%s): only the association's limits are checked", job_qos, why)
