@@ -90,6 +90,9 @@ class RunDir:
             record = {}
         earlier = record.get("job_id")
         record.update(job_id=job_id, resubmitted_from=[*record.get("resubmitted_from", []), earlier])
+        # The new job is no array task (it runs job.sbatch alone): the array's fields went with the old one.
+        for key in ("array_job_id", "array_task_id", "array_script"):
+            record.pop(key, None)
         tmp = self.submission.with_name(self.submission.name + ".tmp")
         tmp.write_text(json.dumps(record, indent=2) + "\n")
         os.replace(tmp, self.submission)
