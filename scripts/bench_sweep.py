@@ -8,7 +8,9 @@ each point count, in rotated order every round (the machine is noisy):
   sbatch 1x    N bare `sbatch --parsable --hold` calls of a rendered hpctrain job script, one at a time
   sbatch 8x    the same, `slurm.submit_parallelism` (8) at a time, as hpctrain-submit calls them
   submit       `hpctrain-submit -m optim.lr=<N values> slurm.extra=[--hold]`: compose, check,
-               render, write the run dirs, sbatch every point, print the job ids
+               render, write the run dirs, read the site's limits, queue the sweep as one job
+               array (slurm.array), print the ids
+  submit jobs  the same with slurm.array=false: one sbatch per point, as before arrays
   prepare      the same with dry_run=true: everything before the first sbatch
 
 Printed: median and p90 seconds per case, ratios against `sbatch 8x` measured in the same run,
@@ -89,14 +91,17 @@ def timed(case: str, count: int, work: Path, script: Path, overrides: list[str])
         job_ids = bare_sbatch(script, count, 1)
     elif case == "sbatch 8x":
         job_ids = bare_sbatch(script, count, PARALLELISM)
-    elif case == "submit":
-        job_ids = JOB_ID.findall(run([*sweep, "slurm.extra=[--hold]"], work))
+    elif case.startswith("submit"):
+        jobs = ["slurm.array=false"] if case == "submit jobs" else []
+        printed = run([*sweep, "slurm.extra=[--hold]", *jobs], work)
+        job_ids = JOB_ID.findall(printed)  # an array's id cancels all its tasks
+        points = printed.count("  run dir: ")
     else:
         run([*sweep, "dry_run=true"], work)
         job_ids = []
     elapsed, cpu = time.perf_counter() - start, children_cpu_s() - cpu_before
-    if case == "submit" and len(job_ids) != count:
-        sys.exit(f"hpctrain-submit printed {len(job_ids)} job ids for {count} points")
+    if case.startswith("submit") and points != count:
+        sys.exit(f"hpctrain-submit printed {points} run dirs for {count} points")
     cancel(job_ids)
     shutil.rmtree(sweep_dir, ignore_errors=True)
     return elapsed, cpu
@@ -115,7 +120,7 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("sbatch") is None:
         sys.exit("no sbatch on PATH: start a cluster (scripts/devcluster.py up) and set SLURM_CONF")
-    cases = ["sbatch 1x", "sbatch 8x", "submit", "prepare"]
+    cases = ["sbatch 1x", "sbatch 8x", "submit", "submit jobs", "prepare"]
     work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     try:
         run([*submit_command(), "dry_run=true", f"hydra.run.dir={work / 'one'}", *args.overrides], work)

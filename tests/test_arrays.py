@@ -66,8 +66,8 @@ def header(*extra: str, name: str = "a", out: str = "x") -> tuple[str, ...]:
 @pytest.mark.parametrize(
     "headers, max_tasks, expected",
     [
-        # Outputs and job names differ per point: one array.
-        ([header(out="0"), header(out="1", name="b"), header(out="2")], 10, [(0, 1, 2)]),
+        # Outputs differ per point: one array; a job name of its own: another.
+        ([header(out="0"), header(out="1", name="b"), header(out="2")], 10, [(0, 2), (1,)]),
         # A different account: its own array; sweep order kept within each.
         ([header(), header("#SBATCH --account=b"), header()], 10, [(0, 2), (1,)]),
         # Over MaxArraySize: split, every array's task ids from 0.
@@ -103,7 +103,7 @@ def test_array_script_links_each_task_to_its_run_dir(tmp_path: Path) -> None:
     scripts = ["#!/bin/bash\n#SBATCH --job-name=j\n#SBATCH --nodes=1\n#SBATCH --output=o\nexit 0\n"] * 3
     plan = arrays.plan_arrays([arrays.header_of(s) for s in scripts], 2)[1]
     k = arrays.free_number(sweep)
-    script = arrays.write_array(sweep, k, plan, run_dirs, scripts, "job.sbatch", None)
+    script = arrays.write_array(sweep, k, plan, run_dirs, "job.sbatch", None)
     assert script == sweep.script(0) and arrays.free_number(sweep) == 1
     link = sweep.links(0) / "0"
     assert not os.readlink(link).startswith("/") and link.resolve() == run_dirs[2].resolve()

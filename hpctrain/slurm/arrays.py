@@ -21,9 +21,10 @@ from hpctrain import __version__
 from hpctrain.run.paths import SLURM_OUTPUT_PATTERN, SweepArrays
 from hpctrain.slurm.render import filename_pattern, sbatch_quote
 
-# Directives that differ between points of one array without splitting it: each task writes
-# its own output in its own run dir; the array takes its first point's job name.
-_PER_POINT = ("--output=", "--job-name=")
+# The directive that differs between points of one array: each task writes its output in its
+# own run dir. Any other difference (a job name too: squeue shows the user's, verbatim) makes
+# another array.
+_PER_POINT = ("--output=",)
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,7 @@ def array_directive(tasks: int, parallelism: int | None) -> str:
     return f"#SBATCH --array=0-{tasks - 1}{limit}"
 
 
-def render_array(
-    plan: ArrayPlan, job_name_line: str | None, links: Path, job_script_name: str, parallelism: int | None
-) -> str:
+def render_array(plan: ArrayPlan, links: Path, job_script_name: str, parallelism: int | None) -> str:
     """The array's script: the shared header, --array, --output through the links, and a body
     that runs task SLURM_ARRAY_TASK_ID's own job script in this same process."""
     output = filename_pattern(links) + "/%a/" + SLURM_OUTPUT_PATTERN
@@ -80,7 +79,6 @@ def render_array(
         "#!/bin/bash",
         f"# Rendered by hpctrain {__version__}: a sweep's job array. Task T trains in the run dir that",
         f"# {links.name}/T links to, by running that run dir's own {job_script_name}.",
-        *([job_name_line] if job_name_line else []),
         *plan.header,
         array_directive(len(plan.points), parallelism),
         f"#SBATCH --output={sbatch_quote(output)}",
@@ -104,7 +102,6 @@ def write_array(
     k: int,
     plan: ArrayPlan,
     run_dirs: Sequence[Path],
-    scripts: Sequence[str],
     job_script_name: str,
     parallelism: int | None,
 ) -> Path:
@@ -113,12 +110,9 @@ def write_array(
     links.mkdir(parents=True)
     for task, index in enumerate(plan.points):
         os.symlink(os.path.relpath(run_dirs[index].resolve(), links.resolve()), links / str(task))
-    job_name = next(
-        (line for line in header_of(scripts[plan.points[0]]) if line.startswith("#SBATCH --job-name=")), None
-    )
     script = sweep.script(k)
     tmp = script.with_name(script.name + ".tmp")
-    tmp.write_text(render_array(plan, job_name, links.resolve(), job_script_name, parallelism))
+    tmp.write_text(render_array(plan, links.resolve(), job_script_name, parallelism))
     tmp.replace(script)
     return script
 

@@ -176,7 +176,7 @@ def _plan(points: list[Point]) -> list[_Batch]:
             k = free_number(sweep)
             run_dirs = [p.run.root for p in points]
             parallel = points[plan.points[0]].config.slurm.array_parallelism
-            script = write_array(sweep, k, plan, run_dirs, scripts, _NAMES.job_script.name, parallel)
+            script = write_array(sweep, k, plan, run_dirs, _NAMES.job_script.name, parallel)
             batches.append(_Batch(script, plan.points, sweep.links(k)))
     except OSError as error:  # a full disk, a read-only sweep folder
         _remove_arrays(batches)
