@@ -1,4 +1,4 @@
-"""A sweep as Slurm job arrays on the real dev cluster: requeues per task, splitting at
+"""A sweep as Slurm job arrays on the real dev cluster: requeues, node failures and hot spares per task, splitting at
 MaxArraySize, refusal over MaxSubmitJobs. (A plain sweep as one array: test_slurm_jobs.py.)"""
 
 from __future__ import annotations
@@ -136,3 +136,40 @@ def test_a_sweep_splits_at_max_array_size_and_one_over_max_submit_jobs_is_refuse
         assert record["job_id"] == job_id and f"{record['array_job_id']}_{record['array_task_id']}" == job_id
         assert of("finish", sweep / name)[0]["step"] == 3 and of("start", sweep / name)[0]["job_id"] == job_id
         assert f"job {job_id} restart 0" in job_output(sweep / name)
+
+
+def test_an_array_task_relaunches_on_its_hot_spare(tmp_path: Path) -> None:
+    """The task holding the array's own number (the last one, here after the first has ended):
+    its batch script reads its own allocation (`scontrol show job <array>_<task>`), not every
+    record of the array, and moves onto its spare without a requeue."""
+    env = start_cluster()
+    sweep = tmp_path / "sweep"
+    config = [
+        "trainer.log_every=5",
+        "trainer.eval_every=0",
+        "trainer.ckpt_every=20",
+        "trainer.max_steps=300",
+        "slurm.nodes=2",
+        "slurm.ntasks_per_node=1",
+        "slurm.spare_nodes=1",
+        "slurm.array_parallelism=1",
+    ]
+    (array,), out = submit(env, sweep, *config, "optim.lr=1e-3,2e-3", multirun=True)
+    ids = {Path(d).name: j for d, j in point_jobs(out).items()}
+    assert wait_finished(env, ids["0"], timeout_s=300) == "COMPLETED", job_output(sweep / "0")
+    wait_for_step(sweep / "1", 50)
+    assert job_field(env, ids["1"], "JobId") == array  # its SLURM_JOB_ID names the whole array
+    victim = of("start", sweep / "1")[0]["nodes"][1]
+    set_node(env, victim, "down")
+    try:
+        assert wait_finished(env, ids["1"], timeout_s=600) == "COMPLETED", job_output(sweep / "1")
+    finally:
+        set_node(env, victim, "resume")
+    assert job_field(env, ids["1"], "Restarts") == "0"  # never requeued
+    relaunches = of("relaunch", sweep / "1")
+    assert len(relaunches) == 1 and relaunches[0]["failed"] == [victim], events(sweep / "1")
+    starts = of("start", sweep / "1")
+    assert len(starts) == 2 and victim not in starts[1]["nodes"] and len(starts[1]["nodes"]) == 2
+    reference = tmp_path / "reference"
+    train_locally(env, reference, *config[:-1], "optim.lr=2e-3", "trainer.nprocs=2")
+    assert same_weights(sweep / "1", reference)
