@@ -178,7 +178,27 @@ def wait_for_state(
 
 
 def wait_finished(env: dict[str, str], job_id: str, timeout_s: float = 300, lift_holds: bool = False) -> str:
-    return wait_for_state(env, job_id, ENDED, timeout_s, lift_holds)
+    state = wait_for_state(env, job_id, ENDED, timeout_s, lift_holds)
+    if state != "COMPLETED":  # pytest shows it when the test fails: what Slurm itself saw
+        print(job_story(env, job_id), file=sys.stderr)
+    return state
+
+
+def job_story(env: dict[str, str], job_id: str) -> str:
+    """Every life of a job as accounting and slurmctld's log tell it (for failure messages)."""
+    lines = [f"--- job {job_id} as Slurm saw it"]
+    done = subprocess.run(
+        ["sacct", "-n", "-P", "-D", "-j", job_id, "-o", "JobID,State,ExitCode,NodeList,Start,End,Reason"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    lines.append(done.stdout.strip() or f"sacct: {done.stderr.strip()}")
+    log = Path(env.get("SLURM_CONF", "")).parent / "log" / "slurmctld.log"
+    if log.is_file():
+        pattern = re.compile(rf"(JobId={job_id}|job {job_id}|JobId={job_id}_)\b")
+        lines += [line for line in log.read_text(errors="replace").splitlines() if pattern.search(line)][-60:]
+    return "\n".join(lines)
 
 
 def job_output(run_dir: Path) -> str:

@@ -82,6 +82,11 @@ def test_points_are_grouped_by_header_and_split_at_max_array_size(
     assert [plan.points for plan in arrays.plan_arrays(headers, max_tasks)] == expected
 
 
+def test_a_point_alone_with_its_header_is_its_own_job_and_a_split_remainder_is_an_array() -> None:
+    plans = arrays.plan_arrays([header(), header("#SBATCH --account=b"), header(), header()], 2)
+    assert [(plan.points, plan.alone) for plan in plans] == [((0, 2), False), ((3,), False), ((1,), True)]
+
+
 def test_the_header_stops_at_the_first_command() -> None:
     script = "#!/bin/bash\n# note\n#SBATCH --nodes=2\n\n#SBATCH --time=5\nset -u\n#SBATCH --mem=1G\n"
     assert arrays.header_of(script) == ("#SBATCH --nodes=2", "#SBATCH --time=5")

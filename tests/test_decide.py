@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.run.causes import Action
-from hpctrain.run.decide import History, checkpoint_interval_s, decide, decide_begin, lineage
+from hpctrain.run.decide import History, checkpoint_interval_s, decide, decide_begin, decide_cancelled, lineage
 from hpctrain.run.events import (
     Cancelled,
     Checkpoint,
@@ -23,6 +23,7 @@ from hpctrain.run.events import (
     ForcedSave,
     Relaunch,
     Requeue,
+    Retry,
     Start,
 )
 from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_SAVED_AND_STOPPED, WORKER_SAVED_FOR_TIMELIMIT
@@ -400,3 +401,136 @@ def test_checkpoint_interval_is_measured_within_a_life() -> None:
     events = (*EARLIER, start("node1", "node2", t=300.0), ckpt(60, "periodic", 330.0), ckpt(80, "periodic", 360.0))
     assert checkpoint_interval_s(events) == 25.0  # median of 20 and 30; the gap across lives not counted
     assert checkpoint_interval_s(EARLIER[:2]) is None
+
+
+# ---- budgets after hpctrain-submit --retry: a new window ----
+
+RETRIED = "57"
+# Job 41 spent its crash budget and ended FAILED; `hpctrain-submit --retry` queued job 57.
+SPENT = (*EARLIER, failure("crash", 44.0), requeue("crash", 45.0), failure("crash", 60.0), failure("budget", 60.1))
+RETRY = Retry(time=70.0, job_id=RETRIED, previous_job_id=JOB, previous_state="FAILED")
+
+
+def crash_of(job: str, t: float) -> tuple[Event, ...]:
+    return (Start(time=t, job_id=job, restart=0, nodes=["node1", "node2"]),)
+
+
+# (the run's journal, the job deciding, budgets) -> action, events written
+BUDGET_WINDOWS = {
+    "a retried job crashing gets its crash budget again": (
+        (*SPENT, RETRY, *crash_of(RETRIED, 80.0)),
+        RETRIED,
+        DEFAULTS,
+        Action.REQUEUE,
+        ["failure:crash", "requeue:crash"],
+    ),
+    "and spends it like any job": (
+        (
+            *SPENT,
+            RETRY,
+            *crash_of(RETRIED, 80.0),
+            Requeue(time=91.0, job_id=RETRIED, cause="crash"),
+        ),
+        RETRIED,
+        DEFAULTS,
+        Action.FAIL,
+        ["failure:crash", "failure:budget"],
+    ),
+    "slurm.max_restarts counts from the retry too": (
+        (*EARLIER, *(requeue("preempt", 41.0) for _ in range(3)), RETRY, *crash_of(RETRIED, 80.0)),
+        RETRIED,
+        {**DEFAULTS, "max_restarts": 3},
+        Action.REQUEUE,
+        ["failure:crash", "requeue:crash"],
+    ),
+    "a retried job's refused requeue goes on in a new job: the window goes on": (
+        (
+            *SPENT,
+            RETRY,
+            *crash_of(RETRIED, 80.0),
+            Requeue(time=91.0, job_id=RETRIED, cause="crash"),
+            Failure(time=92.0, job_id=RETRIED, cause="requeue_refused", action="resubmit", new_job_id="58"),
+            *crash_of("58", 95.0),
+        ),
+        "58",
+        DEFAULTS,
+        Action.FAIL,
+        ["failure:crash", "failure:budget"],
+    ),
+    "a retry linked to its old job still starts a new window": (
+        (
+            *SPENT,
+            Failure(time=65.0, job_id=JOB, cause="requeue_refused", action="resubmit", new_job_id=RETRIED),
+            RETRY,
+            *crash_of(RETRIED, 80.0),
+        ),
+        RETRIED,
+        DEFAULTS,
+        Action.REQUEUE,
+        ["failure:crash", "requeue:crash"],
+    ),
+    "without a retry a resubmitted job keeps the spent budget": (
+        (
+            *SPENT,
+            Failure(time=65.0, job_id=JOB, cause="requeue_refused", action="resubmit", new_job_id=RETRIED),
+            *crash_of(RETRIED, 80.0),
+        ),
+        RETRIED,
+        DEFAULTS,
+        Action.FAIL,
+        ["failure:crash", "failure:budget"],
+    ),
+}
+
+
+@pytest.mark.parametrize("journal, job, budgets, action, written", BUDGET_WINDOWS.values(), ids=BUDGET_WINDOWS.keys())
+def test_budgets_after_a_retry(journal: tuple, job: str, budgets: dict, action: Action, written: list[str]) -> None:
+    budgets = dict(budgets)
+    total = budgets.pop("max_restarts", None)
+    events = lineage(journal, job)
+    since = events[-1:]  # the last life's start
+    decision = decide(
+        History(job, 0, events, since), Outcome(exit_code=1, nodes_wanted=2), ClusterView(), Budgets(budgets, total)
+    )
+    assert decision.action is action, decision.message
+    assert [_named(e) for e in decision.events] == written
+
+
+def test_a_retried_job_starts_without_a_restart_to_record() -> None:
+    events = lineage((*SPENT, RETRY), RETRIED)
+    assert decide_begin(History(RETRIED, 0, events), ClusterView(), Budgets(DEFAULTS)) is None
+
+
+# ---- one cancel per life: the batch shell's trap and hpctrain-cancel ----
+
+BY_COMMAND = Cancelled(time=161.0, job_id=JOB, step=40, by="hpctrain-cancel")
+CANCELS = {
+    "the trap alone": ((), JOB, (), ["cancelled"]),
+    "hpctrain-cancel wrote it first": ((BY_COMMAND,), JOB, (), []),
+    "hpctrain-cancel named the array task the trap knows by its own id": (
+        (Cancelled(time=161.0, job_id="36_7", by="hpctrain-cancel"),),
+        "44",
+        ("36_7",),
+        [],
+    ),
+    "another array task's cancel is not this one's": (
+        (Cancelled(time=161.0, job_id="36_8", by="hpctrain-cancel"),),
+        "44",
+        ("36_7",),
+        ["cancelled"],
+    ),
+    "an earlier life's trap (a preemption's grace ran out) does not count": (
+        (Cancelled(time=100.0, job_id=JOB, restart=0),),
+        JOB,
+        (),
+        ["cancelled"],
+    ),
+}
+
+
+@pytest.mark.parametrize("before, job, aliases, written", CANCELS.values(), ids=CANCELS.keys())
+def test_one_cancel_per_life(before: tuple, job: str, aliases: tuple, written: list[str]) -> None:
+    events = lineage((*EARLIER, *before), job, aliases)
+    decision = decide_cancelled(History(job, 1, events, aliases=aliases))
+    assert decision.action is Action.STOP
+    assert [_named(e) for e in decision.events] == written

@@ -173,3 +173,9 @@ def test_install_gives_working_console_scripts(way: str, tmp_path: Path) -> None
     rows = status.stdout.splitlines()[1:]
     assert len(rows) == 3, status.stdout
     assert "FINISHED" in rows[0] and "4/4" in rows[0], status.stdout
+
+    # The sweep operations: a dry-run sweep has no job to cancel or retry, and says so.
+    cancel = _run([str(scripts / "hpctrain-cancel"), "--dry-run", "sweep"], work)
+    assert "nothing to cancel" in cancel.stdout and "never submitted" in cancel.stdout, cancel.stdout
+    retry = _run([str(scripts / "hpctrain-submit"), "--retry", "--dry-run", "sweep"], work)
+    assert "nothing to retry" in retry.stdout, retry.stdout

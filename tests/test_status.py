@@ -185,7 +185,7 @@ def test_fifty_runs_cost_one_squeue_one_sacct_one_scontrol(
     assert len(slurm.calls("squeue")) == len(slurm.calls("sacct")) == len(slurm.calls("scontrol")) == 1
     assert len(slurm.calls()) == 3
     squeue = slurm.calls("squeue")[0]
-    assert squeue[1:5] == ["-h", "-r", "-j", ",".join(ids)] and squeue[-2:] == ["-o", "%i|%T|%r"]
+    assert squeue[1:4] == ["-h", "-j", ",".join(ids)] and squeue[-2:] == ["-o", "%i|%T|%r"]
     assert slurm.calls("sacct")[0][6] == ",".join(ids[20:])  # only what squeue did not list
     assert slurm.scontrol_asked() == ids[20:]  # one scontrol, every leftover id on its stdin
     by_job = {row["job_id"]: row for row in rows.values()}

@@ -123,7 +123,7 @@ def _refuse_a_different_config(run: RunDir, resolved: DictConfig | dict[str, Any
 # may change them (a dry run then the real one; TensorBoard switched on for the rest of a run;
 # the site's network interfaces).
 _NOT_WHAT_A_RUN_IS = {
-    None: ("dry_run", "metrics"),
+    None: ("dry_run", "metrics", "tune"),
     "slurm": ("submit_parallelism", "code_snapshot", "network", "array", "array_parallelism"),
     "trainer": ("progress_bar",),
 }

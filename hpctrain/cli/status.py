@@ -29,6 +29,7 @@ from hpctrain.status.goodput import Goodput, goodput
 from hpctrain.status.plot import PlotUnavailable, draw, require_matplotlib
 from hpctrain.status.rows import Row, Status, collect
 from hpctrain.status.table import render
+from hpctrain.tune.summary import read_summary, render_summary
 
 EXIT_OK = CLI_OK
 EXIT_FAILED_RUN = CLI_REFUSED  # a listed run failed
@@ -115,6 +116,12 @@ def show(status: Status, args: argparse.Namespace) -> None:
         print(render(status.rows))
     else:
         print("no runs found")
+    if not args.json:
+        studies = [(path, read_summary(path)) for path in args.paths]
+        for path, summary in studies:
+            if summary is not None:  # a hpctrain-tune sweep dir: its study's counts and best trial
+                print()
+                print(render_summary(path, summary))
     if args.plot is not None:
         draw(status.rows, args.plot)
 

@@ -3,6 +3,7 @@
     hpctrain-submit slurm.nodes=4 slurm.gpus_per_node=8 optim.lr=3e-4
     hpctrain-submit -m optim.lr=1e-4,3e-4 model=convnet,mlp     # every point its own job
     hpctrain-submit dry_run=true                                 # print the script, queue nothing
+    hpctrain-submit --retry SWEEP_DIR [POINT...] [--dry-run]     # resubmit unfinished points (cli/retry.py)
 
 A sweep runs through hpctrain's Hydra launcher (hydra_plugins/hpctrain_launcher), which checks
 and renders every point first and then submits them all at once.
@@ -143,6 +144,10 @@ def _main(cfg: DictConfig) -> None:
 
 def main() -> None:
     restrict_umask()  # before Hydra makes the run dir
+    if "--retry" in sys.argv[1:]:  # no Hydra override is spelled so: a sweep's points again
+        from hpctrain.cli import retry
+
+        sys.exit(retry.main([a for a in sys.argv[1:] if a != "--retry"]))
     _main()
 
 

@@ -18,6 +18,7 @@ from omegaconf import MISSING
 
 from hpctrain.config.checks import check_srun_args, check_task_prefix, require, single_line
 from hpctrain.config.network import NetworkConfig
+from hpctrain.config.tune import TuneConfig
 
 
 @dataclass
@@ -316,5 +317,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    # hpctrain-tune's search (hpctrain/config/tune.py); a plain run ignores it.
+    tune: TuneConfig = field(default_factory=TuneConfig)
     # hpctrain-submit: print the rendered job script and write the run dir, but queue nothing.
     dry_run: bool = False

@@ -4,7 +4,7 @@ hpctrain-status, hpctrain-follow) agrees on about a run dir.
     paths       RunDir: every path of a run dir, checkpoint file names
     jsonlines   the JSON-lines plumbing (whole lines, torn lines skipped, no NaN)
     events      typed events (`start`, `checkpoint`, `requeue`, `relaunch`, `failure`,
-                `cancelled`, `finish`): one writer (Journal), one reader (read_events)
+                `cancelled`, `retry`, `finish`): one writer (Journal), one reader (read_events)
     causes      the words: CheckpointReason, StopReason, Cause, Action
     exitcodes   every exit code, named by the process that exits with it
     facts       what recovery knows (ClusterView, Outcome, Budgets) and Slurm's text parsed

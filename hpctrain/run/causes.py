@@ -27,6 +27,7 @@ class CheckpointReason(Word):
     PREEMPT = "preempt"
     INTERRUPT = "interrupt"
     FINAL = "final"
+    PRUNED = "pruned"  # hpctrain-tune's pruner stopped the trial at an evaluation step
 
 
 class StopReason(Word):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from hpctrain.run.causes import Action, Cause, CheckpointReason, StopReason
 from hpctrain.run.events import (
+    CANCELLED_BY_COMMAND,
     Cancelled,
     Checkpoint,
     Event,
@@ -23,6 +24,7 @@ from hpctrain.run.events import (
     ForcedSave,
     Relaunch,
     Requeue,
+    Retry,
     Start,
 )
 from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_SAVED_AND_STOPPED, WORKER_SAVED_FOR_TIMELIMIT
@@ -35,6 +37,9 @@ class History:
     restart: int  # SLURM_RESTART_COUNT of this life
     events: tuple[Event, ...]  # the run's events for this job and the jobs it was resubmitted from
     since_launch: tuple[Event, ...] = ()  # written since the step that just ended was launched
+    # Other names of this job: an array task (SLURM_JOB_ID 44) is also `36_7`, the id
+    # submission.json and hpctrain-cancel use.
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,8 +92,15 @@ def decide_cancelled(history: History) -> Decision:
     """This shell got SIGTERM (scancel, or a preemption's grace ending): `cancelled`, written once
     per life. The batch shell's trap writes it at once, since Slurm kills the shell KillWait
     seconds later, often before the step has ended and after-step could run."""
+    names = {history.job_id, *history.aliases}
     told = any(
-        isinstance(e, Cancelled) and (e.job_id, e.restart) == (history.job_id, history.restart) for e in history.events
+        isinstance(e, Cancelled)
+        and (
+            (e.job_id, e.restart) == (history.job_id, history.restart)
+            # hpctrain-cancel recorded it right after its scancel: a cancelled job has no later life.
+            or (e.by == CANCELLED_BY_COMMAND and e.job_id in names)
+        )
+        for e in history.events
     )
     written = () if told else (Cancelled(**_marks(history), step=last_checkpoint_step(history.events)),)
     return Decision(Action.STOP, written, message="cancelled")
@@ -156,13 +168,20 @@ def over_budget(events: Sequence[Event], cause: Cause, budgets: Budgets) -> str 
     return None
 
 
-def lineage(events: Sequence[Event], job_id: str) -> tuple[Event, ...]:
+def lineage(events: Sequence[Event], job_id: str, aliases: Sequence[str] = ()) -> tuple[Event, ...]:
     """The events of this run's job and of the jobs it was resubmitted from (a refused requeue
-    goes on in a new job: its budgets go on too). Events without a job (checkpoints) stay."""
-    jobs, grew = {job_id}, True
+    goes on in a new job: its budgets go on too). Events without a job (checkpoints) stay.
+    A `retry` (hpctrain-submit --retry) starts a new budget window: the lineage never reaches
+    back past a retried job, so a run whose crash budget was spent gets its budgets again."""
+    jobs, grew = {job_id, *aliases}, True
+    retried = {e.job_id for e in events if isinstance(e, Retry)}
     while grew:
         before = len(jobs)
-        jobs |= {e.job_id for e in events if isinstance(e, Failure) and e.new_job_id in jobs and e.job_id}
+        jobs |= {
+            e.job_id
+            for e in events
+            if isinstance(e, Failure) and e.new_job_id in jobs - retried and e.job_id and e.new_job_id
+        }
         grew = len(jobs) > before
     return tuple(e for e in events if e.job_id is None or e.job_id in jobs)
 

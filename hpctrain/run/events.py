@@ -109,6 +109,25 @@ class Failure(Event):
 class Cancelled(Event):
     name: ClassVar[str] = "cancelled"
     step: int | None = None  # the newest checkpoint's step
+    # None: the batch shell's SIGTERM trap; "hpctrain-cancel": recorded by that command right
+    # after its scancel (a pending job never runs a trap). One cancel is recorded per life.
+    by: str | None = None
+
+
+# hpctrain-cancel's name in `cancelled` events (`by`).
+CANCELLED_BY_COMMAND = "hpctrain-cancel"
+
+
+@dataclass(frozen=True)
+class Retry(Event):
+    """`hpctrain-submit --retry` resubmitted this run dir's job.sbatch after its job ended
+    without finishing: the run resumes in job `job_id` from its newest checkpoint, with a new
+    restart budget window (budgets count from here; hpctrain.run.decide.lineage)."""
+
+    name: ClassVar[str] = "retry"
+    previous_job_id: str | None = None  # the job that ended without finishing
+    previous_state: str | None = None  # how it ended (Slurm's state, or the journal's word)
+    reason: str | None = None  # why it was picked, as the command printed it
 
 
 @dataclass(frozen=True)
@@ -118,8 +137,37 @@ class Finish(Event):
     step: int = 0  # final metrics are in `extra` (eval_accuracy, eval_loss, loss, ...)
 
 
+@dataclass(frozen=True)
+class Pruned(Event):
+    """hpctrain-tune: the study's pruner stopped this trial at an evaluation step; a checkpoint
+    of that step was saved and the job ends COMPLETED."""
+
+    name: ClassVar[str] = "pruned"
+    always: ClassVar[tuple[str, ...]] = ()
+    step: int = 0
+    metric: str = ""  # tune.metric
+    value: float | None = None  # its value at that step, the last one reported to the study
+
+
+@dataclass(frozen=True)
+class Trial(Event):
+    """hpctrain-tune: a trial of the study submitted or told, in the sweep dir's tune.jsonl and
+    (once told) in the trial's own events.jsonl."""
+
+    name: ClassVar[str] = "trial"
+    always: ClassVar[tuple[str, ...]] = ()
+    number: int = 0  # the trial's number in the study (its run dir is <sweep dir>/<number>)
+    state: str = ""  # RUNNING (submitted), COMPLETE, PRUNED or FAIL (told)
+    value: float | None = None  # the objective told to the study
+    params: dict[str, Any] | None = None
+    run_dir: str | None = None
+    reason: str | None = None  # why it failed (a failed run, a refused submission)
+    by_job: str | None = None  # the job that submitted or told it (None: hpctrain-tune itself)
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.name: cls for cls in (Start, Checkpoint, ForcedSave, Requeue, Relaunch, Failure, Cancelled, Finish)
+    cls.name: cls
+    for cls in (Start, Checkpoint, ForcedSave, Requeue, Relaunch, Failure, Cancelled, Retry, Finish, Pruned, Trial)
 }
 
 

@@ -7,8 +7,11 @@ files) all see whole lines.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +61,17 @@ def read_jsonl(path: Path, offset: int = 0) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return records
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on `path` (created if missing) while reading and then
+    appending: two writers that each check "is it recorded already?" (the batch shell's
+    SIGTERM trap and hpctrain-cancel) then never both write. Writers that take no lock are not
+    held up."""
+    with open(path, "a") as file:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(file.fileno(), fcntl.LOCK_UN)

@@ -81,6 +81,11 @@ class RunDir:
         """The rendered sbatch script (hpctrain-submit), runnable again by hand."""
         return self.root / "job.sbatch"
 
+    @property
+    def trial(self) -> Path:
+        """hpctrain-tune: this run is a trial of the study in its parent folder (number, params)."""
+        return self.root / "trial.json"
+
     def record_resubmission(self, job_id: str) -> None:
         """The run goes on in job `job_id` (a refused requeue was submitted again): tools that
         read submission.json follow it; the earlier record is kept under `resubmitted_from`."""
@@ -90,9 +95,11 @@ class RunDir:
             record = {}
         earlier = record.get("job_id")
         record.update(job_id=job_id, resubmitted_from=[*record.get("resubmitted_from", []), earlier])
-        # The new job is no array task (it runs job.sbatch alone): the array's fields went with the old one.
-        for key in ("array_job_id", "array_task_id", "array_script"):
-            record.pop(key, None)
+        # A new job that is not the recorded array task (a refused requeue runs job.sbatch alone):
+        # the array's fields went with the old one.
+        if f"{record.get('array_job_id')}_{record.get('array_task_id')}" != job_id:
+            for key in ("array_job_id", "array_task_id", "array_script"):
+                record.pop(key, None)
         tmp = self.submission.with_name(self.submission.name + ".tmp")
         tmp.write_text(json.dumps(record, indent=2) + "\n")
         os.replace(tmp, self.submission)
@@ -108,6 +115,56 @@ class RunDir:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return str(job_id) if job_id else None
+
+
+@dataclass(frozen=True)
+class TuneDir:
+    """hpctrain-tune's sweep dir: the study and what every trial's job needs to make the next
+    trial without Hydra. Its trials are run dirs named by their number (`<sweep dir>/<n>`)."""
+
+    root: Path
+
+    @property
+    def journal(self) -> Path:
+        """Optuna's JournalStorage file: the study itself (every trial, its params and values)."""
+        return self.root / "optuna.journal"
+
+    @property
+    def lock(self) -> Path:
+        """Held while a trial's end is told and the next trials are submitted (one at a time).
+        Optuna's open lock adds `.lock` to this name."""
+        return self.root / "study"
+
+    @property
+    def base(self) -> Path:
+        """The checked, resolved config every trial starts from (its params set on top)."""
+        return self.root / "base.yaml"
+
+    @property
+    def study(self) -> Path:
+        """The study's settings fixed at submit time: name, submit dir, code snapshot."""
+        return self.root / "study.json"
+
+    @property
+    def summary(self) -> Path:
+        """Best trial so far and counts, rewritten after every tell (read by hpctrain-status)."""
+        return self.root / "tune.json"
+
+    @property
+    def events(self) -> Path:
+        """The study's journal: every trial submitted and told, every failed submission."""
+        return self.root / "tune.jsonl"
+
+    @property
+    def code(self) -> Path:
+        """The code snapshot shared by every trial (slurm.code_snapshot)."""
+        return self.root / "code"
+
+    def trial_dir(self, number: int) -> Path:
+        return self.root / str(number)
+
+    def is_study(self) -> bool:
+        return self.study.is_file()
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ class ArrayPlan:
 
     points: tuple[int, ...]
     header: tuple[str, ...]  # the shared #SBATCH lines, per-point ones left out
+    # The only point with its header: queued as its own job.sbatch (an array of one adds nothing).
+    alone: bool = False
 
 
 def header_of(script: str) -> tuple[str, ...]:
@@ -52,7 +54,8 @@ def shared(header: Sequence[str]) -> tuple[str, ...]:
 
 def plan_arrays(headers: Sequence[tuple[str, ...]], max_tasks: int) -> list[ArrayPlan]:
     """Points with the same shared header go to one array, in sweep order; a group larger than
-    `max_tasks` (MaxArraySize: task ids 0..max_tasks-1) is split into several."""
+    `max_tasks` (MaxArraySize: task ids 0..max_tasks-1) is split into several. A point alone with
+    its header is no array (`alone`)."""
     if max_tasks < 1:
         raise ValueError(f"an array holds at least one task (got {max_tasks})")
     groups: dict[tuple[str, ...], list[int]] = {}
@@ -60,6 +63,9 @@ def plan_arrays(headers: Sequence[tuple[str, ...]], max_tasks: int) -> list[Arra
         groups.setdefault(shared(header), []).append(index)
     plans = []
     for header, members in groups.items():
+        if len(members) == 1:
+            plans.append(ArrayPlan(tuple(members), header, alone=True))
+            continue
         for start in range(0, len(members), max_tasks):
             plans.append(ArrayPlan(tuple(members[start : start + max_tasks]), header))
     return plans

@@ -33,6 +33,7 @@ from hpctrain.run.causes import Cause
 from hpctrain.run.decide import Decision, History, decide, decide_begin, decide_cancelled, lineage
 from hpctrain.run.events import Failure, Journal, read_events
 from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes, parse_time_left
+from hpctrain.run.jsonlines import locked
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm.env import parse_node_list
 from hpctrain.slurm.jobid import job_of
@@ -44,9 +45,13 @@ class Controller:
         self.env = dict(os.environ) if env is None else env
         self.slurm = OmegaConf.load(self.run.config).get("slurm", {})
         self.journal = Journal(self.run.events)
-        # `<array>_<task>` in an array task: its SLURM_JOB_ID may name the whole array.
+        # `<array>_<task>` in an array task (what submission.json, the events and hpctrain-cancel
+        # call it): its SLURM_JOB_ID may name the whole array to scontrol.
         self.job_id = job_of(self.env)
         self.restart = int(self.env.get("SLURM_RESTART_COUNT", "0"))
+        # The task's own number, its other name (events an older hpctrain wrote carry it).
+        number = self.env.get("SLURM_JOB_ID", "")
+        self.aliases = (number,) if number and number != self.job_id else ()
 
     # ---- facts -----------------------------------------------------------------------------------
 
@@ -55,9 +60,9 @@ class Controller:
         return Budgets(dict(self.slurm.get("restart_budget", {})), None if total is None else int(total))
 
     def history(self, launched_at: float | None = None) -> History:
-        events = lineage(read_events(self.run.events), self.job_id)
+        events = lineage(read_events(self.run.events), self.job_id, self.aliases)
         since = () if launched_at is None else tuple(e for e in events if e.time >= launched_at)
-        return History(self.job_id, self.restart, events, since)
+        return History(self.job_id, self.restart, events, since, self.aliases)
 
     def cluster(self) -> ClusterView:
         original = self.env.get("SLURM_JOB_NODELIST", "")
@@ -112,7 +117,10 @@ class Controller:
         if decision is None:
             return 0
         self._record(decision)
-        return exitcodes.CONTROL_BUDGET_SPENT if decision.action.value == "fail" else 0
+        if decision.action.value == "fail":
+            self._trial_ended("fail")
+            return exitcodes.CONTROL_BUDGET_SPENT
+        return 0
 
     def after_step(
         self,
@@ -126,11 +134,15 @@ class Controller:
         outcome = self.outcome(exit_code, terminated, warned, excluded)
         decision = decide(self.history(launched_at), outcome, self.cluster(), self.budgets())
         self._record(decision)
+        if decision.action.value in ("finish", "fail", "stop"):
+            self._trial_ended(decision.action.value)
         return " ".join([decision.action.value, ",".join(decision.excluded)]).strip()
 
     def cancelled(self) -> int:
-        """The shell's SIGTERM trap: record `cancelled` now, once per life."""
-        self._record(decide_cancelled(self.history()))
+        """The shell's SIGTERM trap: record `cancelled` now, once per life. Under the journal's
+        lock, as hpctrain-cancel records it: whichever comes second sees the other's record."""
+        with locked(self.run.events):
+            self._record(decide_cancelled(self.history()))
         return 0
 
     def requeue_refused(self, excluded: str, message: str) -> int:
@@ -169,6 +181,7 @@ class Controller:
             )
         )
         print(f"hpctrain: {reason}; submitting again failed: {why}", file=sys.stderr)
+        self._trial_ended("fail")
         return exitcodes.BATCH_FAILED
 
     def _requeued_anyway(self) -> bool:
@@ -187,6 +200,14 @@ class Controller:
         if done.returncode != 0 or not job_id.isdigit():
             return None, (done.stderr.strip() or done.stdout.strip() or f"sbatch exited {done.returncode}")
         return job_id, ""
+
+    def _trial_ended(self, action: str) -> None:
+        """A trial of hpctrain-tune's study (trial.json in its run dir) has ended: tell the study
+        and submit the next trials. Other runs pay one stat() and import nothing."""
+        if self.run.trial.is_file():
+            from hpctrain.tune.report import trial_ended
+
+            trial_ended(self.run.root, action)
 
     def _record(self, decision: Decision) -> None:
         for event in decision.events:

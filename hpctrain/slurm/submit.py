@@ -173,6 +173,9 @@ def _plan(points: list[Point]) -> list[_Batch]:
     batches: list[_Batch] = []
     try:
         for plan in plans:
+            if plan.alone:
+                batches.append(_Batch(points[plan.points[0]].script, plan.points))
+                continue
             k = free_number(sweep)
             run_dirs = [p.run.root for p in points]
             parallel = points[plan.points[0]].config.slurm.array_parallelism

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hpctrain.run.paths import RunDir
+from hpctrain.run.paths import RunDir, TuneDir
 
 # hydra.run.dir (runs/<date>/<time>) and hydra.sweep.dir (runs/multirun/<date>/<time>/<point>)
 # of conf/config.yaml both start here, relative to where the command was run.
@@ -67,9 +67,15 @@ def _expand(path: Path, limit: int, named: bool) -> list[Path]:
     return runs[:limit] if limit > 0 else runs
 
 
+def sweep_points(path: Path) -> list[Path]:
+    """A sweep dir's points (run dirs) in Hydra's numbering; [] for a folder that is no sweep dir."""
+    return _sweep_points(path)
+
+
 def _sweep_points(path: Path) -> list[Path]:
-    """A sweep dir's points in Hydra's numbering (0, 1, ..., 10), not in the order 0, 1, 10."""
-    if not (path / _SWEEP_FILE).is_file():
+    """A sweep dir's points in Hydra's numbering (0, 1, ..., 10), not in the order 0, 1, 10;
+    hpctrain-tune's trials likewise, by trial number."""
+    if not (path / _SWEEP_FILE).is_file() and not TuneDir(path).is_study():
         return []
     children = [Path(entry.path) for entry in _subdirs(path)]
     points = [child for child in children if is_run_dir(child)]

@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-ENDINGS = ("finish", "failure", "requeue", "relaunch", "cancelled")
+# `pruned`: hpctrain-tune's pruner ended the trial at that step, on purpose, like a finish.
+ENDINGS = ("finish", "failure", "requeue", "relaunch", "cancelled", "pruned")
 _FORCED_SAVES = ("final", "timelimit", "preempt", "interrupt")  # written before training goes on
 
 
@@ -37,7 +38,7 @@ class Life:
     began: float  # allocated time starts (UNIX seconds)
     started: float  # the `start` event: resumed, training begins
     ended: float
-    ending: str  # finish | failure | requeue | relaunch | cancelled | stopped | running | unknown
+    ending: str  # finish | failure | requeue | relaunch | cancelled | pruned | stopped | running | unknown
     cause: str | None
     resumed_from: int
     kept_to: int  # the last step of this life in the final lineage (resumed_from: none)
@@ -112,7 +113,7 @@ def _final_step(segments: list[list[dict[str, Any]]], metrics: list[dict[str, An
     if not segments:
         return 0
     last = segments[-1]
-    finishes = [_int(e.get("step")) for e in last if e.get("event") == "finish"]
+    finishes = [_int(e.get("step")) for e in last if e.get("event") in ("finish", "pruned")]
     if finishes and finishes[-1] is not None:
         return finishes[-1]
     logged = [_int(r.get("step")) or 0 for r in metrics if (_time(r) or 0.0) >= _time(last[0])]

@@ -24,7 +24,8 @@ class JournalSummary:
     restarts: int  # requeue and relaunch events: each is one more start after a stop
     total_steps: int | None  # the last start's total_steps
     # How the current attempt ended, from its last deciding event:
-    #   finish | failure | requeue | relaunch | cancelled | stopped (a signal-forced save) | None
+    #   finish | failure | requeue | relaunch | cancelled | stopped (a signal-forced save) | pruned
+    #   (hpctrain-tune's pruner stopped the trial) | None
     ending: str | None
     cause: str | None  # of that ending: requeue/failure cause, or the save's reason
     last_step: int | None  # the finish's step, else the newest checkpoint event's step
@@ -69,7 +70,7 @@ def _ending(attempt: list[dict[str, Any]]) -> tuple[str | None, str | None]:
         name = event.get("event")
         if name == "checkpoint" and event.get("reason") in _SIGNAL_SAVES:
             ending = ("stopped", event.get("reason"))
-        elif name in ("finish", "failure", "requeue", "relaunch", "cancelled"):
+        elif name in ("finish", "failure", "requeue", "relaunch", "cancelled", "pruned"):
             ending = (name, event.get("cause"))
     return ending
 

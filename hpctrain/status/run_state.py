@@ -41,6 +41,8 @@ def _from_slurm(job: SlurmJob, journal: JournalSummary) -> RunState:
         return RunState(_with_cause(state, journal), True)
     if state == "CANCELLED":
         return RunState(state, journal.ending != "finish")
+    if state == "COMPLETED" and journal.ending == "pruned":
+        return RunState("COMPLETED (pruned)", False)
     if state == "COMPLETED" and journal.ending == "failure":
         return RunState(_with_cause("FAILED", journal), True)
     return RunState(state, False)
@@ -54,6 +56,8 @@ def _from_journal(journal: JournalSummary) -> RunState:
         return RunState("COMPLETED" if slurm else "FINISHED", False)
     if ending == "failure":
         return RunState(_with_cause("FAILED", journal), True)
+    if ending == "pruned":  # hpctrain-tune's pruner stopped the trial: saved, ended on purpose
+        return RunState("COMPLETED (pruned)" if slurm else "PRUNED", False)
     if ending == "cancelled":
         return RunState("CANCELLED", True)
     if ending == "requeue":

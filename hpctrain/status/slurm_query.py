@@ -26,9 +26,11 @@ SQUEUE_FORMAT = "%i|%T|%r"
 SACCT_FIELDS = "JobIDRaw,State,JobID"
 # What sacct says (exit 1) on a cluster without slurmdbd: normal, not worth a note.
 ACCOUNTING_DISABLED = "accounting storage is disabled"
-_JOB_ID = JOB_ID  # `36`, or `36_7` for an array task (hpctrain.slurm.jobid)
+# A job (`36`) or an array task (`36_7`): squeue, sacct, scancel take both (hpctrain.slurm.jobid).
+_JOB_ID = JOB_ID
 # One `scontrol -o show job` record. JobName comes before these fields and may hold any text,
 # so they are matched as the run of fields Slurm always prints together. Reason may hold spaces.
+# An array task's record goes on `ArrayJobId=36 ArrayTaskId=7` (a pending meta record: `3-9%2`).
 _SCONTROL_ID = re.compile(r"^(?:scontrol: )?JobId=(\d+) (?:ArrayJobId=(\d+) ArrayTaskId=(\S+) )?")
 _SCONTROL_STATE = re.compile(r" JobState=(\S+) Reason=(.*?) Dependency=\S* Requeue=\d+ Restarts=(\d+) ")
 # Another Slurm version may order them otherwise: then the first JobState= and Restarts= found.
@@ -48,6 +50,9 @@ class SlurmJob:
 class SlurmAnswer:
     jobs: dict[str, SlurmJob] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # one line each, for the user
+    # squeue answered: a job it does not list is neither queued nor running (what a retry or
+    # a cancel must know for sure).
+    squeue_answered: bool = False
 
 
 def query(job_ids: list[str], timeout_s: float = TIMEOUT_S) -> SlurmAnswer:
@@ -58,7 +63,7 @@ def query(job_ids: list[str], timeout_s: float = TIMEOUT_S) -> SlurmAnswer:
     if shutil.which("squeue") is None:
         answer.notes.append("squeue not found on PATH: states come from the runs' own journals")
     else:
-        answer.jobs.update(_squeue(wanted, timeout_s, answer.notes))
+        answer.jobs.update(_squeue(wanted, timeout_s, answer))
     left = [j for j in wanted if j not in answer.jobs]
     if left and shutil.which("sacct") is not None:
         answer.jobs.update(_sacct(left, timeout_s, answer.notes))
@@ -86,18 +91,19 @@ def _run(command: list[str], timeout_s: float, stdin: str | None = None) -> subp
         return f"{command[0]}: {error.strerror or error}"
 
 
-def _squeue(job_ids: list[str], timeout_s: float, notes: list[str]) -> dict[str, SlurmJob]:
-    # -r: one line per array task (a pending task may still print as the meta record `36_[3-9%2]`).
-    done = _run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", SQUEUE_FORMAT], timeout_s)
+def _squeue(job_ids: list[str], timeout_s: float, answer: SlurmAnswer) -> dict[str, SlurmJob]:
+    # -r: one line per array task (`36_7`); a pending array folded into `36_[7-9]` (without -r,
+    # seen on 22.05) is read as each of its tasks all the same.
+    done = _run(["squeue", "-h", "-j", ",".join(job_ids), "-r", "-o", SQUEUE_FORMAT], timeout_s)
     if isinstance(done, str):
-        notes.append(f"{done}; states come from scontrol and the runs' journals")
+        answer.notes.append(f"{done}; states come from scontrol and the runs' journals")
         return {}
-    if done.returncode != 0:
-        # Asked about a single job it no longer lists, squeue fails with "Invalid job id
-        # specified"; about several, it lists those it knows. Both mean: not queued.
-        if "Invalid job id" not in done.stderr:
-            notes.append(f"squeue failed: {_first_line(done)}")
+    # Asked about a single job it no longer lists, squeue fails with "Invalid job id
+    # specified"; about several, it lists those it knows. Both mean: not queued.
+    if done.returncode != 0 and "Invalid job id" not in done.stderr:
+        answer.notes.append(f"squeue failed: {_first_line(done)}")
         return {}
+    answer.squeue_answered = True
     jobs = {}
     for line in done.stdout.splitlines():
         parts = line.strip().split("|", 2)
@@ -136,9 +142,10 @@ def parse_sacct(text: str, job_ids: list[str]) -> dict[str, SlurmJob]:
         parts = line.strip().split("|")
         if len(parts) < 2 or not parts[1]:
             continue
-        names = (
-            [parts[0]] if parts[0] in asked else [j for j in expand(parts[2]) if j in asked] if len(parts) > 2 else []
-        )
+        if parts[0] in asked:
+            names = [parts[0]]
+        else:
+            names = [j for j in expand(parts[2]) if j in asked] if len(parts) > 2 else []
         for name in names:
             # "CANCELLED by 1000": the state is the first word.
             lives.setdefault(name, []).append(parts[1].split()[0])

@@ -32,6 +32,7 @@ from hpctrain.trainer import components, loaders
 from hpctrain.trainer.evaluate import evaluate, flatten
 from hpctrain.trainer.progress import Progress
 from hpctrain.trainer.stop_vote import StopVote
+from hpctrain.tune.prune import TrialPruner
 from hpctrain.watchdog import Watchdog, hang_reporter
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,8 @@ class Trainer:
             identity=identity(config),
             on_forced=lambda record: self.journal.event("forced_save", **record),
         )
+        # A trial of hpctrain-tune with a pruner: asked at evaluation steps (None otherwise).
+        self.pruner = TrialPruner.for_run(self.run, config, ctx)
         # Read once at start-up: a preemption's SIGTERM gives this long for the forced save.
         self.grace_s = grace_time_s() if ctx.is_main else 0.0
 
@@ -123,6 +126,8 @@ class Trainer:
             evaluate_now = final or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
             if evaluate_now or step % cfg.log_every == 0:
                 last = self._log(progress, evaluate_now)
+            if evaluate_now and not final and self.pruner is not None and self.pruner.should_prune(step, last):
+                return self._pruned(last)
             reason = vote.poll(step)
             if reason and not final:
                 self._forced_save(reason)
@@ -134,6 +139,16 @@ class Trainer:
         self._save("final", background=False)
         self._save_weights()
         self.journal.event("finish", **last)
+        self.watchdog.stop()
+        return last
+
+    def _pruned(self, last: dict[str, Any]) -> dict[str, Any]:
+        """The study's pruner stopped this trial: save this step, record it, end as finished
+        (the job ends COMPLETED, the control step tells the study PRUNED)."""
+        assert self.pruner is not None
+        self._save("pruned", background=False)
+        metric = self.pruner.metric
+        self.journal.event("pruned", step=self.state.step, metric=metric, value=last.get(metric))
         self.watchdog.stop()
         return last
 

@@ -1,0 +1,99 @@
+"""Cancel chosen points with one scancel, and record each as `cancelled` at once.
+
+The record is written by this command, not left to the job: a pending job never runs the batch
+shell's SIGTERM trap. A running job's trap records the same cancel; both take the journal's
+lock before they look, so whichever comes second sees the other's line (one cancel per life).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+
+from hpctrain.run.decide import last_checkpoint_step
+from hpctrain.run.events import CANCELLED_BY_COMMAND, Cancelled, Journal, read_events
+from hpctrain.run.jsonlines import locked
+from hpctrain.run.paths import RunDir
+from hpctrain.sweep.points import PointFacts
+
+# `scancel -v` tells which jobs it could not end (exit status 0 all the same; without -v it
+# says nothing): tests/fixtures/slurm/scancel_verbose_mixed.txt.
+_KILL_ERROR = re.compile(r"Kill job error on job id (\S+): (.+)$")
+TIMEOUT_S = 60
+# A trap's line written this long before our scancel returned is still ours (clocks of the
+# batch node and this one may differ a little).
+_CLOCK_SLACK_S = 2.0
+
+
+class ScancelError(RuntimeError):
+    """scancel is missing or failed as a whole; nothing was recorded."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    cancelled: list[PointFacts]
+    ended: dict[str, str]  # job id -> Slurm's words: it ended (or vanished) before the scancel
+
+
+def scancel_command(job_ids: list[str]) -> list[str]:
+    return ["scancel", "-v", *job_ids]
+
+
+def parse_scancel_errors(text: str) -> dict[str, str]:
+    """`scancel -v` stderr -> {job id: Slurm's reason} for every job it could not end."""
+    found = {}
+    for line in text.splitlines():
+        match = _KILL_ERROR.search(line)
+        if match:
+            found[match.group(1)] = match.group(2).strip()
+    return found
+
+
+def cancel(points: list[PointFacts]) -> Outcome:
+    """One scancel for all `points` (each has a job id); raises ScancelError when it failed."""
+    if shutil.which("scancel") is None:
+        raise ScancelError("scancel: not found on PATH; run this on a Slurm login node")
+    job_ids = [str(p.job_id) for p in points]
+    began = time.time()
+    try:
+        done = subprocess.run(
+            scancel_command(job_ids), capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        raise ScancelError(
+            f"scancel: no answer within {TIMEOUT_S} s; the jobs may be cancelled or not (see squeue), "
+            "nothing was recorded"
+        ) from None
+    if done.returncode != 0:
+        words = (done.stderr or done.stdout).strip().splitlines()
+        raise ScancelError(
+            f"scancel failed (exit {done.returncode}): {words[-1] if words else 'no message'}; nothing was recorded"
+        )
+    ended = parse_scancel_errors(done.stderr)
+    cancelled = [p for p in points if p.job_id not in ended]
+    for point in cancelled:
+        record(point, began - _CLOCK_SLACK_S)
+    return Outcome(cancelled, ended)
+
+
+def record(point: PointFacts, since: float) -> bool:
+    """Write `cancelled` unless one was written since `since` (the job's trap was first).
+    Any job's line counts: a run dir has one live job, and an array task's trap knows it by
+    its own id (SLURM_JOB_ID), not by `36_7`."""
+    run = RunDir(point.run)
+    with locked(run.events):
+        events = read_events(run.events)
+        if any(isinstance(e, Cancelled) and e.time >= since for e in events):
+            return False
+        Journal(run.events).write_event(
+            Cancelled(
+                job_id=point.job_id,
+                restart=point.restarts,
+                step=last_checkpoint_step(events),
+                by=CANCELLED_BY_COMMAND,
+            )
+        )
+    return True

@@ -1,0 +1,157 @@
+"""What a trial's job does once its run has ended: tell the study, then submit the next trials.
+
+`python -m hpctrain.slurm.control` calls `trial_ended` when it decides the run is over (finish,
+fail, or stop after a scancel) for a run dir holding trial.json. Under the study lock it:
+  1. tells the study how the trial ended, unless it was told already (a job requeued many
+     times, or a control step run twice, tells once: the trial's state in the study decides);
+  2. unless the trial was cancelled, submits as many new trials as keep `tune.parallel`
+     running without exceeding `tune.n_trials` (hpctrain.tune.launch);
+  3. rewrites tune.json, the summary hpctrain-status reads.
+Nothing here may break the job's own ending: every error is said on stderr and swallowed.
+
+The objective is the metric's value at the end of the run, i.e. in the `finish` event (the
+final step is always evaluated): the value of the weights the trial leaves in model.pt. The
+best value seen during the run would reward weights nobody kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpctrain.run.events import Event, Failure, Finish, Journal, Pruned, Trial, read_events
+from hpctrain.run.paths import RunDir, TuneDir
+
+if TYPE_CHECKING:
+    from hpctrain.tune.trials import StudySetup
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: str  # COMPLETE, PRUNED or FAIL
+    value: float | None = None
+    reason: str | None = None
+
+
+def judge(events: Sequence[Event], action: str, metric: str) -> Verdict:
+    """How a trial ended, from its run's journal and the control step's action (pure)."""
+    pruned = [e for e in events if isinstance(e, Pruned)]
+    if pruned:
+        return Verdict("PRUNED", pruned[-1].value)
+    finish = [e for e in events if isinstance(e, Finish)]
+    if action == "finish" and finish:
+        final = finish[-1].extra
+        value = final.get(metric)
+        if value is None:
+            logged = ", ".join(sorted(k for k in final if k != "step")) or "nothing"
+            return Verdict("FAIL", reason=f"tune.metric {metric!r} is not among the final metrics ({logged})")
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return Verdict("FAIL", reason=f"{metric} ended as {value!r}, not a finite number")
+        return Verdict("COMPLETE", float(value))
+    if action == "stop":
+        return Verdict("FAIL", reason="cancelled (scancel)")
+    failures = [e for e in events if isinstance(e, Failure)]
+    if failures:
+        last = failures[-1]
+        return Verdict(
+            "FAIL",
+            reason=f"the run failed: {last.cause}"
+            + (f" ({last.message or last.reason})" if last.message or last.reason else ""),
+        )
+    return Verdict("FAIL", reason=f"the run ended ({action}) without finishing")
+
+
+@contextlib.contextmanager
+def outside_the_job() -> Iterator[None]:
+    """sbatch from inside a job would take the job's SLURM_*/SBATCH_* as its own options (its
+    nodes, its job name): the new trials' jobs get a clean environment, SLURM_CONF kept."""
+    saved = dict(os.environ)
+    for name in list(os.environ):
+        if name.startswith(("SLURM_", "SBATCH_")) and name != "SLURM_CONF":
+            del os.environ[name]
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def trial_ended(run_dir: Path, action: str) -> None:
+    """The control step's hook; never raises. Everything it says goes to stderr (stdout is
+    the action line the batch shell reads)."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            _trial_ended(RunDir(run_dir), action)
+    except Exception as error:  # the trial's job must still end as decided
+        print(f"hpctrain-tune: could not report trial {run_dir} to its study: {error!r}", file=sys.stderr)
+
+
+def _trial_ended(run: RunDir, action: str) -> None:
+    from hpctrain.tune import study as studies
+    from hpctrain.tune.launch import fill
+    from hpctrain.tune.trials import StudySetup
+
+    tune = TuneDir(run.root.parent)
+    job = os.environ.get("SLURM_JOB_ID")
+    if action == "stop":
+        # scancel: Slurm kills this shell KillWait seconds after its SIGTERM, maybe mid-way, so
+        # no lock is taken (a killed holder would stall every other trial's report). Telling
+        # alone is safe unlocked: it only ends a running trial, so a concurrent fill sees one
+        # more running than there is and submits fewer, never more. Nothing new is submitted.
+        setup = StudySetup.read(tune)
+        _tell(run, setup, action, job)
+        studies.write_summary(tune, setup.settings, studies.load(tune, setup.settings).get_trials(deepcopy=False))
+        return
+    with studies.study_lock(tune):
+        setup = StudySetup.read(tune)
+        _tell(run, setup, action, job)
+        with outside_the_job():
+            filled = fill(setup, by_job=job)
+        for point, job_id in zip(filled.points, filled.job_ids):
+            print(f"hpctrain-tune: submitted trial {point.run.root.name} as job {job_id}")
+        for error in filled.errors:
+            print(f"hpctrain-tune: {error}")
+        studies.write_summary(tune, setup.settings, studies.load(tune, setup.settings).get_trials(deepcopy=False))
+
+
+def _tell(run: RunDir, setup: StudySetup, action: str, job: str | None) -> None:
+    """Tell the study how the trial ended, once: a trial no longer RUNNING was told already."""
+    from optuna.trial import TrialState
+
+    from hpctrain.tune import study as studies
+    from hpctrain.tune.trials import read_trial
+
+    number = int(read_trial(run)["number"])
+    study = studies.load(setup.tune, setup.settings)
+    trial = study.get_trials(deepcopy=False)[number]
+    if trial.state != TrialState.RUNNING:
+        return
+    verdict = judge(read_events(run.events), action, setup.settings.metric)
+    if verdict.reason:
+        study._storage.set_trial_user_attr(trial._trial_id, "reason", verdict.reason)
+    if verdict.state == "COMPLETE":
+        study.tell(number, verdict.value)
+    else:
+        study.tell(number, state=TrialState[verdict.state])
+    told = Trial(
+        job_id=job,
+        number=number,
+        state=verdict.state,
+        value=verdict.value,
+        params=trial.params,
+        run_dir=str(run.root),
+        reason=verdict.reason,
+        by_job=job,
+    )
+    Journal(setup.tune.events).write_event(told)
+    Journal(run.events).write_event(told)
+    value = f" {setup.settings.metric}={verdict.value:g}" if verdict.value is not None else ""
+    print(
+        f"hpctrain-tune: trial {number} told {verdict.state}{value}" + (f": {verdict.reason}" if verdict.reason else "")
+    )
