@@ -22,6 +22,7 @@ from pathlib import Path
 from hpctrain.run.causes import Cause
 from hpctrain.run.events import Failure, Journal
 from hpctrain.run.exitcodes import WORKER_HUNG
+from hpctrain.slurm.jobid import job_of
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def hang_reporter(events: Path, rank: int) -> Callable[[float], None]:
     def report(idle_s: float) -> None:
         Journal(events).write_event(
             Failure(
-                job_id=os.environ.get("SLURM_JOB_ID"),
+                job_id=job_of(os.environ) or None,
                 restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
                 cause=Cause.HANG,
                 rank=rank,

@@ -31,6 +31,7 @@ from hpctrain.run.exitcodes import WORKER_FINISHED, WORKER_USER_ERROR
 from hpctrain.run.paths import RunDir
 from hpctrain.signals import StopFlag, exit_code
 from hpctrain.slurm.env import SlurmEnvError
+from hpctrain.slurm.jobid import job_of
 from hpctrain.trainer.trainer import StopTraining, Trainer
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def _report(error: Exception, run_dir: Path, ctx: DistContext) -> None:
     print(f"error: {error}", file=sys.stderr, flush=True)
     Journal(RunDir(run_dir).events).write_event(
         Failure(
-            job_id=os.environ.get("SLURM_JOB_ID"),
+            job_id=job_of(os.environ) or None,
             restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
             cause=Cause.USER_ERROR,
             message=str(error),

@@ -8,7 +8,9 @@ each point count, in rotated order every round (the machine is noisy):
   sbatch 1x    N bare `sbatch --parsable --hold` calls of a rendered hpctrain job script, one at a time
   sbatch 8x    the same, `slurm.submit_parallelism` (8) at a time, as hpctrain-submit calls them
   submit       `hpctrain-submit -m optim.lr=<N values> slurm.extra=[--hold]`: compose, check,
-               render, write the run dirs, sbatch every point, print the job ids
+               render, write the run dirs, read the site's limits, queue the sweep as one job
+               array (slurm.array), print the ids
+  submit jobs  the same with slurm.array=false: one sbatch per point, as before arrays
   prepare      the same with dry_run=true: everything before the first sbatch
 
 After each case its jobs are cancelled and its run dirs removed, then the machine settles
@@ -17,8 +19,8 @@ After each case its jobs are cancelled and its run dirs removed, then the machin
 
 Printed: median and p90 seconds per case, ratios against `sbatch 8x` measured in the same run,
 and the median CPU seconds of each case's processes (sbatch's own, not slurmctld's). The `submit`
-case counts the jobs Slurm queued (`squeue -r`: one per point, whether each point is its own job
-or a task of a job array) and fails unless every point is there.
+cases count the run dirs printed and the jobs Slurm queued (`squeue -r`: one per point, whether
+each point is its own job or a task of a job array) and fail unless every point is there.
 
     python scripts/bench_sweep.py [--points 100 1000] [--rounds 3] [--cases ...] [overrides ...]
 
@@ -41,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 PARALLELISM = 8  # slurm.submit_parallelism's default
-CASES = ["sbatch 1x", "sbatch 8x", "submit", "prepare"]
+CASES = ["sbatch 1x", "sbatch 8x", "submit", "submit jobs", "prepare"]
 Samples = dict[tuple[int, str], list[float]]  # (points, case) -> one value per round
 JOB_ID = re.compile(r"^Submitted batch job (\d+)$", re.MULTILINE)
 
@@ -112,15 +114,18 @@ def timed(
         job_ids = bare_sbatch(script, count, 1)
     elif case == "sbatch 8x":
         job_ids = bare_sbatch(script, count, PARALLELISM)
-    elif case == "submit":
-        job_ids = sorted(set(JOB_ID.findall(run([*sweep, "slurm.extra=[--hold]"], work))))
+    elif case.startswith("submit"):
+        jobs = ["slurm.array=false"] if case == "submit jobs" else []
+        printed = run([*sweep, "slurm.extra=[--hold]", *jobs], work)
+        job_ids = sorted(set(JOB_ID.findall(printed)))  # an array's id cancels all its tasks
+        points = printed.count("  run dir: ")
     else:
         run([*sweep, "dry_run=true"], work)
         job_ids = []
     elapsed, cpu = time.perf_counter() - start, children_cpu_s() - cpu_before
-    if case == "submit" and queued(job_ids) != count:
+    if case.startswith("submit") and (points != count or queued(job_ids) != count):
         cancel(job_ids)
-        sys.exit(f"hpctrain-submit queued {queued(job_ids)} jobs (ids printed: {len(job_ids)}) for {count} points")
+        sys.exit(f"hpctrain-submit printed {points} run dirs and queued {queued(job_ids)} jobs for {count} points")
     cancel(job_ids)
     shutil.rmtree(sweep_dir, ignore_errors=True)
     settle(settle_s)

@@ -114,6 +114,11 @@ class Shape:
     accounting: bool = True  # slurmdbd + MariaDB, so sacct answers (off: --no-accounting)
     # How long slurmctld keeps an ended job (scontrol show job); sacct remembers it for good.
     min_job_age_s: int = 300
+    # MaxArraySize (task ids 0..N-1); None: Slurm's default 1001. A small one makes sweeps split.
+    max_array_size: int | None = None
+    # AccountingStorageEnforce=limits: association/QOS limits (MaxSubmitJobs...) are applied,
+    # as on sites that set them; off: Slurm ignores them.
+    enforce_limits: bool = False
 
 
 @dataclass(frozen=True)
@@ -220,6 +225,7 @@ def render_slurm_conf(shape: Shape, paths: Paths, hostname: str) -> str:
         "InactiveLimit=0",
         "Waittime=0",
         f"MinJobAge={shape.min_job_age_s}",
+        *([f"MaxArraySize={shape.max_array_size}"] if shape.max_array_size else []),
         "JobRequeue=1",
         # Preemption by partition: jobs in `urgent` requeue jobs in `batch`.
         "PreemptType=preempt/partition_prio",
@@ -236,6 +242,8 @@ def render_slurm_conf(shape: Shape, paths: Paths, hostname: str) -> str:
     ]
     if shape.accounting:
         lines += accounting.slurm_conf_lines(base)
+        if shape.enforce_limits:
+            lines.append("AccountingStorageEnforce=associations,limits")
     if shape.gpus_per_node:
         lines.append("GresTypes=gpu")
     lines += [
@@ -766,7 +774,10 @@ def _describe(shape: Shape) -> str:
     kind = "with accounting" if shape.accounting else "no accounting"
     return (
         f"{shape.nodes} nodes x {shape.cpus_per_node} CPUs x {shape.gpus_per_node} GPUs, {kind}, "
-        f"MinJobAge {shape.min_job_age_s}s, ports {_describe_ports(shape)}"
+        f"MinJobAge {shape.min_job_age_s}s"
+        + (f", MaxArraySize {shape.max_array_size}" if shape.max_array_size else "")
+        + (", limits enforced" if shape.enforce_limits else "")
+        + f", ports {_describe_ports(shape)}"
     )
 
 
@@ -800,6 +811,8 @@ def ensure_cluster(
     port_base: int | None = None,
     with_accounting: bool = True,
     min_job_age_s: int = 300,
+    max_array_size: int | None = None,
+    enforce_limits: bool = False,
 ) -> dict[str, str]:
     """Start (or reuse) a cluster and return the environment that points at it.
 
@@ -808,7 +821,10 @@ def ensure_cluster(
     the same shape; restarts one of another shape.  Raises DevClusterError.
     """
     port = resolve_port_base(directory, port_base)
-    return up(Shape(nodes, gpus_per_node, cpus_per_node, port, with_accounting, min_job_age_s), directory)
+    shape = Shape(
+        nodes, gpus_per_node, cpus_per_node, port, with_accounting, min_job_age_s, max_array_size, enforce_limits
+    )
+    return up(shape, directory)
 
 
 def stop(directory: str) -> bool:
@@ -835,6 +851,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         port_base=args.port_base,
         with_accounting=not args.no_accounting,
         min_job_age_s=args.min_job_age,
+        max_array_size=args.max_array_size,
+        enforce_limits=args.enforce_limits,
     )
     print(f"export SLURM_CONF={shlex.quote(env['SLURM_CONF'])}")
     return 0
@@ -908,6 +926,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=300,
         help="seconds slurmctld keeps an ended job for scontrol (MinJobAge; default 300, Slurm's minimum 2)",
+    )
+    p_up.add_argument(
+        "--max-array-size",
+        type=int,
+        default=None,
+        help="MaxArraySize: job array task ids 0..N-1 (default: Slurm's 1001)",
+    )
+    p_up.add_argument(
+        "--enforce-limits",
+        action="store_true",
+        help="AccountingStorageEnforce=associations,limits: sacctmgr's MaxSubmitJobs/MaxJobs apply (needs accounting)",
     )
     p_up.set_defaults(func=cmd_up)
 

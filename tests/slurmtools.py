@@ -26,6 +26,8 @@ GPUS_PER_NODE = 2
 # ports inside the suite's block (the main cluster takes base..base+3, base+20, base+21).
 LENIENT_DIR, LENIENT_PORT_BASE = f"{CLUSTER_DIR}-lenient", PORT_BASE + 50
 FORGETFUL_DIR, FORGETFUL_PORT_BASE = f"{CLUSTER_DIR}-forgetful", PORT_BASE + 60
+# A site's limits: MaxArraySize 3 (sweeps split into several arrays) and association limits enforced.
+LIMITED_DIR, LIMITED_PORT_BASE, LIMITED_MAX_ARRAY_SIZE = f"{CLUSTER_DIR}-limited", PORT_BASE + 70, 3
 # HPCTRAIN_TEST_KEEP_CLUSTERS=1 leaves the clusters this run started up at its end (to rerun a test fast).
 KEEP_CLUSTERS = os.environ.get("HPCTRAIN_TEST_KEEP_CLUSTERS") == "1"
 # Cluster folders this run started (or restarted in another shape): stopped when the run ends.
@@ -99,6 +101,17 @@ def start_forgetful_cluster() -> dict[str, str]:
     return cluster_env(ensure_cluster(FORGETFUL_DIR, 2, 0, FORGETFUL_PORT_BASE, min_job_age_s=2))
 
 
+def start_limited_cluster() -> dict[str, str]:
+    """Accounting on with limits enforced (AccountingStorageEnforce), MaxArraySize 3, 2 nodes."""
+    reason = why_no_slurm()
+    if reason:
+        pytest.skip(reason)
+    slurm = ensure_cluster(
+        LIMITED_DIR, 2, 0, LIMITED_PORT_BASE, max_array_size=LIMITED_MAX_ARRAY_SIZE, enforce_limits=True
+    )
+    return cluster_env(slurm)
+
+
 def cluster_env(slurm: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env.update(slurm)
@@ -116,6 +129,11 @@ def submit(env: dict[str, str], run_dir: Path, *overrides: str, multirun: bool =
     )
     assert done.returncode == 0, f"hpctrain-submit failed:\n{done.stdout}\n{done.stderr}"
     return re.findall(r"^Submitted batch job (\d+)$", done.stdout, re.M), done.stdout
+
+
+def point_jobs(stdout: str) -> dict[str, str]:
+    """hpctrain-submit's `  run dir: DIR (job 36_7)` lines of a sweep queued as arrays: DIR -> id."""
+    return dict(re.findall(r"^  run dir: (.*) \(job (\d+_\d+)\)$", stdout, re.M))
 
 
 def job_field(env: dict[str, str], job_id: str, field: str) -> str | None:
@@ -228,7 +246,7 @@ def train_locally(env: dict[str, str], run_dir: Path, *overrides: str) -> None:
 
 def suite_cluster_dirs() -> list[str]:
     """Every cluster folder the suite may start (tests/test_devcluster.py adds `-devcluster`)."""
-    return [CLUSTER_DIR, f"{CLUSTER_DIR}-devcluster", LENIENT_DIR, FORGETFUL_DIR]
+    return [CLUSTER_DIR, f"{CLUSTER_DIR}-devcluster", LENIENT_DIR, FORGETFUL_DIR, LIMITED_DIR]
 
 
 def running_daemons() -> dict[str, list[str]]:

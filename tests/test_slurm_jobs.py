@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from slurmtools import job_output, start_cluster, submit, wait_finished
+from slurmtools import job_field, job_output, point_jobs, start_cluster, submit, wait_finished
 
 pytestmark = pytest.mark.slurm
 
@@ -59,30 +59,48 @@ def test_two_nodes_two_tasks_match_local_four_processes(slurm_env: dict[str, str
 
 def test_sweep_returns_at_once_and_trains_every_point(slurm_env: dict[str, str], tmp_path: Path) -> None:
     started = time.monotonic()
+    sweep = tmp_path / "sweep"
     job_ids, out = submit(
         slurm_env,
-        tmp_path / "sweep",
+        sweep,
         *SHORT,
         "optim.lr=1e-3,3e-3",
         "model=mlp,convnet",
         "trainer.max_steps=10",
+        "slurm.array_parallelism=2",
         multirun=True,
     )
     returned_s = time.monotonic() - started
-    assert len(job_ids) == 4 and len(set(job_ids)) == 4, out
+    # One job array (slurm.array), two tasks at a time: one `Submitted batch job`, a task per point.
+    (array,) = job_ids
+    tasks = point_jobs(out)
+    assert sorted(tasks.values()) == [f"{array}_{t}" for t in range(4)], out
+    assert job_field(slurm_env, f"{array}_3", "ArrayTaskThrottle") == "2"
     # It returned while jobs were still queued or running (it never waits for them).
     assert returned_s < 60
-    for job_id in job_ids:
+    for job_id in tasks.values():
         assert wait_finished(slurm_env, job_id) == "COMPLETED"
     # The points' run dirs 0..3, beside the sweep's shared code snapshot (code/).
-    run_dirs = sorted(p for p in (tmp_path / "sweep").iterdir() if p.is_dir() and p.name.isdigit())
-    assert len(run_dirs) == 4
-    lrs = set()
+    run_dirs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
+    assert [str(p) for p in run_dirs] == sorted(tasks)
     for run_dir in run_dirs:
         finish = [e for e in events(run_dir) if e["event"] == "finish"]
         assert finish and finish[0]["step"] == 10, job_output(run_dir)
-        lrs.add(json.loads((run_dir / "submission.json").read_text())["job_id"])
-    assert lrs == set(job_ids)
+        record = json.loads((run_dir / "submission.json").read_text())
+        assert record["job_id"] == tasks[str(run_dir)] == f"{record['array_job_id']}_{record['array_task_id']}"
+        # Each task's output is in its own run dir, named by the task's own job number.
+        assert f"job {record['job_id']} restart 0" in job_output(run_dir)
+    # hpctrain-status: one row per point, with its array id.
+    status = subprocess.run(
+        [sys.executable, "-m", "hpctrain.cli.status", "--json", str(sweep)],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    rows = json.loads(status.stdout)
+    rows = rows["runs"] if isinstance(rows, dict) else rows
+    assert sorted((r["job_id"], r["state"]) for r in rows) == [(j, "COMPLETED") for j in sorted(tasks.values())]
 
 
 @pytest.mark.parametrize("gpu_bind", ["all", "per_task"])

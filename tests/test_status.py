@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli import status as cli
-from hpctrain.status import discover, metrics_tail
+from hpctrain.status import discover, metrics_tail, slurm_query
 from hpctrain.status.rows import collect
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -212,7 +212,16 @@ def test_accounting_answers_before_scontrol(
     slurm.answer("sacct", "7|COMPLETED\n8|CANCELLED by 1000\n9|PREEMPTED\n")
     code, rows, _ = rows_of(capsys, *(str(tmp_path / n) for n in ("done", "cancelled", "preempted")))
     assert slurm.calls("scontrol") == []  # sacct knew them all
-    assert slurm.calls("sacct")[0][1:] == ["-n", "-P", "-X", "--duplicates", "-j", "7,8,9", "-o", "JobIDRaw,State"]
+    assert slurm.calls("sacct")[0][1:] == [
+        "-n",
+        "-P",
+        "-X",
+        "--duplicates",
+        "-j",
+        "7,8,9",
+        "-o",
+        slurm_query.SACCT_FIELDS,
+    ]
     assert (rows["done"]["state"], rows["done"]["source"]) == ("COMPLETED", "sacct")
     assert rows["cancelled"]["state"] == "CANCELLED" and rows["cancelled"]["failed"]
     assert rows["preempted"]["state"] == "PREEMPTED"

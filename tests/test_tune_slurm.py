@@ -60,8 +60,10 @@ def test_a_search_runs_to_its_end_after_the_command_returned(tmp_path: Path) -> 
     )
     returned_s = time.monotonic() - started
     assert done.returncode == 0, done.stdout + done.stderr
-    first_jobs = re.findall(r"^Submitted batch job (\S+)$", done.stdout, re.M)
-    assert len(first_jobs) == PARALLEL and f"sweep dir: {sweep}" in done.stdout
+    # The first wave: one job array (slurm.array), a run dir line per trial.
+    assert re.findall(r"^Submitted batch job \d+$", done.stdout, re.M), done.stdout
+    first_trials = re.findall(r"^  run dir: ", done.stdout, re.M)
+    assert len(first_trials) == PARALLEL and f"sweep dir: {sweep}" in done.stdout
     assert returned_s < 30, f"hpctrain-tune took {returned_s:.1f} s to return"
 
     summary_path = sweep / "tune.json"

@@ -31,6 +31,8 @@ import re
 import subprocess
 from dataclasses import dataclass
 
+from hpctrain.slurm.jobid import job_of
+
 log = logging.getLogger(__name__)
 
 # Of the time a signal gives, what the exit after the save needs (the other ranks' barrier, the
@@ -125,7 +127,7 @@ def grace_time_s(environ: dict[str, str] | None = None) -> float:
         except ValueError:
             log.warning("%s=%r is not a number of seconds; assuming %.0f s", GRACE_ENV, given, DEFAULT_GRACE_S)
             return DEFAULT_GRACE_S
-    job_id = env.get("SLURM_JOB_ID")
+    job_id = job_of(env)
     if not job_id:
         return DEFAULT_GRACE_S  # not a Slurm job: SIGTERM comes from a user or an init system
     try:

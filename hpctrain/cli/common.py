@@ -134,7 +134,7 @@ def _refuse_a_different_config(run: RunDir, resolved: DictConfig | dict[str, Any
 # the site's network interfaces).
 _NOT_WHAT_A_RUN_IS = {
     None: ("dry_run", "metrics", "tune"),
-    "slurm": ("submit_parallelism", "code_snapshot", "network"),
+    "slurm": ("submit_parallelism", "code_snapshot", "network", "array", "array_parallelism"),
     "trainer": ("progress_bar",),
 }
 # Sections with a fixed schema: a key a newer hpctrain added to them is missing from an older

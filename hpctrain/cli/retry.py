@@ -20,6 +20,7 @@ from pathlib import Path
 from hpctrain.errors import UserError
 from hpctrain.run.exitcodes import CLI_OK, CLI_REFUSED, CLI_USER_ERROR
 from hpctrain.slurm import sbatch
+from hpctrain.slurm.jobid import split as split_job_id
 from hpctrain.sweep import pick
 from hpctrain.sweep.points import PointError, gather
 from hpctrain.sweep.retry import resubmit, resume_step
@@ -75,10 +76,14 @@ def main(argv: list[str] | None = None) -> int:
         if not error.maybe_queued:
             print("nothing was queued; every run dir is as it was", file=sys.stderr)
         return CLI_REFUSED
+    queued: set[str] = set()
     for done in retried:
         point = done.verdict.point
-        print(f"Submitted batch job {done.job_id}")
-        print(f"  run dir: {point.run}")
+        job, task = split_job_id(done.job_id)
+        if job not in queued:  # once per sbatch: a job, or an array of several points
+            queued.add(job)
+            print(f"Submitted batch job {job}")
+        print(f"  run dir: {point.run}" + ("" if task is None else f" (job {done.job_id})"))
         print(f"  retry of point {point.name}: {done.verdict.why}; {_resumes(point.run)}")
     return CLI_OK
 

@@ -39,6 +39,7 @@ from hpctrain.run.exitcodes import CLI_REFUSED
 from hpctrain.run.paths import restrict_umask
 from hpctrain.slurm import sbatch
 from hpctrain.slurm.code_snapshot import CodeSnapshot, targets_in
+from hpctrain.slurm.jobid import split as split_job_id
 from hpctrain.slurm.submit import (
     Point,
     discard_points,
@@ -101,9 +102,16 @@ def discard_sweep(sweep_dir: Path, points: list[Point]) -> None:
 
 
 def announce(points: list[Point], job_ids: list[str]) -> None:
+    """`Submitted batch job <id>` once per sbatch (a job, or a whole array), then its run dirs;
+    an array's points with their own `<array>_<task>`."""
+    arrays: dict[str, list[tuple[Point, str]]] = {}
     for point, job_id in zip(points, job_ids):
-        print(f"Submitted batch job {job_id}")
-        print(f"  run dir: {point.run.root}")
+        job, task = split_job_id(job_id)
+        arrays.setdefault(job, []).append((point, "" if task is None else f" (job {job_id})"))
+    for job, members in arrays.items():
+        print(f"Submitted batch job {job}")
+        for point, which in members:
+            print(f"  run dir: {point.run.root}{which}")
     sys.stdout.flush()
 
 

@@ -188,6 +188,11 @@ class SlurmConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     # Submit sweep points this many at once (sbatch calls in parallel).
     submit_parallelism: int = 8
+    # A multirun sweep is queued as Slurm job arrays (one sbatch per array, each point a task
+    # training in its own run dir); false: one job per point.
+    array: bool = True
+    # Tasks of one array running at once (`--array=0-N%K`); null: no limit but Slurm's.
+    array_parallelism: Optional[int] = None
     # Copy hpctrain and the config's own `_target_` code into code/ at submit time and import it
     # first in every life of the job, so edits, pulls and reinstalls never reach a queued job.
     code_snapshot: bool = True
@@ -216,7 +221,7 @@ class SlurmConfig:
         for key in ("nodes", "submit_parallelism"):
             value = getattr(self, key)
             require(value >= 1, f"slurm.{key}", f"must be >= 1 (got {value})")
-        for key in ("ntasks_per_node", "cpus_per_task"):
+        for key in ("ntasks_per_node", "cpus_per_task", "array_parallelism"):
             value = getattr(self, key)
             require(value is None or value >= 1, f"slurm.{key}", f"must be >= 1 or null (got {value})")
         require(self.gpus_per_node >= 0, "slurm.gpus_per_node", f"must be >= 0 (got {self.gpus_per_node})")

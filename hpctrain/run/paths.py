@@ -95,6 +95,11 @@ class RunDir:
             record = {}
         earlier = record.get("job_id")
         record.update(job_id=job_id, resubmitted_from=[*record.get("resubmitted_from", []), earlier])
+        # A new job that is not the recorded array task (a refused requeue runs job.sbatch alone):
+        # the array's fields went with the old one.
+        if f"{record.get('array_job_id')}_{record.get('array_task_id')}" != job_id:
+            for key in ("array_job_id", "array_task_id", "array_script"):
+                record.pop(key, None)
         tmp = self.submission.with_name(self.submission.name + ".tmp")
         tmp.write_text(json.dumps(record, indent=2) + "\n")
         os.replace(tmp, self.submission)
@@ -160,6 +165,25 @@ class TuneDir:
 
     def is_study(self) -> bool:
         return self.study.is_file()
+
+
+@dataclass(frozen=True)
+class SweepArrays:
+    """A sweep's job arrays (slurm.array): array number `k` is queued from `script(k)`, whose task
+    `t` trains in the run dir the relative symlink `links(k)/t` points to. Its --output goes
+    through that link, so each task's SLURM_OUTPUT_PATTERN file lands in its own run dir."""
+
+    sweep: Path
+
+    @property
+    def folder(self) -> Path:
+        return self.sweep / ".array"
+
+    def script(self, k: int) -> Path:
+        return self.folder / f"array-{k}.sbatch"
+
+    def links(self, k: int) -> Path:
+        return self.folder / f"array-{k}"
 
 
 # checkpoints/step_XXXXXXXX.pt with its step_XXXXXXXX.json, written last: a checkpoint counts

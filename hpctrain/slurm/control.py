@@ -36,6 +36,7 @@ from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes,
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm.env import parse_node_list
+from hpctrain.slurm.jobid import job_of
 
 
 class Controller:
@@ -44,11 +45,13 @@ class Controller:
         self.env = dict(os.environ) if env is None else env
         self.slurm = OmegaConf.load(self.run.config).get("slurm", {})
         self.journal = Journal(self.run.events)
-        self.job_id = self.env.get("SLURM_JOB_ID", "")
+        # `<array>_<task>` in an array task (what submission.json, the events and hpctrain-cancel
+        # call it): its SLURM_JOB_ID may name the whole array to scontrol.
+        self.job_id = job_of(self.env)
         self.restart = int(self.env.get("SLURM_RESTART_COUNT", "0"))
-        # An array task's other name (`36_7`): what submission.json and hpctrain-cancel call it.
-        array = (self.env.get("SLURM_ARRAY_JOB_ID", ""), self.env.get("SLURM_ARRAY_TASK_ID", ""))
-        self.aliases = (f"{array[0]}_{array[1]}",) if all(array) else ()
+        # The task's own number, its other name (events an older hpctrain wrote carry it).
+        number = self.env.get("SLURM_JOB_ID", "")
+        self.aliases = (number,) if number and number != self.job_id else ()
 
     # ---- facts -----------------------------------------------------------------------------------
 

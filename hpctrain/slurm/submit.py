@@ -23,9 +23,12 @@ from pathlib import Path
 
 from hpctrain import __version__
 from hpctrain.config import Config
-from hpctrain.run.paths import RunDir, remove_empty_parents
+from hpctrain.run.paths import RunDir, SweepArrays, remove_empty_parents
 from hpctrain.slurm import sbatch
+from hpctrain.slurm.arrays import free_number, header_of, plan_arrays, write_array
 from hpctrain.slurm.code_snapshot import CodeSnapshot, summary
+from hpctrain.slurm.jobid import JOB_ID, array_id, split
+from hpctrain.slurm.limits import SlurmLimitsError, check, read_limits
 from hpctrain.slurm.render import render
 
 log = logging.getLogger(__name__)
@@ -83,11 +86,11 @@ def live_job(run: RunDir) -> str | None:
     """`JOBID (STATE)` when the job last submitted from this run dir is still queued or
     running: a second job would train in the same run dir at the same time."""
     job_id = run.submitted_job_id()
-    if job_id is None or not job_id.isdigit() or shutil.which("squeue") is None:
+    if job_id is None or not JOB_ID.match(job_id) or shutil.which("squeue") is None:
         return None
     try:
         done = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T"],
+            ["squeue", "-h", "-r", "-j", job_id, "-o", "%T"],
             capture_output=True,
             text=True,
             stdin=subprocess.DEVNULL,
@@ -101,29 +104,100 @@ def live_job(run: RunDir) -> str | None:
 
 
 def submit_all(points: list[Point], parallelism: int) -> list[str]:
-    """sbatch every point; the first alone (a wrong partition or account fails there, before
-    any other job is queued), the rest `parallelism` at a time. Returns the job ids in order."""
+    """sbatch every point; the first script alone (a wrong partition or account fails there,
+    before any other job is queued), the rest `parallelism` at a time. A sweep (several points)
+    is checked against the site's limits first and, with slurm.array, queued as job arrays
+    (hpctrain.slurm.arrays). Returns one job id per point, in order: `36`, or `36_7` for task 7
+    of array 36."""
     if not points:
         return []
-    job_ids: list[str | None] = [None] * len(points)
+    batches: list[_Batch] = []
+    job_ids: list[str | None] = []
     try:
         sbatch.sbatch_path()  # say "no sbatch" once, before anything else happens
-        job_ids[0] = sbatch.submit(points[0].script)
+        batches = _plan(points)
+        job_ids = [None] * len(batches)
+        job_ids[0] = sbatch.submit(batches[0].script)
         with ThreadPoolExecutor(max_workers=parallelism) as pool:
-            futures = [pool.submit(sbatch.submit, p.script) for p in points[1:]]
+            futures = [pool.submit(sbatch.submit, b.script) for b in batches[1:]]
             try:
                 for index, future in enumerate(futures, start=1):
                     job_ids[index] = future.result()
             finally:
                 _collect(futures, job_ids)  # every job queued before a failure, to cancel it
     except BaseException as error:  # a refusal, a timeout, Ctrl-C: undo what this call did
-        unsure = isinstance(error, sbatch.SbatchError) and error.maybe_queued
-        _undo([j for j in job_ids if j], [p for p in points if not unsure or p.script != error.script])
+        unsure = error.script if isinstance(error, sbatch.SbatchError) and error.maybe_queued else None
+        kept = [b for b in batches if b.script == unsure]
+        kept_points = {i for b in kept for i in b.points}
+        _undo([j for j in job_ids if j], [p for i, p in enumerate(points) if i not in kept_points])
+        _remove_arrays([b for b in batches if b not in kept])
         raise
-    ids = [str(j) for j in job_ids]
-    for point, job_id in zip(points, ids):
-        _record(point, job_id)
+    ids = [""] * len(points)
+    for batch, job_id in zip(batches, job_ids):
+        for task, index in enumerate(batch.points):
+            ids[index] = str(job_id) if batch.links is None else array_id(str(job_id), task)
+            _record(points[index], ids[index], batch)
     return ids
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One sbatch call: a point's own job.sbatch, or an array script for several points."""
+
+    script: Path
+    points: tuple[int, ...]
+    links: Path | None = None  # an array's task -> run dir links
+
+
+def _plan(points: list[Point]) -> list[_Batch]:
+    """A sweep is checked against the site's limits (raising SbatchError with the numbers when
+    it cannot fit), then grouped into arrays; a single point is its own job.sbatch."""
+    if len(points) == 1:
+        return [_Batch(points[0].script, (0,))]
+    slurm = points[0].config.slurm
+    as_arrays = all(p.config.slurm.array for p in points)
+    try:
+        limits = read_limits(slurm.account, slurm.qos)
+    except SlurmLimitsError as error:
+        raise sbatch.SbatchError(str(error)) from None
+    verdict = check(len(points), limits, slurm.array_parallelism if as_arrays else None)
+    if verdict.refusal:
+        raise sbatch.SbatchError(verdict.refusal)
+    if verdict.note:
+        log.info("%s", verdict.note)
+    if not as_arrays:
+        return [_Batch(p.script, (i,)) for i, p in enumerate(points)]
+    scripts = [p.script.read_text() for p in points]
+    plans = plan_arrays([header_of(s) for s in scripts], limits.max_array_size)
+    sweep = SweepArrays(Path(os.path.commonpath([str(p.run.root.resolve().parent) for p in points])))
+    batches: list[_Batch] = []
+    try:
+        for plan in plans:
+            if plan.alone:
+                batches.append(_Batch(points[plan.points[0]].script, plan.points))
+                continue
+            k = free_number(sweep)
+            run_dirs = [p.run.root for p in points]
+            parallel = points[plan.points[0]].config.slurm.array_parallelism
+            script = write_array(sweep, k, plan, run_dirs, _NAMES.job_script.name, parallel)
+            batches.append(_Batch(script, plan.points, sweep.links(k)))
+    except OSError as error:  # a full disk, a read-only sweep folder
+        _remove_arrays(batches)
+        raise sbatch.SbatchError(f"could not write the sweep's array script in {sweep.folder}: {error}") from None
+    log.info("%d points in %d job array(s), up to %d tasks each", len(points), len(batches), limits.max_array_size)
+    return batches
+
+
+def _remove_arrays(batches: list[_Batch]) -> None:
+    """After a failed submission: the array scripts and links it wrote, then `.array/` if empty."""
+    for batch in batches:
+        if batch.links is not None:
+            shutil.rmtree(batch.links, ignore_errors=True)
+            batch.script.unlink(missing_ok=True)
+            try:
+                batch.links.parent.rmdir()
+            except OSError:  # another array of this sweep is still there
+                pass
 
 
 def _collect(futures: list[Future[str]], job_ids: list[str | None]) -> None:
@@ -137,7 +211,8 @@ def _collect(futures: list[Future[str]], job_ids: list[str | None]) -> None:
                 pass
 
 
-def _record(point: Point, job_id: str) -> None:
+def _record(point: Point, job_id: str, batch: _Batch) -> None:
+    array_job, task = split(job_id)
     record = {
         "job_id": job_id,
         "submitted_at": round(time.time(), 3),
@@ -150,6 +225,8 @@ def _record(point: Point, job_id: str) -> None:
         "hpctrain_version": __version__,
         "code_snapshot": summary(point.code) if point.code else None,
     }
+    if batch.links is not None:  # slurm.array: the array, this point's task, and its script
+        record.update(array_job_id=array_job, array_task_id=task, array_script=str(batch.script))
     point.run.submission.write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -162,8 +239,15 @@ def _user() -> str:
 
 def _undo(job_ids: list[str], points: list[Point]) -> None:
     if job_ids and shutil.which("scancel"):
-        subprocess.run(["scancel", *job_ids], capture_output=True, check=False, stdin=subprocess.DEVNULL)
-        log.warning("cancelled the %d job(s) this submission had queued: %s", len(job_ids), " ".join(job_ids))
+        done = subprocess.run(
+            ["scancel", *job_ids], capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
+        )
+        if done.returncode != 0:
+            log.error(
+                "scancel %s failed (%s): cancel them by hand", " ".join(job_ids), done.stderr.strip() or done.returncode
+            )
+        else:
+            log.warning("cancelled the %d job(s) this submission had queued: %s", len(job_ids), " ".join(job_ids))
     discard_points(points)
 
 

@@ -17,17 +17,21 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from hpctrain.slurm.jobid import JOB_ID, expand, sort_key
+
 TIMEOUT_S = 30
 # `%i|%T|%r`: job id, state in full (PENDING, not PD), reason (BeginTime after a requeue).
 SQUEUE_FORMAT = "%i|%T|%r"
-SACCT_FIELDS = "JobIDRaw,State"
+# JobID names an array task `36_7` (its JobIDRaw is the task's own number); a plain job's is its id.
+SACCT_FIELDS = "JobIDRaw,State,JobID"
 # What sacct says (exit 1) on a cluster without slurmdbd: normal, not worth a note.
 ACCOUNTING_DISABLED = "accounting storage is disabled"
-# A job (`36`) or an array task (`36_7`): squeue, sacct, scancel take both.
-_JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
+# A job (`36`) or an array task (`36_7`): squeue, sacct, scancel take both (hpctrain.slurm.jobid).
+_JOB_ID = JOB_ID
 # One `scontrol -o show job` record. JobName comes before these fields and may hold any text,
 # so they are matched as the run of fields Slurm always prints together. Reason may hold spaces.
-_SCONTROL_ID = re.compile(r"^(?:scontrol: )?JobId=(\d+) ")
+# An array task's record goes on `ArrayJobId=36 ArrayTaskId=7` (a pending meta record: `3-9%2`).
+_SCONTROL_ID = re.compile(r"^(?:scontrol: )?JobId=(\d+) (?:ArrayJobId=(\d+) ArrayTaskId=(\S+) )?")
 _SCONTROL_STATE = re.compile(r" JobState=(\S+) Reason=(.*?) Dependency=\S* Requeue=\d+ Restarts=(\d+) ")
 # Another Slurm version may order them otherwise: then the first JobState= and Restarts= found.
 _SCONTROL_LOOSE = re.compile(r" JobState=(\S+) ")
@@ -53,7 +57,7 @@ class SlurmAnswer:
 
 def query(job_ids: list[str], timeout_s: float = TIMEOUT_S) -> SlurmAnswer:
     answer = SlurmAnswer()
-    wanted = sorted({j for j in job_ids if _JOB_ID.match(j)}, key=lambda j: tuple(map(int, j.split("_"))))
+    wanted = sorted({j for j in job_ids if _JOB_ID.match(j)}, key=sort_key)
     if not wanted:
         return answer
     if shutil.which("squeue") is None:
@@ -88,7 +92,8 @@ def _run(command: list[str], timeout_s: float, stdin: str | None = None) -> subp
 
 
 def _squeue(job_ids: list[str], timeout_s: float, answer: SlurmAnswer) -> dict[str, SlurmJob]:
-    # -r: one line per array task (`36_7`), never a pending array folded into `36_[7-9]`.
+    # -r: one line per array task (`36_7`); a pending array folded into `36_[7-9]` (without -r,
+    # seen on 22.05) is read as each of its tasks all the same.
     done = _run(["squeue", "-h", "-j", ",".join(job_ids), "-r", "-o", SQUEUE_FORMAT], timeout_s)
     if isinstance(done, str):
         answer.notes.append(f"{done}; states come from scontrol and the runs' journals")
@@ -102,8 +107,10 @@ def _squeue(job_ids: list[str], timeout_s: float, answer: SlurmAnswer) -> dict[s
     jobs = {}
     for line in done.stdout.splitlines():
         parts = line.strip().split("|", 2)
-        if len(parts) == 3 and _JOB_ID.match(parts[0]):
-            jobs[parts[0]] = SlurmJob(parts[1], _reason(parts[2]), None, "squeue")
+        if len(parts) == 3:
+            for job_id in expand(parts[0]):
+                if _JOB_ID.match(job_id):
+                    jobs[job_id] = SlurmJob(parts[1], _reason(parts[2]), None, "squeue")
     return jobs
 
 
@@ -127,13 +134,21 @@ def parse_sacct(text: str, job_ids: list[str]) -> dict[str, SlurmJob]:
 
     A job's lines come oldest life first; its last line is its state now and the lines before it
     are the lives a requeue ended. An array task has its own JobIDRaw (`6_1` may be 8), so only
-    lines whose JobIDRaw is an asked id count."""
+    lines whose JobIDRaw is an asked id count, or whose JobID (third field) is: `6_1`, or a
+    pending array's `6_[1-3%2]` standing for each of its tasks."""
+    asked = set(job_ids)
     lives: dict[str, list[str]] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) >= 2 and parts[0] in job_ids and parts[1]:
+        if len(parts) < 2 or not parts[1]:
+            continue
+        if parts[0] in asked:
+            names = [parts[0]]
+        else:
+            names = [j for j in expand(parts[2]) if j in asked] if len(parts) > 2 else []
+        for name in names:
             # "CANCELLED by 1000": the state is the first word.
-            lives.setdefault(parts[0], []).append(parts[1].split()[0])
+            lives.setdefault(name, []).append(parts[1].split()[0])
     return {job_id: SlurmJob(states[-1], None, len(states) - 1, "sacct") for job_id, states in lives.items()}
 
 
@@ -148,10 +163,15 @@ def _scontrol(job_ids: list[str], timeout_s: float, notes: list[str]) -> dict[st
     jobs = {}
     for line in done.stdout.splitlines():
         found_id = _SCONTROL_ID.match(line)
-        if found_id and found_id.group(1) in job_ids:
-            job = _scontrol_record(line)
-            if job is not None:
-                jobs[found_id.group(1)] = job
+        if found_id is None:
+            continue
+        job_id, array, tasks = found_id.groups()
+        # An array task's record: JobId is its own number, the asked id is `<array>_<task>`.
+        names = [job_id] if array is None else [job_id, *expand(f"{array}_[{tasks}]")]
+        job = _scontrol_record(line)
+        for name in names:
+            if name in job_ids and job is not None:
+                jobs[name] = job
     if not jobs and done.returncode != 0 and "Invalid job id" not in done.stderr:
         notes.append(f"scontrol failed: {_first_line(done)}")
     return jobs

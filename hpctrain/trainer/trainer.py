@@ -27,6 +27,7 @@ from hpctrain.metrics import MetricSinks, open_sinks
 from hpctrain.run.events import Journal
 from hpctrain.run.paths import RunDir
 from hpctrain.signals import StopFlag
+from hpctrain.slurm.jobid import job_of
 from hpctrain.trainer import components, loaders
 from hpctrain.trainer.evaluate import evaluate, flatten
 from hpctrain.trainer.progress import Progress
@@ -299,7 +300,7 @@ class Trainer:
             dist.all_gather_object(ranks, mine)
         self.journal.event(
             "start",
-            job_id=os.environ.get("SLURM_JOB_ID"),
+            job_id=job_of(os.environ) or None,
             restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
             world_size=self.ctx.world_size,
             nodes=sorted({r["node"] for r in ranks}),

@@ -93,12 +93,13 @@ def trial_ended(run_dir: Path, action: str) -> None:
 
 
 def _trial_ended(run: RunDir, action: str) -> None:
+    from hpctrain.slurm.jobid import job_of
     from hpctrain.tune import study as studies
     from hpctrain.tune.launch import fill
     from hpctrain.tune.trials import StudySetup
 
     tune = TuneDir(run.root.parent)
-    job = os.environ.get("SLURM_JOB_ID")
+    job = job_of(os.environ) or None  # `<array>_<task>` for a trial queued in an array
     if action == "stop":
         # scancel: Slurm kills this shell KillWait seconds after its SIGTERM, maybe mid-way, so
         # no lock is taken (a killed holder would stall every other trial's report). Telling

@@ -1,0 +1,175 @@
+"""A sweep as Slurm job arrays on the real dev cluster: requeues, node failures and hot spares per task, splitting at
+MaxArraySize, refusal over MaxSubmitJobs. (A plain sweep as one array: test_slurm_jobs.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from slurmtools import (
+    LIMITED_MAX_ARRAY_SIZE,
+    events,
+    job_field,
+    job_output,
+    point_jobs,
+    start_cluster,
+    start_limited_cluster,
+    submit,
+    train_locally,
+    wait_finished,
+    wait_for_state,
+    wait_for_step,
+)
+
+pytestmark = pytest.mark.slurm
+
+# Two threads a point: each task takes a whole 2-CPU node, so a node's failure hits one task.
+RUN = ["trainer.log_every=5", "trainer.eval_every=0", "trainer.ckpt_every=20", "trainer.threads=2"]
+LRS = ["1e-3", "2e-3", "3e-3"]  # point n trains with LRS[n]
+
+
+def of(kind: str, run_dir: Path) -> list[dict]:
+    return [e for e in events(run_dir) if e["event"] == kind]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def set_node(env: dict[str, str], node: str, state: str) -> None:
+    done = subprocess.run(
+        ["scontrol", "update", f"nodename={node}", f"state={state}", "reason=hpctrain-test"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 or state == "resume", done.stderr  # ReturnToService may have resumed it
+
+
+def test_array_tasks_requeue_alone_and_resume_exactly_in_their_own_run_dirs(tmp_path: Path) -> None:
+    env = start_cluster()
+    sweep = tmp_path / "sweep"
+    config = [*RUN, "trainer.max_steps=200"]
+    (array,), out = submit(env, sweep, *config, f"optim.lr={','.join(LRS)}", multirun=True)
+    ids = {Path(d).name: j for d, j in point_jobs(out).items()}
+    assert sorted(ids) == ["0", "1", "2"] and set(ids.values()) == {f"{array}_{t}" for t in range(3)}, out
+    for name in ids:
+        wait_for_step(sweep / name, 40)
+    # The task whose own number is the array's id: its batch script's `scontrol requeue` must
+    # requeue it alone (by `<array>_<task>`), not every task of the array.
+    holder = next(n for n, j in ids.items() if job_field(env, j, "JobId") == array)
+    failing = next(n for n in ids if n != holder)
+    calm = next(n for n in ids if n not in (holder, failing))
+    subprocess.run(["scancel", "--batch", "--signal=USR2", ids[holder]], env=env, check=True)  # the time-limit warning
+    victim = of("start", sweep / failing)[0]["nodes"][0]
+    set_node(env, victim, "down")  # the batch node of the failing task: Slurm requeues it
+    try:
+        wait_for_state(env, ids[failing], {"PENDING"}, 120)
+    finally:
+        set_node(env, victim, "resume")
+    for name in (holder, failing, calm):
+        state = wait_finished(env, ids[name], timeout_s=600, lift_holds=True)
+        assert state == "COMPLETED", job_output(sweep / name)
+    # The warned task saved at the warning and resumed from that very step, as the same task.
+    saved = [e for e in of("checkpoint", sweep / holder) if e["reason"] == "timelimit"]
+    starts = of("start", sweep / holder)
+    assert len(saved) == 1 and [s["restart"] for s in starts] == [0, 1], events(sweep / holder)
+    assert starts[1]["resumed_from_step"] == saved[0]["step"] and {s["job_id"] for s in starts} == {ids[holder]}
+    assert [e["cause"] for e in of("requeue", sweep / holder)] == ["timelimit"]
+    # The failed node's task came back from its last periodic checkpoint, as the same task.
+    starts = of("start", sweep / failing)
+    assert [s["restart"] for s in starts] == [0, 1] and {s["job_id"] for s in starts} == {ids[failing]}
+    assert starts[1]["resumed_from_step"] >= 40 and starts[1]["resumed_from_step"] % 20 == 0
+    # The third task was never requeued by the others' requeues.
+    assert [s["restart"] for s in of("start", sweep / calm)] == [0], events(sweep / calm)
+    for name in (holder, failing):
+        reference = tmp_path / f"reference-{name}"
+        train_locally(env, reference, *config, f"optim.lr={LRS[int(name)]}")
+        assert same_weights(sweep / name, reference), name
+
+
+def test_a_sweep_splits_at_max_array_size_and_one_over_max_submit_jobs_is_refused(tmp_path: Path) -> None:
+    env = start_limited_cluster()
+    short = ["trainer.max_steps=3", "trainer.log_every=1", "trainer.eval_every=0", "optim.lr=1e-3,2e-3,3e-3,4e-3"]
+    limit = subprocess.run(
+        ["sacctmgr", "-i", "modify", "user", "root", "set", "MaxSubmitJobs=3"], env=env, capture_output=True, text=True
+    )
+    assert limit.returncode == 0, limit.stderr
+    try:
+        refused = subprocess.run(
+            [sys.executable, "-m", "hpctrain.cli.submit", "-m", f"hydra.sweep.dir={tmp_path / 'refused'}"]
+            + ["cluster=devcluster", *short],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        reset = subprocess.run(
+            ["sacctmgr", "-i", "modify", "user", "root", "set", "MaxSubmitJobs=-1"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert reset.returncode == 0, reset.stderr
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "the sweep has 4 points but association root/root (MaxSubmitJobs) allows 3" in refused.stderr
+    assert "nothing was queued and no run dir was kept" in refused.stderr
+    assert "Submitted batch job" not in refused.stdout and not (tmp_path / "refused").exists()
+    queued = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], env=env, capture_output=True, text=True, check=True)
+    assert queued.stdout.strip() == ""
+
+    sweep = tmp_path / "split"
+    arrays, out = submit(env, sweep, *short, multirun=True)
+    ids = {Path(d).name: j for d, j in point_jobs(out).items()}
+    # MaxArraySize 3: task ids 0..2, so four points make two arrays, each counting from 0.
+    assert len(arrays) == 2 and LIMITED_MAX_ARRAY_SIZE == 3, out
+    assert ids == {"0": f"{arrays[0]}_0", "1": f"{arrays[0]}_1", "2": f"{arrays[0]}_2", "3": f"{arrays[1]}_0"}
+    for name, job_id in ids.items():
+        assert wait_finished(env, job_id, timeout_s=300) == "COMPLETED", job_output(sweep / name)
+        record = json.loads((sweep / name / "submission.json").read_text())
+        assert record["job_id"] == job_id and f"{record['array_job_id']}_{record['array_task_id']}" == job_id
+        assert of("finish", sweep / name)[0]["step"] == 3 and of("start", sweep / name)[0]["job_id"] == job_id
+        assert f"job {job_id} restart 0" in job_output(sweep / name)
+
+
+def test_an_array_task_relaunches_on_its_hot_spare(tmp_path: Path) -> None:
+    """The task holding the array's own number (the last one, here after the first has ended):
+    its batch script reads its own allocation (`scontrol show job <array>_<task>`), not every
+    record of the array, and moves onto its spare without a requeue."""
+    env = start_cluster()
+    sweep = tmp_path / "sweep"
+    config = [
+        "trainer.log_every=5",
+        "trainer.eval_every=0",
+        "trainer.ckpt_every=20",
+        "trainer.max_steps=300",
+        "slurm.nodes=2",
+        "slurm.ntasks_per_node=1",
+        "slurm.spare_nodes=1",
+        "slurm.array_parallelism=1",
+    ]
+    (array,), out = submit(env, sweep, *config, "optim.lr=1e-3,2e-3", multirun=True)
+    ids = {Path(d).name: j for d, j in point_jobs(out).items()}
+    assert wait_finished(env, ids["0"], timeout_s=300) == "COMPLETED", job_output(sweep / "0")
+    wait_for_step(sweep / "1", 50)
+    assert job_field(env, ids["1"], "JobId") == array  # its SLURM_JOB_ID names the whole array
+    victim = of("start", sweep / "1")[0]["nodes"][1]
+    set_node(env, victim, "down")
+    try:
+        assert wait_finished(env, ids["1"], timeout_s=600) == "COMPLETED", job_output(sweep / "1")
+    finally:
+        set_node(env, victim, "resume")
+    assert job_field(env, ids["1"], "Restarts") == "0"  # never requeued
+    relaunches = of("relaunch", sweep / "1")
+    assert len(relaunches) == 1 and relaunches[0]["failed"] == [victim], events(sweep / "1")
+    starts = of("start", sweep / "1")
+    assert len(starts) == 2 and victim not in starts[1]["nodes"] and len(starts[1]["nodes"]) == 2
+    reference = tmp_path / "reference"
+    train_locally(env, reference, *config[:-1], "optim.lr=2e-3", "trainer.nprocs=2")
+    assert same_weights(sweep / "1", reference)
