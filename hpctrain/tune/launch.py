@@ -22,6 +22,7 @@ from hpctrain.slurm import sbatch
 from hpctrain.slurm.submit import Point, submit_all
 from hpctrain.tune import study as studies
 from hpctrain.tune.budget import to_submit
+from hpctrain.tune.reap import reap
 from hpctrain.tune.trials import StudySetup, make_trial
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ def fill(
     hpctrain.slurm.submit.submit_all (all or nothing; one Slurm array once arrays land)."""
     settings = setup.settings
     filled = Filled()
+    # Trials whose job died without telling free their slots first (hpctrain/tune/reap.py).
+    filled.errors.extend(reap(setup, by_job))
     asked: list[optuna.Trial] = []
     points: list[Point] = []
     while True:
