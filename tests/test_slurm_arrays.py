@@ -81,10 +81,13 @@ def test_array_tasks_requeue_alone_and_resume_exactly_in_their_own_run_dirs(tmp_
     assert len(saved) == 1 and [s["restart"] for s in starts] == [0, 1], events(sweep / holder)
     assert starts[1]["resumed_from_step"] == saved[0]["step"] and {s["job_id"] for s in starts} == {ids[holder]}
     assert [e["cause"] for e in of("requeue", sweep / holder)] == ["timelimit"]
-    # The failed node's task came back from its last periodic checkpoint, as the same task.
+    # The failed node's task came back from its newest complete checkpoint, as the same task: a
+    # periodic one, or the save its trainer made when Slurm terminated it on the node set down
+    # (seen in CI: resumed from step 43 under load).
     starts = of("start", sweep / failing)
     assert [s["restart"] for s in starts] == [0, 1] and {s["job_id"] for s in starts} == {ids[failing]}
-    assert starts[1]["resumed_from_step"] >= 40 and starts[1]["resumed_from_step"] % 20 == 0
+    saved_steps = [e["step"] for e in of("checkpoint", sweep / failing) if e["step"] <= starts[1]["resumed_from_step"]]
+    assert starts[1]["resumed_from_step"] >= 40 and starts[1]["resumed_from_step"] == max(saved_steps)
     # The third task was never requeued by the others' requeues.
     assert [s["restart"] for s in of("start", sweep / calm)] == [0], events(sweep / calm)
     for name in (holder, failing):
