@@ -23,6 +23,7 @@ from pathlib import Path
 
 from hpctrain import __version__
 from hpctrain.config import Config
+from hpctrain.run.facts import LIVE_STATES
 from hpctrain.run.paths import RunDir, SweepArrays, remove_empty_parents
 from hpctrain.slurm import sbatch
 from hpctrain.slurm.arrays import free_number, header_of, plan_arrays, write_array
@@ -38,22 +39,6 @@ _NAMES = RunDir(Path("."))
 _OURS = {".hydra", *(p.name for p in (_NAMES.config, _NAMES.job_script, _NAMES.submission, _NAMES.code))}
 # What Hydra writes in a fresh sweep dir besides the points' run dirs (and the shared code/).
 _SWEEP_FILES = {"multirun.yaml", _NAMES.code.name}
-# Job states in which a job still owns its run dir.
-_LIVE_STATES = {
-    "PENDING",
-    "RUNNING",
-    "CONFIGURING",
-    "COMPLETING",
-    "REQUEUED",
-    "REQUEUE_HOLD",
-    "REQUEUE_FED",
-    "RESIZING",
-    "SIGNALING",
-    "STAGE_OUT",
-    "STOPPED",
-    "SUSPENDED",
-    "RESV_DEL_HOLD",
-}
 
 
 @dataclass
@@ -100,7 +85,7 @@ def live_job(run: RunDir) -> str | None:
     except (OSError, subprocess.TimeoutExpired):  # no answer: sbatch will say what is wrong
         return None
     state = done.stdout.strip()
-    return f"{job_id} ({state})" if done.returncode == 0 and state in _LIVE_STATES else None
+    return f"{job_id} ({state})" if done.returncode == 0 and state in LIVE_STATES else None
 
 
 def submit_all(points: list[Point], parallelism: int) -> list[str]:

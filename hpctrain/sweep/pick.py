@@ -15,26 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpctrain.run.facts import LIVE_STATES
 from hpctrain.sweep.points import PointFacts
 
-# Slurm job states in which a job still owns its run dir (as hpctrain-submit's own check).
-LIVE_STATES = frozenset(
-    {
-        "PENDING",
-        "RUNNING",
-        "CONFIGURING",
-        "COMPLETING",
-        "REQUEUED",
-        "REQUEUE_HOLD",
-        "REQUEUE_FED",
-        "RESIZING",
-        "SIGNALING",
-        "STAGE_OUT",
-        "STOPPED",
-        "SUSPENDED",
-        "RESV_DEL_HOLD",
-    }
-)
 # Slurm states of a job that ended before its run finished.
 UNFINISHED_STATES = frozenset(
     {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
