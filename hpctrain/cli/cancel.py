@@ -18,9 +18,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from hpctrain.run.exitcodes import CLI_OK, CLI_REFUSED, CLI_USER_ERROR
-from hpctrain.sweep import cancel, pick
-from hpctrain.sweep.points import PointError, gather
+from hpctrain.cli.sweep_choice import choose
+from hpctrain.run.exitcodes import CLI_OK, CLI_REFUSED
+from hpctrain.sweep import cancel
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,18 +36,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    try:
-        survey = gather(args.target, args.points)
-    except PointError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return CLI_USER_ERROR
-    for note in survey.notes:
-        print(f"note: {note}", file=sys.stderr)
-    verdicts = pick.pick(survey.points, survey.squeue_answered, retry=False)
-    for verdict in verdicts:
-        if not verdict.chosen:
-            print(f"skipped {verdict.point.name}: {verdict.why}")
-    chosen = [v for v in verdicts if v.chosen]
+    chosen = choose(args.target, args.points, retry=False)
+    if isinstance(chosen, int):
+        return chosen
     if not chosen:
         print("nothing to cancel")
         return CLI_OK

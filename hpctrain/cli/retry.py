@@ -17,12 +17,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from hpctrain.cli.sweep_choice import choose
 from hpctrain.errors import UserError
 from hpctrain.run.exitcodes import CLI_OK, CLI_REFUSED, CLI_USER_ERROR
 from hpctrain.slurm import sbatch
 from hpctrain.slurm.jobid import split as split_job_id
-from hpctrain.sweep import pick
-from hpctrain.sweep.points import PointError, gather
+from hpctrain.sweep.points import PointError
 from hpctrain.sweep.retry import resubmit, resume_step
 
 
@@ -46,18 +46,9 @@ def _resumes(run: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    try:
-        survey = gather(args.target, args.points)
-    except PointError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return CLI_USER_ERROR
-    for note in survey.notes:
-        print(f"note: {note}", file=sys.stderr)
-    verdicts = pick.pick(survey.points, survey.squeue_answered, retry=True)
-    for verdict in verdicts:
-        if not verdict.chosen:
-            print(f"skipped {verdict.point.name}: {verdict.why}")
-    chosen = [v for v in verdicts if v.chosen]
+    chosen = choose(args.target, args.points, retry=True)
+    if isinstance(chosen, int):
+        return chosen
     if not chosen:
         print("nothing to retry")
         return CLI_OK
