@@ -1,0 +1,25 @@
+"""The life stamp: one name per life, from the variables Slurm sets (values seen on the dev cluster)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpctrain.run.life import LifeStamp
+
+# (environment, job_id, restart, aliases): a plain job, an array task whose own number differs from
+# its `<array>_<task>` name, the task holding the array's own number, a requeued life, no Slurm.
+CASES = [
+    ({"SLURM_JOB_ID": "36"}, "36", 0, ()),
+    ({"SLURM_JOB_ID": "43", "SLURM_ARRAY_JOB_ID": "36", "SLURM_ARRAY_TASK_ID": "7"}, "36_7", 0, ("43",)),
+    ({"SLURM_JOB_ID": "36", "SLURM_ARRAY_JOB_ID": "36", "SLURM_ARRAY_TASK_ID": "3"}, "36_3", 0, ("36",)),
+    ({"SLURM_JOB_ID": "36", "SLURM_RESTART_COUNT": "2"}, "36", 2, ()),
+    ({}, None, 0, ()),
+    ({"SLURM_JOB_ID": "36", "SLURM_RESTART_COUNT": "x"}, "36", 0, ()),
+]
+
+
+@pytest.mark.parametrize(("env", "job_id", "restart", "aliases"), CASES)
+def test_life_stamp_from_env(env: dict[str, str], job_id: str | None, restart: int, aliases: tuple[str, ...]) -> None:
+    life = LifeStamp.from_env(env)
+    assert (life.job_id, life.restart, life.aliases) == (job_id, restart, aliases)
+    assert life.in_slurm is (job_id is not None)
