@@ -13,16 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-
-def _check_int(name: str, value: object, low: int) -> None:
-    # bool is an int subclass; `channels: [true]` in YAML is a typo, not a width.
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} (got {value!r}) must be an integer >= {low}")
-
-
-def _check_prob(name: str, value: float) -> None:
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} (got {value}) must be in [0, 1)")
+from hpctrain.models.checks import check_int, check_prob
 
 
 class ConvNet(nn.Module):
@@ -44,16 +35,16 @@ class ConvNet(nn.Module):
         super().__init__()
         # Hydra hands lists over as ListConfig; a plain list keeps the module picklable.
         channels = list(channels)
-        _check_int("num_classes", num_classes, 2)
-        _check_int("in_channels", in_channels, 1)
-        _check_int("image_size", image_size, 2)  # The 2x2 pool needs at least 2 pixels.
+        check_int("num_classes", num_classes, 2)
+        check_int("in_channels", in_channels, 1)
+        check_int("image_size", image_size, 2)  # The 2x2 pool needs at least 2 pixels.
         if not channels:
             raise ValueError("channels (got []) must list at least one conv width")
         for i, c in enumerate(channels):
-            _check_int(f"channels[{i}]", c, 1)
-        _check_int("hidden", hidden, 1)
-        _check_prob("dropout1", dropout1)
-        _check_prob("dropout2", dropout2)
+            check_int(f"channels[{i}]", c, 1)
+        check_int("hidden", hidden, 1)
+        check_prob("dropout1", dropout1)
+        check_prob("dropout2", dropout2)
 
         self.image_size = image_size
         self.in_channels = in_channels

@@ -17,10 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def _check_int(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} (got {value!r}) must be an integer >= {low}")
+from hpctrain.models.checks import check_int, check_prob
 
 
 class CausalSelfAttention(nn.Module):
@@ -83,15 +80,14 @@ class GPT(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        _check_int("vocab_size", vocab_size, 1)
-        _check_int("block_size", block_size, 1)
-        _check_int("n_layer", n_layer, 1)
-        _check_int("n_head", n_head, 1)
-        _check_int("n_embd", n_embd, 1)
+        check_int("vocab_size", vocab_size, 1)
+        check_int("block_size", block_size, 1)
+        check_int("n_layer", n_layer, 1)
+        check_int("n_head", n_head, 1)
+        check_int("n_embd", n_embd, 1)
         if n_embd % n_head != 0:
             raise ValueError(f"n_embd (got {n_embd}) must be divisible by n_head (got {n_head})")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout (got {dropout}) must be in [0, 1)")
+        check_prob("dropout", dropout)
         if not isinstance(bias, bool):
             # ValueError like every other bad config value, so callers need catch only one type.
             raise ValueError(f"bias (got {bias!r}) must be true or false")  # noqa: TRY004

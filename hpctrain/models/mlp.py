@@ -13,11 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-
-def _check_int(name: str, value: object, low: int) -> None:
-    # bool is an int subclass; reject it so a YAML typo does not become a width of 1.
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} (got {value!r}) must be an integer >= {low}")
+from hpctrain.models.checks import check_int
 
 
 class MLP(nn.Module):
@@ -35,10 +31,10 @@ class MLP(nn.Module):
     ) -> None:
         super().__init__()
         hidden = list(hidden)  # Hydra passes ListConfig; normalise to a plain list.
-        _check_int("in_features", in_features, 1)
+        check_int("in_features", in_features, 1)
         for i, h in enumerate(hidden):
-            _check_int(f"hidden[{i}]", h, 1)
-        _check_int("num_classes", num_classes, 2)
+            check_int(f"hidden[{i}]", h, 1)
+        check_int("num_classes", num_classes, 2)
 
         self.in_features = in_features
         layers: list[nn.Module] = [nn.Flatten()]
