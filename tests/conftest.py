@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpctrain.journal import read_jsonl
+from hpctrain.run.jsonlines import read_jsonl
 
 # Variables that would make the launcher take another path (torchrun, Slurm) or add threads.
 _FOREIGN_ENV = (

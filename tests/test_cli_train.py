@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from hpctrain.config import load_run_config, targets
 from hpctrain.data.digits import digits
-from hpctrain.journal import read_jsonl
+from hpctrain.run.jsonlines import read_jsonl
 
 pytestmark = pytest.mark.slow
 

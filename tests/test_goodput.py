@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import train_command, train_env
 
-from hpctrain.journal import read_jsonl
+from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.status.goodput import goodput
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.journal import Journal, JsonLines, read_jsonl
+from hpctrain.run.events import Journal
+from hpctrain.run.jsonlines import JsonLines, read_jsonl
 
 
 def _strict_lines(path: Path) -> list[dict]:

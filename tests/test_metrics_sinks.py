@@ -25,8 +25,8 @@ from conftest import assert_ok, describe, events, train_command, train_env
 from omegaconf import OmegaConf
 
 from hpctrain.config import Config
-from hpctrain.journal import read_jsonl
 from hpctrain.metrics import jsonl, params, wandb_files, wandb_sink
+from hpctrain.run.jsonlines import read_jsonl
 
 pytest.importorskip("mlflow")
 pytest.importorskip("tensorboard")

@@ -36,7 +36,7 @@ import torch
 from conftest import assert_ok, describe, events, finish, load_weights, run_train, train_env
 
 from hpctrain.checkpoint import store
-from hpctrain.journal import read_jsonl
+from hpctrain.run.jsonlines import read_jsonl
 
 pytestmark = [
     pytest.mark.slow,

@@ -20,7 +20,7 @@ from conftest import DEFAULT_RUN, Spec, TrainRuns, assert_ok, finish, load_weigh
 from torch.utils.data import DataLoader
 
 from hpctrain.dist import DistContext
-from hpctrain.journal import read_jsonl
+from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.trainer.loaders import TrainSampler
 
 # The MLP has no dropout and no batch norm: the equivalence runs below are exact up to float
