@@ -206,6 +206,12 @@ def test_load_run_config_of_a_bad_saved_value_names_the_key(compose_config: Comp
         load_run_config(tmp_path)
 
 
+def test_load_run_config_of_a_list_says_so(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("- trainer\n- model\n")
+    with pytest.raises(ValueError, match="config.yaml: holds a list, not the config's keys"):
+        load_run_config(tmp_path)
+
+
 def test_load_run_config_without_config_yaml_is_a_valueerror(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as error:
         load_run_config(tmp_path)

@@ -10,7 +10,10 @@ import torch
 
 
 def capture() -> dict[str, Any]:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+    legacy = np.random.get_state(legacy=True)
+    # np.random's global generator is a RandomState (MT19937), whose state is always this tuple.
+    assert isinstance(legacy, tuple)
+    kind, keys, pos, has_gauss, cached = legacy
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),

@@ -178,7 +178,7 @@ def load_newest(folder: Path) -> tuple[Entry, dict[str, Any]] | None:
     """The newest valid checkpoint's state, None when there are no checkpoints at all.
 
     Raises NoUsableCheckpoint when checkpoints exist but none passes the checks."""
-    problems = []
+    problems: list[str] = []
     for entry in entries(folder):
         try:
             meta = verify(entry)

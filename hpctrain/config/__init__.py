@@ -101,7 +101,7 @@ def resolved_plain(cfg: DictConfig) -> dict[str, Any]:
     the key of a missing value or a failed interpolation."""
     try:
         return {
-            key: OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True)
+            str(key): OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True)
             if OmegaConf.is_config(cfg[key])
             else cfg[key]
             for key in cfg
@@ -151,8 +151,11 @@ def load_run_config(run_dir: Path) -> Config:
     path = RunDir(Path(run_dir)).config
     if not path.is_file():
         raise UserError(f"{path}: no config.yaml; is {run_dir} a run directory?")
+    saved = OmegaConf.load(path)
+    if not isinstance(saved, DictConfig):
+        raise UserError(f"{path}: holds a list, not the config's keys (edited by hand since it was written?)")
     try:
-        return _structured(OmegaConf.load(path))
+        return _structured(saved)
     except ValueError as error:  # edited by hand since it was written
         raise UserError(f"{path}: {error}") from None
 

@@ -52,6 +52,7 @@ def check_interpolations(cfg: DictConfig) -> None:
             values = OmegaConf.to_container(probe.slurm.setup, resolve=True, throw_on_missing=True)
         except OmegaConfBaseException as error:
             raise ValueError(f"slurm.setup[{index}]: {str(error).splitlines()[0]}") from None
+        assert isinstance(values, list)  # the container of the list set just above
         for part, value in zip(parts, values):
             if not _SHELL_WORD.match(str(value)):
                 raise ValueError(

@@ -37,7 +37,9 @@ def expand(hostlist: str, what: str = "host list") -> list[str]:
 
 def _split_top_level(hostlist: str, what: str) -> list[str]:
     """Split at commas outside brackets; brackets must pair up and not nest."""
-    items, current, depth = [], [], 0
+    items: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in hostlist:
         if char == "[":
             depth += 1
