@@ -79,7 +79,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -364,7 +364,11 @@ def measure(bench: Bench, rounds: int) -> tuple[list[dict[str, float]], dict[str
     )
     rows: list[dict[str, float]] = []
     steps: dict[str, list[float]] = {key: [] for key in ("normal", "during", "pinned_normal", "pinned_during", "spare")}
-    blocking = {"torch_save_s": bench.torch_save, "copy_s": bench.copy, "hpctrain_blocking_s": bench.save_and_wait}
+    blocking: dict[str, Callable[[], float | tuple[float, float]]] = {
+        "torch_save_s": bench.torch_save,
+        "copy_s": bench.copy,
+        "hpctrain_blocking_s": bench.save_and_wait,
+    }
     names = list(blocking)
     for round_ in range(rounds):
         row: dict[str, float] = {}

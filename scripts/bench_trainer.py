@@ -53,7 +53,9 @@ def baseline(config: Config, ctx: DistContext, steps: int) -> None:
     model = targets.build(config.model)
     ddp = DistributedDataParallel(model)
     optimizer = targets.build(config.optim, ddp.parameters())
-    sampler = DistributedSampler(splits.train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True)
+    sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(
+        splits.train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True
+    )
     loader = DataLoader(splits.train, batch_size=config.data.batch_size, sampler=sampler, drop_last=True)
     step, epoch = 0, 0
     while step < steps:

@@ -219,12 +219,12 @@ def start_slurmdbd(paths: AccountingPaths, env: dict[str, str]) -> None:
     """slurmdbd forks into the background; wait until sacctmgr gets an answer through it."""
     stderr_path = paths.root / "log" / "slurmdbd.stderr"
     with open(stderr_path, "w") as err:
-        done = subprocess.run(
+        started = subprocess.run(
             ["slurmdbd"], env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=60, check=False
         )
-    if done.returncode != 0:
+    if started.returncode != 0:
         raise AccountingError(
-            f"`slurmdbd` failed (exit {done.returncode}):\n{_tail(stderr_path)}\n{_tail(paths.dbd_log)}"
+            f"`slurmdbd` failed (exit {started.returncode}):\n{_tail(stderr_path)}\n{_tail(paths.dbd_log)}"
         )
     deadline = time.monotonic() + START_TIMEOUT_S
     last = ""
