@@ -18,7 +18,6 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -166,7 +165,3 @@ def _last_intermediate(trial: FrozenTrial) -> float | None:
         return trial.value
     steps = sorted(trial.intermediate_values)
     return trial.intermediate_values[steps[-1]] if steps else None
-
-
-def read_study_settings(tune: TuneDir) -> dict[str, Any]:
-    return json.loads(Path(tune.study).read_text())
