@@ -405,7 +405,7 @@ def measure(bench: Bench, rounds: int) -> tuple[list[dict[str, float]], dict[str
         print(
             f"round {round_}: "
             + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
-            + f" forced_save={bench.forced[-1]['forced_save']}",
+            + f" forced_save={bench.forced[-1].forced_save}",
             flush=True,
         )
     return rows, steps
