@@ -26,7 +26,7 @@ class Event:
     # Fields written even when None (null: hpctrain-train has no job); others only when known.
     always: ClassVar[tuple[str, ...]] = ("job_id",)
     time: float = 0.0
-    job_id: str | None = None  # the Slurm job (None for hpctrain-train)
+    job_id: str | None = None  # the life's job as Slurm names it, `36_7` in an array (None: no Slurm job)
     restart: int | None = None  # SLURM_RESTART_COUNT of the life that wrote it
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
