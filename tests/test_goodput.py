@@ -148,6 +148,20 @@ CASES = [
         (29, 20, 9, 0, 0, 21, ["stopped", "finish"]),
     ),
     (
+        # The ranks agreed to stop after step 30, then the save was killed: life 2 redoes 21-30.
+        "a stop whose save was killed ends no life by itself",
+        [
+            start(0, 0),
+            ckpt(20, 20),
+            ev("stop", 31, step=30, reason="preempt", deadline_s=10.0),
+            start(60, 20, restart=1),
+            ev("finish", 70, step=30),
+        ],
+        [m(20, 20), m(30, 30), m(30, 70)],
+        None,
+        (41, 30, 0, 0, 11, 29, ["unknown", "finish"]),
+    ),
+    (
         "still running: counted until now, its last logged step kept",
         [start(0, 0)],
         [m(10, 10), m(20, 20)],

@@ -257,10 +257,7 @@ def _time_of_step(
 def _stopped(own: list[Event]) -> bool:
     # A forced save skipped for lack of time writes no checkpoint, only its forced_save record.
     saves = [e for e in own if isinstance(e, (Checkpoint, ForcedSave))]
-    if not saves:
-        return False
-    last = saves[-1]
-    return isinstance(last, ForcedSave) or stop_reason(last.reason) is not None
+    return bool(saves) and stop_reason(saves[-1].reason) is not None
 
 
 def _stall(event: Checkpoint) -> float:
