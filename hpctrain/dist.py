@@ -7,6 +7,9 @@ Sources, first match wins:
     publishes in the run dir (hpctrain.rendezvous), or MASTER_PORT when set;
   - a local spawn by `hpctrain-train` (`DistContext.for_spawn`, a file:// rendezvous, no port);
   - otherwise a single process.
+Whichever the source, the context carries the life stamp (hpctrain.run.life: which Slurm job and
+restart this is) made from the same environment: every record the process writes names its life
+from there.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch.distributed as dist
 
 from hpctrain import rendezvous
 from hpctrain.config.network import NetworkConfig
+from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm import env as slurm_env
 
@@ -44,12 +48,12 @@ class DistContext:
     master_port: int | None = None
     # The node this process runs on as the scheduler names it (SLURMD_NODENAME under Slurm).
     node: str = ""
-    # Under Slurm: names the rendezvous file of this job, restart and step.
-    job_id: str = ""
-    restart: int = 0
+    # The srun step this task belongs to: with the life, names the rendezvous file of this launch.
     step_id: str = ""
     # The physical GPU this rank drives as the node names it (CUDA_VISIBLE_DEVICES entry), if any.
     gpu: str | None = None
+    # Which Slurm job (`36`, `36_7` in an array) and restart this process lives in.
+    life: LifeStamp = LifeStamp(job_id=None, restart=0)
 
     @property
     def is_main(self) -> bool:
@@ -63,14 +67,15 @@ class DistContext:
     def from_env(cls, env: Mapping[str, str] | None = None, cuda_devices: int | None = None) -> DistContext:
         env = os.environ if env is None else env
         cuda_devices = torch.cuda.device_count() if cuda_devices is None else cuda_devices
+        life = LifeStamp.from_env(env)
         if "RANK" in env and "WORLD_SIZE" in env:
-            return cls._from_torchrun(env, cuda_devices)
+            return cls._from_torchrun(env, cuda_devices, life)
         if slurm_env.in_slurm_step(env):
-            return cls._from_slurm(env, cuda_devices)
-        return cls.single(cuda_devices)
+            return cls._from_slurm(env, cuda_devices, life)
+        return cls.single(cuda_devices, life)
 
     @classmethod
-    def _from_slurm(cls, env: Mapping[str, str], cuda_devices: int) -> DistContext:
+    def _from_slurm(cls, env: Mapping[str, str], cuda_devices: int, life: LifeStamp) -> DistContext:
         place = slurm_env.place(env)
         port = env.get("MASTER_PORT")
         return cls(
@@ -84,14 +89,13 @@ class DistContext:
             master_addr=env.get("MASTER_ADDR") or place.master_addr,
             master_port=int(port) if port else None,
             node=env.get("SLURMD_NODENAME", ""),
-            job_id=place.job_id,
-            restart=place.restart,
             step_id=place.step_id,
             gpu=visible_gpu(env.get("CUDA_VISIBLE_DEVICES"), place.local_rank),
+            life=life,
         )
 
     @classmethod
-    def _from_torchrun(cls, env: Mapping[str, str], cuda_devices: int) -> DistContext:
+    def _from_torchrun(cls, env: Mapping[str, str], cuda_devices: int, life: LifeStamp) -> DistContext:
         world_size = _int(env, "WORLD_SIZE")
         local_rank = int(env.get("LOCAL_RANK", "0"))
         local_world_size = int(env.get("LOCAL_WORLD_SIZE", str(world_size)))
@@ -105,10 +109,19 @@ class DistContext:
             source="torchrun",
             master_addr=env.get("MASTER_ADDR"),
             master_port=int(env["MASTER_PORT"]) if "MASTER_PORT" in env else None,
+            life=life,
         )
 
     @classmethod
-    def for_spawn(cls, local_rank: int, nprocs: int, store_path: str, cuda_devices: int | None = None) -> DistContext:
+    def for_spawn(
+        cls,
+        local_rank: int,
+        nprocs: int,
+        store_path: str,
+        cuda_devices: int | None = None,
+        life: LifeStamp | None = None,
+    ) -> DistContext:
+        """A rank hpctrain-train spawned on this machine (inside a Slurm job too: `srun --pty`)."""
         cuda_devices = torch.cuda.device_count() if cuda_devices is None else cuda_devices
         return cls(
             rank=local_rank,
@@ -118,12 +131,14 @@ class DistContext:
             init_method=f"file://{store_path}",
             device=select_device(local_rank, nprocs, cuda_devices),
             source="spawn",
+            life=LifeStamp.from_env() if life is None else life,
         )
 
     @classmethod
-    def single(cls, cuda_devices: int | None = None) -> DistContext:
+    def single(cls, cuda_devices: int | None = None, life: LifeStamp | None = None) -> DistContext:
         cuda_devices = torch.cuda.device_count() if cuda_devices is None else cuda_devices
-        return cls(0, 0, 1, 1, "", select_device(0, 1, cuda_devices), "single")
+        life = LifeStamp.from_env() if life is None else life
+        return cls(0, 0, 1, 1, "", select_device(0, 1, cuda_devices), "single", life=life)
 
 
 def _int(env: Mapping[str, str], key: str) -> int:
@@ -178,7 +193,7 @@ def init_process_group(
         torch.cuda.set_device(ctx.device)
     how: dict[str, object] = {"init_method": ctx.init_method}
     if ctx.init_method == PORT_FILE:
-        path = rendezvous.port_file(RunDir(run_dir).rendezvous, ctx.job_id, ctx.restart, ctx.step_id)
+        path = rendezvous.port_file(RunDir(run_dir).rendezvous, ctx.life.job_id or "", ctx.life.restart, ctx.step_id)
         address = ""
         if ctx.is_main:
             address = rendezvous.rank0_address(ctx.node, network.master_addr_suffix, network.master_addr_ifname)

@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 
 from hpctrain import worker
 from hpctrain.dist import DistContext
+from hpctrain.run.causes import StopReason
 from hpctrain.steprun import world_rank
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,12 @@ def launch_local(run_dir: Path, nprocs: int, timelimit_signal: str = "USR2") -> 
     `timelimit_signal` is slurm.signal without "SIG": the warning a scheduler sends before the
     time limit. Returns the signal number that stopped the run early, or None when it finished."""
     timelimit = getattr(signal, f"SIG{timelimit_signal}")
-    signal_of = {None: None, "preempt": signal.SIGTERM, "interrupt": signal.SIGINT, "timelimit": timelimit}
+    signal_of = {
+        None: None,
+        StopReason.PREEMPT: signal.SIGTERM,
+        StopReason.INTERRUPT: signal.SIGINT,
+        StopReason.TIMELIMIT: timelimit,
+    }
     if world_rank(os.environ) is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return signal_of[worker.run(run_dir, DistContext.from_env())]
     if nprocs == 1:

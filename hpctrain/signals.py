@@ -58,6 +58,6 @@ class StopFlag:
         return _REASONS.get(code)
 
 
-def exit_code(reason: str) -> int:
+def exit_code(reason: StopReason) -> int:
     """A training process's exit code after a save forced by `reason` (hpctrain.run.exitcodes)."""
     return WORKER_SAVED_FOR_TIMELIMIT if reason == StopReason.TIMELIMIT else WORKER_SAVED_AND_STOPPED

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from hpctrain.errors import UserError
 from hpctrain.run import handoff
+from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm.env import in_slurm_step
 
@@ -41,7 +42,7 @@ def world_rank(env: Mapping[str, str]) -> int | None:
     return None
 
 
-def step_overrides(env: Mapping[str, str], argv: Sequence[str]) -> list[str]:
+def step_overrides(env: Mapping[str, str], argv: Sequence[str], life: LifeStamp) -> list[str]:
     """Overrides a task of a world adds to its command line: a run dir every task agrees on,
     and Hydra's own files written by rank 0 only."""
     rank = world_rank(env)
@@ -51,22 +52,23 @@ def step_overrides(env: Mapping[str, str], argv: Sequence[str]) -> list[str]:
         raise UserError("-m/--multirun: a sweep cannot run inside srun or torchrun; submit it with hpctrain-submit -m")
     added = []
     if not any(word.startswith(_RUN_DIR_KEYS) for word in argv):
-        job_id = env.get("SLURM_JOB_ID")
-        if not job_id:
+        if not life.number:
             raise UserError("every rank needs the same run dir: name it with hydra.run.dir=...")
-        added.append(f"hydra.run.dir=runs/slurm-{job_id}")
+        # The job's own number (SLURM_JOB_ID, an array task's too), as run dirs were always named:
+        # a requeued life finds its checkpoints there again, whichever hpctrain named it.
+        added.append(f"hydra.run.dir=runs/slurm-{life.number}")
     if rank > 0:
         added.append("hydra.output_subdir=null")
     return added
 
 
-def verdict_path(run_dir: Path, env: Mapping[str, str]) -> Path:
-    """One file per launch: a requeued job (restart count) or a second step never reads an
-    earlier launch's verdict."""
+def verdict_path(run_dir: Path, env: Mapping[str, str], life: LifeStamp) -> Path:
+    """One file per launch: a requeued job (restart count), another array task or a second step
+    never reads an earlier launch's verdict."""
     if "RANK" in env:  # torchrun: its run id and restart count
         name = f"torchrun-{env.get('TORCHELASTIC_RUN_ID', 'none')}.r{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     else:
-        name = f"{env['SLURM_JOB_ID']}.r{env.get('SLURM_RESTART_COUNT', '0')}.s{env['SLURM_STEP_ID']}"
+        name = f"{life.job_id}.r{life.restart}.s{env['SLURM_STEP_ID']}"
     return RunDir(run_dir).rendezvous / f"{name}.config"
 
 

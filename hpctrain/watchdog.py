@@ -22,7 +22,7 @@ from pathlib import Path
 from hpctrain.run.causes import Cause
 from hpctrain.run.events import Failure, Journal
 from hpctrain.run.exitcodes import WORKER_HUNG
-from hpctrain.slurm.jobid import job_of
+from hpctrain.run.life import LifeStamp
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +71,14 @@ class Watchdog:
             log.exception("could not record the hang in the journal")
 
 
-def hang_reporter(events: Path, rank: int) -> Callable[[float], None]:
+def hang_reporter(events: Path, rank: int, life: LifeStamp) -> Callable[[float], None]:
     """Writes the hang to events.jsonl from whichever rank's watchdog saw it."""
 
     def report(idle_s: float) -> None:
         Journal(events).write_event(
             Failure(
-                job_id=job_of(os.environ) or None,
-                restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+                job_id=life.job_id,
+                restart=life.restart,
                 cause=Cause.HANG,
                 rank=rank,
                 reason=f"no training step finished for {idle_s:.0f} s",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -25,19 +24,18 @@ from hpctrain.checkpoint import NoUsableCheckpoint
 from hpctrain.config import load_run_config
 from hpctrain.dist import DistContext
 from hpctrain.errors import UserError
-from hpctrain.run.causes import Cause
+from hpctrain.run.causes import Cause, StopReason
 from hpctrain.run.events import Failure, Journal
 from hpctrain.run.exitcodes import WORKER_FINISHED, WORKER_USER_ERROR
 from hpctrain.run.paths import RunDir
 from hpctrain.signals import StopFlag, exit_code
 from hpctrain.slurm.env import SlurmEnvError
-from hpctrain.slurm.jobid import job_of
 from hpctrain.trainer.trainer import StopTraining, Trainer
 
 log = logging.getLogger(__name__)
 
 
-def run(run_dir: Path, ctx: DistContext) -> str | None:
+def run(run_dir: Path, ctx: DistContext) -> StopReason | None:
     """Train; returns None when finished, or the stop reason after a signal-forced save.
     A user's mistake is reported here and raised again as UserError."""
     logs.setup(ctx.rank)
@@ -57,15 +55,15 @@ def _report(error: Exception, run_dir: Path, ctx: DistContext) -> None:
     print(f"error: {error}", file=sys.stderr, flush=True)
     Journal(RunDir(run_dir).events).write_event(
         Failure(
-            job_id=job_of(os.environ) or None,
-            restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+            job_id=ctx.life.job_id,
+            restart=ctx.life.restart,
             cause=Cause.USER_ERROR,
             message=str(error),
         )
     )
 
 
-def _run(run_dir: Path, ctx: DistContext) -> str | None:
+def _run(run_dir: Path, ctx: DistContext) -> StopReason | None:
     config = load_run_config(run_dir)
     # Handlers first: a signal from here on is honoured at the first step boundary.
     stop = StopFlag(config.slurm.signal)

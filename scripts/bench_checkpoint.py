@@ -90,6 +90,8 @@ import torch.nn.functional as F
 from hpctrain.checkpoint import Checkpointer, snapshot, store
 from hpctrain.dist import DistContext
 from hpctrain.models.gpt import GPT
+from hpctrain.run.causes import CheckpointReason, StopReason
+from hpctrain.run.events import Checkpoint, ForcedSave
 
 GB = 1e9
 BLOCKING_TARGET = 1.5  # hpctrain blocking / plain copy
@@ -180,10 +182,10 @@ class Written:
     """on_written callback: keeps the records and signals the end of each write."""
 
     def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
+        self.records: list[Checkpoint] = []
         self.done = threading.Event()
 
-    def __call__(self, record: dict[str, Any]) -> None:
+    def __call__(self, record: Checkpoint) -> None:
         self.records.append(record)
         self.done.set()
 
@@ -202,7 +204,7 @@ class Bench:
         self.leaf_bytes = nbytes(all_tensors(state))  # > state_bytes when tensors are shared (tied weights)
         self.floor = [torch.empty_like(t) for t in self.tensors]
         self.written = Written()
-        self.forced: list[dict[str, Any]] = []
+        self.forced: list[ForcedSave] = []
         self.checkpointer = Checkpointer(
             folder / "checkpoints",
             DistContext.single(),
@@ -239,13 +241,13 @@ class Bench:
         self.written.done.clear()
         started = time.perf_counter()
         state = trainer_state(self.model, self.optimizer, self.ckpt_step)
-        self.checkpointer.save(self.ckpt_step, state, "periodic", background=True)
+        self.checkpointer.save(self.ckpt_step, state, CheckpointReason.PERIODIC, background=True)
         return time.perf_counter() - started
 
     def save_and_wait(self) -> tuple[float, float]:
         blocking = self.save()
         self.checkpointer.wait()  # re-raises a failed write
-        return blocking, self.written.records[-1]["write_s"]
+        return blocking, self.written.records[-1].write_s or 0.0
 
     def forced_with_inflight(self) -> float:
         """A forced save 0.5 s into a background write, as a preemption would issue it."""
@@ -254,7 +256,7 @@ class Bench:
         self.ckpt_step += 1
         started = time.perf_counter()
         state = trainer_state(self.model, self.optimizer, self.ckpt_step)
-        self.checkpointer.forced_save(self.ckpt_step, state, "preempt", deadline_s=FORCED_DEADLINE_S)
+        self.checkpointer.forced_save(self.ckpt_step, state, StopReason.PREEMPT, deadline_s=FORCED_DEADLINE_S)
         return time.perf_counter() - started
 
     def settle(self) -> None:
@@ -300,7 +302,7 @@ class Bench:
             if not self.written.done.is_set():
                 times.append(elapsed)
         self.checkpointer.wait()  # re-raises a failed write (which never sets `done`)
-        return blocking, times, self.written.records[-1]["write_s"]
+        return blocking, times, self.written.records[-1].write_s or 0.0
 
 
 # ---- the report --------------------------------------------------------------------------------
@@ -407,7 +409,7 @@ def measure(bench: Bench, rounds: int) -> tuple[list[dict[str, float]], dict[str
         print(
             f"round {round_}: "
             + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
-            + f" forced_save={bench.forced[-1]['forced_save']}",
+            + f" forced_save={bench.forced[-1].forced_save}",
             flush=True,
         )
     return rows, steps
@@ -451,7 +453,7 @@ def report(
     ):
         values = steps[key]
         print(f"  {label:36s} {median(values) * 1000:6.1f} ms {p90(values) * 1000:6.1f} ms  ({len(values)} steps)")
-    choices = sorted({record["forced_save"] for record in bench.forced})
+    choices = sorted({record.forced_save for record in bench.forced})
     print(
         f"  {'forced save, a write under way':36s} {forced_s:8.3f} s   (max {max(r['forced_s'] for r in rows):.3f} s;"
         f" chose {', '.join(choices)})"

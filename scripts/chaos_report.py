@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpctrain.run.causes import CheckpointReason
+from hpctrain.run.events import Cancelled, Checkpoint, Event, Failure, Relaunch, Requeue, Start, Stop, read_events
 from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.status.detail import duration, summary
 from hpctrain.status.goodput import goodput
@@ -42,7 +44,7 @@ def alive_processes(run_dir: Path) -> list[tuple[int, dict[str, str]]]:
 
 
 def report(soak: Soak, max_steps: int) -> dict[str, Any]:
-    events = read_jsonl(soak.run_dir / "events.jsonl")
+    events = read_events(soak.run_dir / "events.jsonl")
     metrics = read_jsonl(soak.run_dir / "metrics.jsonl")
     steps = [r.get("step") for r in metrics]
     checks = {
@@ -70,8 +72,8 @@ def report(soak: Soak, max_steps: int) -> dict[str, Any]:
     }
 
 
-def _row(soak: Soak, item: Injected, end: float, events: list[dict]) -> dict[str, Any]:
-    window = [e for e in events if item.at <= (e.get("time") or 0) < end]
+def _row(soak: Soak, item: Injected, end: float, events: list[Event]) -> dict[str, Any]:
+    window = [e for e in events if item.at <= e.time < end]
     return {
         "number": item.fault.number,
         "kind": item.fault.kind,
@@ -80,24 +82,26 @@ def _row(soak: Soak, item: Injected, end: float, events: list[dict]) -> dict[str
         "step": item.step,
         "target": item.target,
         "note": item.note,
-        "did": [_said(e) for e in window if not (e.get("event") == "checkpoint" and e.get("reason") == "periodic")],
+        "did": [_said(e) for e in window if not (isinstance(e, Checkpoint) and e.reason is CheckpointReason.PERIODIC)],
         "next_step_s": round(item.next_step_at - item.at, 1) if item.next_step_at is not None else None,
         "next_step": item.next_step,
     }
 
 
-def _said(event: dict[str, Any]) -> str:
-    name = event.get("event")
-    if name == "checkpoint":
-        return f"saved {event.get('reason')}@{event.get('step')}"
-    if name == "start":
-        return f"start@{event.get('resumed_from_step')} {','.join(event.get('nodes') or [])}"
-    if name in ("failure", "requeue", "relaunch"):
-        extra = event.get("nodes") or event.get("failed") or event.get("reason") or ""
-        return f"{name} {event.get('cause')}{' ' + str(extra) if extra else ''}{' by slurm' if event.get('by') else ''}"
-    if name == "cancelled":
-        return f"cancelled@{event.get('step')}"
-    return str(name)
+def _said(event: Event) -> str:
+    if isinstance(event, Checkpoint):
+        return f"saved {event.reason}@{event.step}"
+    if isinstance(event, Stop):
+        return f"agreed to stop ({event.reason})@{event.step}"
+    if isinstance(event, Start):
+        return f"start@{event.resumed_from_step} {','.join(event.nodes)}"
+    if isinstance(event, (Failure, Requeue, Relaunch)):
+        extra = next((v for v in (getattr(event, k, None) for k in ("nodes", "failed", "reason")) if v), "")
+        by = " by slurm" if getattr(event, "by", None) else ""
+        return f"{event.name} {event.cause}{' ' + str(extra) if extra else ''}{by}"
+    if isinstance(event, Cancelled):
+        return f"cancelled@{event.step}"
+    return event.name
 
 
 def _same_weights(run_dir: Path, reference: Path) -> tuple[bool, str]:

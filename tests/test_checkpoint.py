@@ -25,6 +25,8 @@ from hpctrain.checkpoint import Checkpointer, NoUsableCheckpoint, rng, store
 from hpctrain.checkpoint.snapshot import Snapshotter
 from hpctrain.checkpoint.writer import BackgroundWriter
 from hpctrain.dist import DistContext
+from hpctrain.run.causes import CheckpointReason
+from hpctrain.run.events import Checkpoint
 
 STORE_LOG = "hpctrain.checkpoint.store"
 
@@ -149,7 +151,7 @@ def test_a_failed_write_leaves_no_temporary_file_and_the_previous_checkpoint_int
         monkeypatch.setattr(store.json, "dumps", no_json)
         expected = OSError
     with pytest.raises(expected):
-        store.write(folder, 20, state, {"reason": "periodic"})
+        store.write(folder, 20, state, {"reason": CheckpointReason.PERIODIC})
     monkeypatch.undo()
 
     assert not list(folder.glob("*.tmp")), file_names(folder)
@@ -353,7 +355,7 @@ def test_tied_tensors_are_copied_once_and_stay_tied_in_the_file(tmp_path: Path) 
     views = snapshotter.take({"a": shared[:10], "b": shared[10:20]})
     assert torch.equal(views["a"], shared[:10]) and torch.equal(views["b"], shared[10:20])
 
-    entry = store.write(tmp_path, 1, snap, {"reason": "periodic"})
+    entry = store.write(tmp_path, 1, snap, {"reason": CheckpointReason.PERIODIC})
     once = store.write(tmp_path, 2, {"model": {"embed.weight": shared.clone(), "bias": torch.zeros(8)}}, {})
     assert entry.data.stat().st_size < once.data.stat().st_size + 1024, "the tied weight was written twice"
     loaded = torch.load(entry.data, weights_only=True)
@@ -375,9 +377,9 @@ def test_the_background_writer_runs_at_low_cpu_priority(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(store, "write", observing_write)
     writer = BackgroundWriter(tmp_path, keep=2, on_written=lambda record: None)
-    writer.start(1, make_state(1), {"reason": "periodic"}, background=True)
+    writer.start(1, make_state(1), {"reason": CheckpointReason.PERIODIC}, background=True)
     writer.wait()
-    writer.start(2, make_state(2), {"reason": "final"}, background=False)
+    writer.start(2, make_state(2), {"reason": CheckpointReason.FINAL}, background=False)
 
     assert niceness[0] == 19, "the background write must yield the CPU to training"
     main_nice = int(stat.read_text().rsplit(")", 1)[1].split()[16])
@@ -421,7 +423,7 @@ def test_rng_state_survives_a_checkpoint_file(tmp_path: Path) -> None:
     state = rng.capture()
     expected = _draw()
     expected_gauss = np.random.standard_normal()
-    store.write(tmp_path, 1, {"rng": state}, {"reason": "periodic"})
+    store.write(tmp_path, 1, {"rng": state}, {"reason": CheckpointReason.PERIODIC})
     _draw()
 
     found = store.load_newest(tmp_path)  # weights_only=True, as a resume loads it
@@ -450,29 +452,33 @@ def test_background_writes_never_overlap(tmp_path: Path, monkeypatch: pytest.Mon
         return entry
 
     monkeypatch.setattr(store, "write", slow_write)
-    written: list[dict[str, Any]] = []
+    written: list[Checkpoint] = []
     writer = BackgroundWriter(tmp_path, keep=5, on_written=written.append)
 
-    writer.start(1, make_state(1), {"reason": "periodic"}, background=True)
+    writer.start(1, make_state(1), {"reason": CheckpointReason.PERIODIC}, background=True)
     # start() came back while the write is still held up: training does not wait for it.
     assert spans == [] and not store.paths_for(tmp_path, 1).meta.exists()
     first_may_finish.set()
-    writer.start(2, make_state(2), {"reason": "periodic"}, background=True)
-    writer.start(3, make_state(3), {"reason": "final"}, background=False)
+    writer.start(2, make_state(2), {"reason": CheckpointReason.PERIODIC}, background=True)
+    writer.start(3, make_state(3), {"reason": CheckpointReason.FINAL}, background=False)
     writer.wait()
 
     assert [s[0] for s in spans] == [1, 2, 3]
     for (_, _, end), (_, next_start, _) in zip(spans, spans[1:]):
         assert end <= next_start, f"two writes overlapped: {spans}"
-    assert [(r["step"], r["reason"]) for r in written] == [(1, "periodic"), (2, "periodic"), (3, "final")]
-    assert all(r["write_s"] >= 0.1 for r in written)
+    assert [(r.step, r.reason) for r in written] == [
+        (1, CheckpointReason.PERIODIC),
+        (2, CheckpointReason.PERIODIC),
+        (3, CheckpointReason.FINAL),
+    ]
+    assert all(r.write_s is not None and r.write_s >= 0.1 for r in written)
     assert [e.step for e in store.entries(tmp_path)] == [3, 2, 1]
 
 
 def test_background_writes_prune_to_keep(tmp_path: Path) -> None:
     writer = BackgroundWriter(tmp_path, keep=2, on_written=lambda record: None)
     for step in (1, 2, 3, 4):
-        writer.start(step, make_state(step), {"reason": "periodic"}, background=True)
+        writer.start(step, make_state(step), {"reason": CheckpointReason.PERIODIC}, background=True)
     writer.wait()
     assert [e.step for e in store.entries(tmp_path)] == [4, 3]
 
@@ -487,10 +493,12 @@ def test_an_error_in_the_background_write_is_raised_by_the_next_wait(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(store, "write", failing_write)
-    written: list[dict[str, Any]] = []
+    written: list[Checkpoint] = []
     writer = BackgroundWriter(tmp_path, keep=2, on_written=written.append)
 
-    writer.start(5, make_state(5), {"reason": "periodic"}, background=True)  # returns: the error comes later
+    writer.start(
+        5, make_state(5), {"reason": CheckpointReason.PERIODIC}, background=True
+    )  # returns: the error comes later
     release.set()
     with pytest.raises(OSError, match="No space left"):
         writer.wait()
@@ -510,7 +518,7 @@ def _checkpointer(folder: Path, fingerprint: str = "fp-A", records: list | None 
 
 def test_checkpointer_background_save_then_wait_then_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = tmp_path / "checkpoints"
-    records: list[dict[str, Any]] = []
+    records: list[Checkpoint] = []
     checkpointer = _checkpointer(folder, records=records)
     weight = torch.randn(16, 16)
     expected = weight.clone()
@@ -526,7 +534,7 @@ def test_checkpointer_background_save_then_wait_then_load(tmp_path: Path, monkey
     monkeypatch.setattr(store, "write", held_write)
     torch.manual_seed(5)
     random.seed(5)
-    blocked = checkpointer.save(30, state, "periodic", background=True)
+    blocked = checkpointer.save(30, state, CheckpointReason.PERIODIC, background=True)
     # save() is back while the write has not even started: training goes on at once.
     assert not store.paths_for(folder, 30).data.exists() and records == []
     assert blocked >= 0
@@ -537,8 +545,9 @@ def test_checkpointer_background_save_then_wait_then_load(tmp_path: Path, monkey
 
     assert [e.step for e in store.entries(folder)] == [30]
     assert len(records) == 1
-    assert records[0]["step"] == 30 and records[0]["reason"] == "periodic"
-    assert records[0]["blocking_s"] >= 0 and records[0]["write_s"] >= 0
+    assert records[0].step == 30 and records[0].reason is CheckpointReason.PERIODIC
+    assert records[0].blocking_s is not None and records[0].blocking_s >= 0
+    assert records[0].write_s is not None and records[0].write_s >= 0
 
     monkeypatch.undo()
     loaded = _checkpointer(folder).load()
@@ -555,11 +564,11 @@ def test_checkpointer_background_save_then_wait_then_load(tmp_path: Path, monkey
 
 def test_checkpointer_forced_save_is_on_disk_when_it_returns(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoints"
-    records: list[dict[str, Any]] = []
+    records: list[Checkpoint] = []
     checkpointer = _checkpointer(folder, records=records)
-    checkpointer.save(7, {"model": {"w": torch.ones(3)}}, "preempt", background=False)
+    checkpointer.save(7, {"model": {"w": torch.ones(3)}}, CheckpointReason.PREEMPT, background=False)
     assert store.paths_for(folder, 7).meta.exists()
-    assert [(r["step"], r["reason"]) for r in records] == [(7, "preempt")]
+    assert [(r.step, r.reason) for r in records] == [(7, CheckpointReason.PREEMPT)]
 
 
 def test_checkpointer_load_of_an_empty_run_is_none(tmp_path: Path) -> None:
@@ -569,7 +578,7 @@ def test_checkpointer_load_of_an_empty_run_is_none(tmp_path: Path) -> None:
 def test_checkpointer_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoints"
     writer = _checkpointer(folder, fingerprint="fp-A")
-    writer.save(12, {"model": {"w": torch.ones(2)}}, "periodic", background=False)
+    writer.save(12, {"model": {"w": torch.ones(2)}}, CheckpointReason.PERIODIC, background=False)
 
     with pytest.raises(ValueError, match="different model"):
         _checkpointer(folder, fingerprint="fp-B").load()
@@ -578,7 +587,7 @@ def test_checkpointer_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> N
 def test_checkpointer_load_reports_unusable_checkpoints(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoints"
     checkpointer = _checkpointer(folder)
-    checkpointer.save(3, {"model": {"w": torch.ones(2)}}, "periodic", background=False)
+    checkpointer.save(3, {"model": {"w": torch.ones(2)}}, CheckpointReason.PERIODIC, background=False)
     _flip_a_byte(store.paths_for(folder, 3))
     with pytest.raises(NoUsableCheckpoint, match="Refusing to start over"):
         checkpointer.load()

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.run.causes import Action
+from hpctrain.run.causes import Action, Cause, CheckpointReason, StopReason
 from hpctrain.run.decide import History, checkpoint_interval_s, decide, decide_begin, decide_cancelled, lineage
 from hpctrain.run.events import (
+    BY_SLURM,
     Cancelled,
     Checkpoint,
     Event,
@@ -25,8 +26,14 @@ from hpctrain.run.events import (
     Requeue,
     Retry,
     Start,
+    Stop,
 )
-from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_SAVED_AND_STOPPED, WORKER_SAVED_FOR_TIMELIMIT
+from hpctrain.run.exitcodes import (
+    WORKER_HUNG,
+    WORKER_SAVED_AND_STOPPED,
+    WORKER_SAVED_FOR_TIMELIMIT,
+    WORKER_USER_ERROR,
+)
 from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
@@ -43,19 +50,24 @@ def start(*nodes: str, t: float = 100.0, restart: int = 0) -> Start:
 
 
 def ckpt(step: int, reason: str, t: float) -> Checkpoint:
-    return Checkpoint(time=t, step=step, reason=reason)
+    return Checkpoint(time=t, step=step, reason=CheckpointReason(reason))
+
+
+def stop(step: int, reason: str, t: float) -> Stop:
+    """The ranks agreed to stop (written before the forced save, so even when it is killed)."""
+    return Stop(time=t, job_id=JOB, restart=0, step=step, reason=StopReason(reason), deadline_s=25.0)
 
 
 def forced(reason: str, choice: str, t: float = 170.0) -> ForcedSave:
-    return ForcedSave(time=t, step=61, reason=reason, forced_save=choice)
+    return ForcedSave(time=t, step=61, reason=StopReason(reason), forced_save=choice)
 
 
 def requeue(cause: str, t: float = 50.0, excluded: list[str] | None = None) -> Requeue:
-    return Requeue(time=t, job_id=JOB, cause=cause, excluded=excluded or [])
+    return Requeue(time=t, job_id=JOB, cause=Cause(cause), excluded=excluded or [])
 
 
 def failure(cause: str, t: float = 150.0, **fields) -> Failure:
-    return Failure(time=t, job_id=JOB, cause=cause, **fields)
+    return Failure(time=t, job_id=JOB, cause=Cause(cause), **fields)
 
 
 # A run that checkpointed every 20 s in its earlier life: one checkpoint interval is 20 s.
@@ -83,14 +95,16 @@ def out(code: int | None, **fields) -> Outcome:
     return Outcome(exit_code=code, nodes_wanted=2, signal_delay_s=30.0, **fields)
 
 
-TIMELIMIT_SAVE = (start("node1", "node2", t=100.0), ckpt(55, "timelimit", 160.0))
-PREEMPT_SAVE = (start("node1", "node2", t=100.0), ckpt(55, "preempt", 160.0))
+TIMELIMIT_SAVE = (start("node1", "node2", t=100.0), stop(55, "timelimit", 159.0), ckpt(55, "timelimit", 160.0))
+PREEMPT_SAVE = (start("node1", "node2", t=100.0), stop(55, "preempt", 159.0), ckpt(55, "preempt", 160.0))
 SPARE = {"allocated": ("node1", "node2", "node3"), "original": ("node1", "node2", "node3")}
 
 ROWS = {
     # ---- every fault alone ----
     "finished": Row(EARLIER, (start("node1", "node2"), Finish(time=200.0, step=600)), out(0), action=Action.FINISH),
-    "user's mistake": Row((), (failure("user_error", message="model.foo"),), out(78), action=Action.FAIL),
+    "user's mistake": Row(
+        (), (failure("user_error", message="model.foo"),), out(WORKER_USER_ERROR), action=Action.FAIL
+    ),
     "time limit": Row(
         EARLIER, TIMELIMIT_SAVE, out(WORKER_SAVED_FOR_TIMELIMIT, warned=True), events=["requeue:timelimit"]
     ),
@@ -227,19 +241,24 @@ ROWS = {
     # ---- combinations ----
     "preemption during a background write": Row(
         EARLIER,
-        (start("node1", "node2"), ckpt(61, "preempt", 170.0), ckpt(60, "periodic", 171.0)),
+        (start("node1", "node2"), stop(61, "preempt", 169.0), ckpt(61, "preempt", 170.0), ckpt(60, "periodic", 171.0)),
         out(WORKER_SAVED_AND_STOPPED),
         events=["requeue:preempt"],
     ),
     "preemption whose forced save was skipped for lack of time (no checkpoint written)": Row(
         EARLIER,
-        (start("node1", "node2"), forced("preempt", "skipped")),
+        (start("node1", "node2"), stop(61, "preempt", 169.0), forced("preempt", "skipped")),
         out(WORKER_SAVED_AND_STOPPED),
         events=["requeue:preempt"],
     ),
     "time-limit stop that abandoned a background write and wrote the stop step": Row(
         EARLIER,
-        (start("node1", "node2"), forced("timelimit", "abandoned_inflight"), ckpt(61, "timelimit", 171.0)),
+        (
+            start("node1", "node2"),
+            stop(61, "timelimit", 169.0),
+            forced("timelimit", "abandoned_inflight"),
+            ckpt(61, "timelimit", 171.0),
+        ),
         out(WORKER_SAVED_FOR_TIMELIMIT),
         events=["requeue:timelimit"],
     ),
@@ -251,13 +270,17 @@ ROWS = {
         events=["cancelled"],
     ),
     "scancel during a forced save (killed before it was written)": Row(
-        EARLIER, (start("node1", "node2"),), out(143, terminated=True), action=Action.STOP, events=["cancelled"]
+        EARLIER,
+        (start("node1", "node2"), stop(61, "preempt", 169.0)),
+        out(143, terminated=True),
+        action=Action.STOP,
+        events=["cancelled"],
     ),
     "a node failing while the job relaunches on a spare": Row(
         (
             *EARLIER,
             failure("node_failure", 45.0, nodes=["node2"]),
-            Relaunch(time=46.0, job_id=JOB, cause="node_failure", failed=["node2"], excluded=["node2"]),
+            Relaunch(time=46.0, job_id=JOB, cause=Cause.NODE_FAILURE, failed=["node2"], excluded=["node2"]),
         ),
         (),
         out(137, excluded=("node2",)),
@@ -367,7 +390,7 @@ def test_the_batch_node_dying_is_slurms_own_requeue() -> None:
     decision = decide_begin(history, ClusterView(sinfo("node_down_while_held")), Budgets(DEFAULTS))
     assert decision is not None and decision.action is Action.REQUEUE
     assert [_named(e) for e in decision.events] == ["failure:node_failure", "requeue:node_failure"]
-    assert decision.events[0].nodes == ["node2"] and decision.events[1].by == "slurm"
+    assert decision.events[0].nodes == ["node2"] and decision.events[1].by == BY_SLURM
 
 
 def test_a_preemption_whose_grace_ran_out_is_counted_as_preemption() -> None:
@@ -377,7 +400,7 @@ def test_a_preemption_whose_grace_ran_out_is_counted_as_preemption() -> None:
 
 
 def test_slurms_own_requeue_past_the_budget_fails() -> None:
-    history = History(JOB, 2, (*EARLIER, Requeue(time=41.0, job_id=JOB, cause="node_failure", by="slurm")))
+    history = History(JOB, 2, (*EARLIER, Requeue(time=41.0, job_id=JOB, cause=Cause.NODE_FAILURE, by=BY_SLURM)))
     decision = decide_begin(history, ClusterView(sinfo("idle")), Budgets({**DEFAULTS, "node_failure": 1}))
     assert decision is not None and decision.action is Action.FAIL
     assert [_named(e) for e in decision.events] == ["failure:node_failure", "requeue:node_failure", "failure:budget"]
@@ -388,10 +411,10 @@ def test_slurms_own_requeue_past_the_budget_fails() -> None:
 
 def test_a_resubmitted_run_keeps_its_budgets() -> None:
     events = (
-        Requeue(time=1.0, job_id="40", cause="crash"),  # an unrelated older job of this run dir
-        Requeue(time=2.0, job_id="41", cause="timelimit"),
-        Failure(time=3.0, job_id="41", cause="requeue_refused", action="resubmit", new_job_id="42"),
-        Checkpoint(time=4.0, step=10, reason="periodic"),
+        Requeue(time=1.0, job_id="40", cause=Cause.CRASH),  # an unrelated older job of this run dir
+        Requeue(time=2.0, job_id="41", cause=Cause.TIMELIMIT),
+        Failure(time=3.0, job_id="41", cause=Cause.REQUEUE_REFUSED, action="resubmit", new_job_id="42"),
+        Checkpoint(time=4.0, step=10, reason=CheckpointReason.PERIODIC),
         Start(time=5.0, job_id="42"),
     )
     assert [e.time for e in lineage(events, "42")] == [2.0, 3.0, 4.0, 5.0]
@@ -401,6 +424,20 @@ def test_checkpoint_interval_is_measured_within_a_life() -> None:
     events = (*EARLIER, start("node1", "node2", t=300.0), ckpt(60, "periodic", 330.0), ckpt(80, "periodic", 360.0))
     assert checkpoint_interval_s(events) == 25.0  # median of 20 and 30; the gap across lives not counted
     assert checkpoint_interval_s(EARLIER[:2]) is None
+
+
+def test_the_history_shows_a_stop_whose_save_was_killed() -> None:
+    # The ranks agreed to stop at step 61, then the save was killed: no checkpoint, no
+    # forced_save, only the `stop` written before the save started.
+    killed = (start("node1", "node2"), stop(61, "preempt", 169.0))
+    history = History(JOB, 0, (*EARLIER, *killed), killed)
+    assert history.agreed_stop == killed[1]
+    assert history.agreed_stop is not None and history.agreed_stop.reason is StopReason.PREEMPT
+    assert history.agreed_stop in lineage(history.events, JOB)  # it names its job: kept with it
+    # A stop agreed in an earlier step is not this step's.
+    relaunched = start("node1", "node2", t=300.0)
+    assert History(JOB, 0, (*EARLIER, *PREEMPT_SAVE, relaunched), (relaunched,)).agreed_stop is None
+    assert History(JOB, 0, EARLIER, (start("node1", "node2"),)).agreed_stop is None
 
 
 # ---- budgets after hpctrain-submit --retry: a new window ----
@@ -429,7 +466,7 @@ BUDGET_WINDOWS = {
             *SPENT,
             RETRY,
             *crash_of(RETRIED, 80.0),
-            Requeue(time=91.0, job_id=RETRIED, cause="crash"),
+            Requeue(time=91.0, job_id=RETRIED, cause=Cause.CRASH),
         ),
         RETRIED,
         DEFAULTS,
@@ -448,8 +485,8 @@ BUDGET_WINDOWS = {
             *SPENT,
             RETRY,
             *crash_of(RETRIED, 80.0),
-            Requeue(time=91.0, job_id=RETRIED, cause="crash"),
-            Failure(time=92.0, job_id=RETRIED, cause="requeue_refused", action="resubmit", new_job_id="58"),
+            Requeue(time=91.0, job_id=RETRIED, cause=Cause.CRASH),
+            Failure(time=92.0, job_id=RETRIED, cause=Cause.REQUEUE_REFUSED, action="resubmit", new_job_id="58"),
             *crash_of("58", 95.0),
         ),
         "58",
@@ -460,7 +497,7 @@ BUDGET_WINDOWS = {
     "a retry linked to its old job still starts a new window": (
         (
             *SPENT,
-            Failure(time=65.0, job_id=JOB, cause="requeue_refused", action="resubmit", new_job_id=RETRIED),
+            Failure(time=65.0, job_id=JOB, cause=Cause.REQUEUE_REFUSED, action="resubmit", new_job_id=RETRIED),
             RETRY,
             *crash_of(RETRIED, 80.0),
         ),
@@ -472,7 +509,7 @@ BUDGET_WINDOWS = {
     "without a retry a resubmitted job keeps the spent budget": (
         (
             *SPENT,
-            Failure(time=65.0, job_id=JOB, cause="requeue_refused", action="resubmit", new_job_id=RETRIED),
+            Failure(time=65.0, job_id=JOB, cause=Cause.REQUEUE_REFUSED, action="resubmit", new_job_id=RETRIED),
             *crash_of(RETRIED, 80.0),
         ),
         RETRIED,

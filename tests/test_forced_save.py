@@ -1,5 +1,6 @@
 """Forced saves against a deadline, and the checkpoint format version: the decision as a table,
-then the writer's cancel and the Checkpointer's forced save on real files in this process.
+then the writer's cancel and the Checkpointer's forced save on real files in this process, then
+the `stop` record a real run writes before its forced save.
 
 The dev-cluster proof (a multi-GB GPT preempted during a background write) is in
 test_forced_save_slurm.py.
@@ -9,14 +10,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import train_command, train_env
+from helpers.held_save import HOLD_ENV
+from helpers.paced import PAUSE_ENV
 
 from hpctrain.checkpoint import Checkpointer, CheckpointTooNew, store
 from hpctrain.checkpoint.deadline import (
@@ -30,8 +37,13 @@ from hpctrain.checkpoint.deadline import (
 )
 from hpctrain.checkpoint.format import FORMAT_VERSION
 from hpctrain.dist import DistContext
+from hpctrain.run.causes import CheckpointReason, StopReason
+from hpctrain.run.decide import History, lineage
+from hpctrain.run.events import Checkpoint, Event, ForcedSave, Start, Stop, read_events
+from hpctrain.run.jsonlines import read_jsonl
 
-GOLDEN_V1 = Path(__file__).parent / "golden" / "checkpoint_v1"
+TESTS = Path(__file__).parent
+GOLDEN_V1 = TESTS / "golden" / "checkpoint_v1"
 
 # ---- the decision ------------------------------------------------------------------------------
 
@@ -116,7 +128,7 @@ def test_grace_time_from_the_environment_then_slurm_then_the_default(
 # ---- the writer's cancel and the Checkpointer's forced save --------------------------------------
 
 
-def _checkpointer(folder: Path, forced: list[dict[str, Any]], written: list[dict[str, Any]]) -> Checkpointer:
+def _checkpointer(folder: Path, forced: list[ForcedSave], written: list[Checkpoint]) -> Checkpointer:
     return Checkpointer(
         folder,
         DistContext.single(cuda_devices=0),
@@ -159,21 +171,21 @@ def test_an_abandoned_write_leaves_no_file_and_the_stop_step_is_written(
     tmp_path: Path, paced_writes: threading.Event
 ) -> None:
     folder = tmp_path / "checkpoints"
-    forced: list[dict[str, Any]] = []
-    written: list[dict[str, Any]] = []
+    forced: list[ForcedSave] = []
+    written: list[Checkpoint] = []
     checkpointer = _checkpointer(folder, forced, written)
-    checkpointer.save(10, _state(10), "periodic", background=False)  # measures a write's pace
-    checkpointer.save(20, _state(20), "periodic", background=True)  # stuck after its first chunk
+    checkpointer.save(10, _state(10), CheckpointReason.PERIODIC, background=False)  # measures a write's pace
+    checkpointer.save(20, _state(20), CheckpointReason.PERIODIC, background=True)  # stuck after its first chunk
     time.sleep(0.5)  # its own pace: 128 KiB in 0.5 s, ~16 s for the rest
     checkpointer.writer.bytes_per_s = 1e9  # a full write: 4 ms
     # usable_s(2.5) = 0.5 s: the full write fits, the rest of the write under way does not.
-    checkpointer.forced_save(25, _state(25), "preempt", deadline_s=2.5)
+    checkpointer.forced_save(25, _state(25), StopReason.PREEMPT, deadline_s=2.5)
 
     assert [e.step for e in store.entries(folder)] == [25, 10]
     assert not list(folder.glob("*.tmp"))
-    assert forced == [forced[0]] and forced[0]["forced_save"] == "abandoned_inflight"
-    assert forced[0]["inflight_step"] == 20 and forced[0]["resume_step"] == 25 and forced[0]["redo_steps"] == 0
-    assert [(r["step"], r.get("forced_save")) for r in written] == [(10, None), (25, "abandoned_inflight")]
+    assert forced == [forced[0]] and forced[0].forced_save == "abandoned_inflight"
+    assert forced[0].inflight_step == 20 and forced[0].resume_step == 25 and forced[0].redo_steps == 0
+    assert [(r.step, r.forced_save) for r in written] == [(10, None), (25, "abandoned_inflight")]
     loaded = Checkpointer(folder, DistContext.single(cuda_devices=0), 2, "fp", lambda r: None).load()
     assert loaded is not None and loaded["train"]["step"] == 25 and loaded["format_version"] == FORMAT_VERSION
 
@@ -182,32 +194,32 @@ def test_a_skipped_save_keeps_the_last_complete_checkpoint_and_says_what_is_redo
     tmp_path: Path, paced_writes: threading.Event
 ) -> None:
     folder = tmp_path / "checkpoints"
-    forced: list[dict[str, Any]] = []
+    forced: list[ForcedSave] = []
     checkpointer = _checkpointer(folder, forced, [])
-    checkpointer.save(10, _state(10), "periodic", background=False)
-    checkpointer.save(20, _state(20), "periodic", background=True)
+    checkpointer.save(10, _state(10), CheckpointReason.PERIODIC, background=False)
+    checkpointer.save(20, _state(20), CheckpointReason.PERIODIC, background=True)
     time.sleep(0.5)  # its own pace: ~16 s for the rest
     checkpointer.writer.bytes_per_s = 1e5  # a full write: 40 s; neither fits in usable_s(10) = 8 s
-    checkpointer.forced_save(27, _state(27), "timelimit", deadline_s=10.0)
+    checkpointer.forced_save(27, _state(27), StopReason.TIMELIMIT, deadline_s=10.0)
 
     assert [e.step for e in store.entries(folder)] == [10]
     assert not list(folder.glob("*.tmp"))
     record = forced[0]
-    assert (record["forced_save"], record["resume_step"], record["redo_steps"]) == ("skipped", 10, 17)
-    assert record["deadline_s"] == 10.0 and record["estimated_write_s"] > 10 and "keeping" in record["why"]
+    assert (record.forced_save, record.resume_step, record.redo_steps) == ("skipped", 10, 17)
+    assert record.deadline_s == 10.0 and record.estimated_write_s > 10 and "keeping" in record.why
 
 
 def test_a_forced_save_without_deadline_waits_for_the_write_under_way(
     tmp_path: Path, paced_writes: threading.Event
 ) -> None:
     folder = tmp_path / "checkpoints"
-    forced: list[dict[str, Any]] = []
+    forced: list[ForcedSave] = []
     checkpointer = _checkpointer(folder, forced, [])
-    checkpointer.save(20, _state(20), "periodic", background=True)
+    checkpointer.save(20, _state(20), CheckpointReason.PERIODIC, background=True)
     threading.Timer(0.3, paced_writes.set).start()  # the slow disk catches up
-    checkpointer.forced_save(21, _state(21), "interrupt", deadline_s=None)
+    checkpointer.forced_save(21, _state(21), StopReason.INTERRUPT, deadline_s=None)
     assert [e.step for e in store.entries(folder)] == [21, 20]
-    assert forced[0]["forced_save"] == "waited" and forced[0]["deadline_s"] is None
+    assert forced[0].forced_save == "waited" and forced[0].deadline_s is None
 
 
 # ---- the format version ------------------------------------------------------------------------
@@ -215,10 +227,10 @@ def test_a_forced_save_without_deadline_waits_for_the_write_under_way(
 
 def test_a_checkpoint_of_a_newer_format_is_refused_not_skipped(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoints"
-    written: list[dict[str, Any]] = []
+    written: list[Checkpoint] = []
     checkpointer = _checkpointer(folder, [], written)
-    checkpointer.save(5, _state(5), "periodic", background=False)
-    checkpointer.save(9, _state(9), "periodic", background=False)
+    checkpointer.save(5, _state(5), CheckpointReason.PERIODIC, background=False)
+    checkpointer.save(9, _state(9), CheckpointReason.PERIODIC, background=False)
     newest = store.paths_for(folder, 9)
     meta = json.loads(newest.meta.read_text())
     assert meta["format_version"] == FORMAT_VERSION
@@ -262,30 +274,30 @@ def test_a_periodic_save_stops_waiting_for_the_previous_write_when_a_stop_is_req
     tmp_path: Path, paced_writes: threading.Event
 ) -> None:
     folder = tmp_path / "checkpoints"
-    written: list[dict[str, Any]] = []
+    written: list[Checkpoint] = []
     checkpointer = _checkpointer(folder, [], written)
-    checkpointer.save(20, _state(20), "periodic", background=True)  # stuck
+    checkpointer.save(20, _state(20), CheckpointReason.PERIODIC, background=True)  # stuck
     stop = threading.Event()
     threading.Timer(0.3, stop.set).start()  # the signal arrives while the next save waits
     started = time.perf_counter()
-    checkpointer.save(21, _state(21), "periodic", background=True, stop_requested=stop.is_set)
+    checkpointer.save(21, _state(21), CheckpointReason.PERIODIC, background=True, stop_requested=stop.is_set)
     assert time.perf_counter() - started < 10
     assert checkpointer.writer.busy() and checkpointer.writer.inflight_step == 20  # step 21 was not started
     # Asked again with the stop already requested: no wait, no copy, nothing started.
-    checkpointer.save(22, _state(22), "periodic", background=True, stop_requested=lambda: True)
+    checkpointer.save(22, _state(22), CheckpointReason.PERIODIC, background=True, stop_requested=lambda: True)
     assert checkpointer.writer.inflight_step == 20
     paced_writes.set()
     checkpointer.wait()
-    assert [e.step for e in store.entries(folder)] == [20] and [r["step"] for r in written] == [20]
+    assert [e.step for e in store.entries(folder)] == [20] and [r.step for r in written] == [20]
 
 
 def test_a_forced_write_still_under_way_at_the_deadline_is_cancelled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = tmp_path / "checkpoints"
-    forced: list[dict[str, Any]] = []
+    forced: list[ForcedSave] = []
     checkpointer = _checkpointer(folder, forced, [])
-    checkpointer.save(10, _state(10), "periodic", background=False)
+    checkpointer.save(10, _state(10), CheckpointReason.PERIODIC, background=False)
     real_write_chunk = store._HashingWriter._write_chunk
 
     def slow_disk(self: store._HashingWriter, chunk: memoryview) -> None:
@@ -296,9 +308,79 @@ def test_a_forced_write_still_under_way_at_the_deadline_is_cancelled(
     monkeypatch.setattr(store._HashingWriter, "_write_chunk", slow_disk)
     checkpointer.writer.bytes_per_s = 1e9  # the estimate says 4 ms: wrong
     started = time.perf_counter()
-    checkpointer.forced_save(11, _state(11), "timelimit", deadline_s=3.0)  # usable: 1 s
+    checkpointer.forced_save(11, _state(11), StopReason.TIMELIMIT, deadline_s=3.0)  # usable: 1 s
 
     assert time.perf_counter() - started < 2.5
-    assert forced[0]["forced_save"] == "overran" and "cancelled" in forced[0]["why"]
-    assert (forced[0]["resume_step"], forced[0]["redo_steps"]) == (10, 1)
+    assert forced[0].forced_save == "overran" and "cancelled" in forced[0].why
+    assert (forced[0].resume_step, forced[0].redo_steps) == (10, 1)
     assert [e.step for e in store.entries(folder)] == [10] and not list(folder.glob("*.tmp"))
+
+
+# ---- the `stop` record: written before the save, there even when the save is killed ------------
+
+HELD = (
+    "model._target_=helpers.held_save.HeldSaveConvNet",
+    "trainer.nprocs=2",
+    "trainer.max_steps=400",
+    "trainer.ckpt_every=0",
+    "trainer.eval_every=0",
+    "trainer.log_every=5",
+)
+# A life of task 7 of array 36 (its own job number 44), restarted twice: what the stamp must say.
+ARRAY_LIFE = {"SLURM_JOB_ID": "44", "SLURM_ARRAY_JOB_ID": "36", "SLURM_ARRAY_TASK_ID": "7", "SLURM_RESTART_COUNT": "2"}
+
+
+def _logged_step(run_dir: Path) -> int:
+    return max((r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")), default=0)
+
+
+def _wait_for(found: Callable[[], object], what: str, launcher: subprocess.Popen, log: Path) -> object:
+    deadline = time.monotonic() + 300
+    while not (value := found()):
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"no {what} (exit {launcher.poll()}):\n{log.read_text()[-4000:]}")
+        time.sleep(0.05)
+    return value
+
+
+@pytest.mark.slow
+def test_the_stop_is_journaled_before_its_save_and_outlives_a_killed_save(tmp_path: Path) -> None:
+    """A real SIGTERM to a real 2-process hpctrain-train whose forced save is held (a slow disk):
+    the `stop` record is in the journal while the save is still under way, and after a SIGKILL
+    it is the life's last word, which the control step's History carries."""
+    run_dir, hold, log = tmp_path / "run", tmp_path / "hold-the-save", tmp_path / "train.log"
+    env = {**train_env(TESTS), **ARRAY_LIFE, HOLD_ENV: str(hold), PAUSE_ENV: "0.01", "HPCTRAIN_GRACE_TIME_S": "30"}
+    launched_at = time.time()
+    with open(log, "w") as out:
+        launcher = subprocess.Popen(
+            train_command(run_dir, HELD),
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    journal = run_dir / "events.jsonl"
+    try:
+        _wait_for(lambda: _logged_step(run_dir) >= 20, "step 20", launcher, log)
+        hold.touch()  # from now on a save, once started, does not get past taking the state
+        os.kill(launcher.pid, signal.SIGTERM)  # a preemption, as the launcher passes it on
+        _wait_for(lambda: any(isinstance(e, Stop) for e in read_events(journal)), "stop record", launcher, log)
+        time.sleep(1.0)  # time enough for an unheld save of this small model
+        during: list[Event] = read_events(journal)
+        assert not [e for e in during if isinstance(e, (Checkpoint, ForcedSave))], during
+        assert launcher.poll() is None, "the ranks should still be in their save"
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)  # the save killed half-way, as KillWait would
+        launcher.wait(timeout=60)
+
+    events = read_events(journal)
+    assert [e.name for e in events] == ["start", "stop"], events
+    start, stop = events
+    assert isinstance(start, Start) and isinstance(stop, Stop)
+    assert stop.reason is StopReason.PREEMPT and 20 <= stop.step < 400
+    assert (start.job_id, start.restart) == (stop.job_id, stop.restart) == ("36_7", 2)
+    assert stop.deadline_s is not None and 0 < stop.deadline_s <= 30  # the grace, less the time to agree
+    assert not list((run_dir / "checkpoints").glob("*.pt"))
+    since = tuple(e for e in events if e.time >= launched_at)
+    assert History("36_7", 2, lineage(events, "36_7"), since).agreed_stop == stop

@@ -115,6 +115,10 @@ def test_a_preempted_multi_gb_save_meets_the_grace_time_and_resumes_from_a_compl
     assert 0 < forced["deadline_s"] <= GRACE_S, forced
     assert forced["took_s"] < GRACE_S, forced  # done before Slurm's SIGKILL
     assert "could not read the partition's GraceTime" not in output
+    # The agreement to stop was journaled before that save started, with the deadline it had.
+    stop = of("stop", run_dir)[0]
+    assert (stop["step"], stop["reason"], stop["deadline_s"]) == (forced["step"], "preempt", forced["deadline_s"])
+    assert stop["time"] <= forced["time"] - forced["took_s"] + 0.01, (stop, forced)
     starts = of("start", run_dir)
     assert [s["restart"] for s in starts[:2]] == [0, 1], starts
     # The second life resumes where the event said, from a complete checkpoint.

@@ -11,20 +11,26 @@ from pathlib import Path
 import pytest
 from conftest import train_command, train_env
 
+from hpctrain.run.causes import CheckpointReason
+from hpctrain.run.events import Checkpoint, Event, Relaunch, Start, from_record, read_events
 from hpctrain.run.jsonlines import read_jsonl
-from hpctrain.status.goodput import goodput
+from hpctrain.run.paths import RunDir
+from hpctrain.status.goodput import goodput, goodput_of
 
 
-def start(t: float, resumed: int, job: str | None = "7", restart: int = 0) -> dict:
-    return {"event": "start", "time": t, "job_id": job, "restart": restart, "resumed_from_step": resumed}
+def start(t: float, resumed: int, job: str | None = "7", restart: int = 0) -> Start:
+    return Start(time=t, job_id=job, restart=restart, resumed_from_step=resumed)
 
 
-def ckpt(t: float, step: int, reason: str = "periodic", blocking: float = 0.0, write: float = 0.0) -> dict:
-    return {"event": "checkpoint", "time": t, "step": step, "reason": reason, "blocking_s": blocking, "write_s": write}
+def ckpt(t: float, step: int, reason: str = "periodic", blocking: float = 0.0, write: float = 0.0) -> Checkpoint:
+    return Checkpoint(time=t, step=step, reason=CheckpointReason(reason), blocking_s=blocking, write_s=write)
 
 
-def ev(name: str, t: float, **fields: object) -> dict:
-    return {"event": name, "time": t, **fields}
+def ev(name: str, t: float, **fields: object) -> Event:
+    """Any event as its journal line says it (its words read back as the journal's reader does)."""
+    event = from_record({"event": name, "time": t, **fields})
+    assert event is not None, (name, fields)
+    return event
 
 
 def m(step: int, t: float) -> dict:
@@ -142,6 +148,20 @@ CASES = [
         (29, 20, 9, 0, 0, 21, ["stopped", "finish"]),
     ),
     (
+        # The ranks agreed to stop after step 30, then the save was killed: life 2 redoes 21-30.
+        "a stop whose save was killed ends no life by itself",
+        [
+            start(0, 0),
+            ckpt(20, 20),
+            ev("stop", 31, step=30, reason="preempt", deadline_s=10.0),
+            start(60, 20, restart=1),
+            ev("finish", 70, step=30),
+        ],
+        [m(20, 20), m(30, 30), m(30, 70)],
+        None,
+        (41, 30, 0, 0, 11, 29, ["unknown", "finish"]),
+    ),
+    (
         "still running: counted until now, its last logged step kept",
         [start(0, 0)],
         [m(10, 10), m(20, 20)],
@@ -153,7 +173,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("events, metrics, now, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_goodput_table(events: list[dict], metrics: list[dict], now: float | None, expected: tuple) -> None:
+def test_goodput_table(events: list[Event], metrics: list[dict], now: float | None, expected: tuple) -> None:
     allocated, kept, startup, stall, redone, wait, endings = expected
     got = goodput(events, metrics, now)
     assert [life.ending for life in got.lives] == endings
@@ -169,7 +189,7 @@ def test_lineage_follows_the_step_each_life_resumed_from() -> None:
         start(0, 0),
         ckpt(10, 10),
         ckpt(20, 20),
-        ev("requeue", 25),
+        ev("requeue", 25, cause="preempt"),
         start(30, 10, restart=1),
         ev("finish", 40, step=20),
     ]
@@ -209,7 +229,7 @@ def test_goodput_of_a_real_run_stopped_by_sigterm_and_resumed(tmp_path: Path) ->
     )
     assert second.returncode == 0, second.stderr[-3000:]
 
-    got = goodput(read_jsonl(run_dir / "events.jsonl"), read_jsonl(run_dir / "metrics.jsonl"))
+    got = goodput_of(RunDir(run_dir))
     stopped_at = [
         e["step"]
         for e in read_jsonl(run_dir / "events.jsonl")
@@ -232,7 +252,8 @@ SOAK = Path(__file__).parent / "golden" / "goodput_soak"  # metrics.jsonl kept t
 
 
 def test_goodput_of_a_real_chaos_soak_journal() -> None:
-    events = read_jsonl(SOAK / "events.jsonl")
+    # Written by an hpctrain of before the typed records: read as any journal is.
+    events = read_events(SOAK / "events.jsonl")
     got = goodput(events, read_jsonl(SOAK / "metrics.jsonl"))
     # Time limit, killed rank, hang, preemption, preemption with the newest checkpoint torn (its
     # life resumed from 363 again: nothing kept), scancel (job 7's last life, no word after its
@@ -258,9 +279,9 @@ def test_goodput_of_a_real_chaos_soak_journal() -> None:
         "finish",
     ]
     assert [life.cause for life in got.lives][:5] == ["timelimit", "crash", "hang", "preempt", "preempt"]
-    relaunch = next(e for e in events if e["event"] == "relaunch")
-    assert got.lives[-1].began == relaunch["time"]
-    assert got.startup_s == pytest.approx(got.lives[-1].started - relaunch["time"])
+    relaunch = next(e for e in events if isinstance(e, Relaunch))
+    assert got.lives[-1].began == relaunch.time
+    assert got.startup_s == pytest.approx(got.lives[-1].started - relaunch.time)
     assert got.lives[2].kept_s == 0 and got.lives[4].kept_s == 0  # a hang's and a torn save's lives
     assert got.kept_s + got.startup_s + got.stall_s + got.redone_s == pytest.approx(got.allocated_s)
     assert got.allocated_s == pytest.approx(247.31, abs=0.01) and got.goodput_pct == pytest.approx(62.4, abs=0.1)

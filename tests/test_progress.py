@@ -22,6 +22,7 @@ from conftest import train_command, train_env
 
 from hpctrain import logs
 from hpctrain.dist import DistContext
+from hpctrain.run.life import LifeStamp
 from hpctrain.trainer.progress import Progress
 from hpctrain.trainer.progress_bar import MIN_REDRAW_S, ProgressBar, wanted
 
@@ -146,7 +147,7 @@ class FakeStream(io.StringIO):
     ],
 )
 def test_when_the_bar_is_drawn(mode: str, terminal: bool, env: dict[str, str], shown: bool) -> None:
-    assert wanted(mode, FakeStream(terminal), env) is shown
+    assert wanted(mode, FakeStream(terminal), LifeStamp.from_env(env).in_slurm) is shown
 
 
 def test_the_bar_is_erased_before_a_log_line_and_drawn_again_after() -> None:

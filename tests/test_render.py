@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 from dataclasses import replace
@@ -14,7 +15,8 @@ from hydra import compose, initialize_config_module
 from hpctrain import config as hconfig
 from hpctrain.config import Config
 from hpctrain.config.schema import SlurmConfig
-from hpctrain.slurm.render import filename_pattern, render, sbatch_flag, sbatch_quote
+from hpctrain.run import exitcodes
+from hpctrain.slurm.render import builtin_templates, filename_pattern, render, sbatch_flag, sbatch_quote
 
 GOLDEN = Path(__file__).parent / "golden"
 HOSTILE = [
@@ -50,6 +52,16 @@ def check_golden(name: str, text: str) -> None:
 
 def test_golden_default() -> None:
     check_golden("ddp_default.sbatch", rendered())
+
+
+def test_the_batch_scripts_exit_codes_come_from_the_table() -> None:
+    """ddp.sbatch.j2 types no exit code: each is rendered from hpctrain.run.exitcodes, which the
+    control step's own codes come from too, so the two cannot drift apart."""
+    template = (builtin_templates() / "ddp.sbatch.j2").read_text()
+    assert not re.findall(r"\bexit [0-9]", template)
+    # `control begin` fails the job, finish, requeued, `control requeue-refused`, stop or fail.
+    table = (exitcodes.BATCH_FINISHED, exitcodes.BATCH_REQUEUED, exitcodes.BATCH_FAILED)
+    assert re.findall(r"\bexit (\S+)", rendered()) == ["$?", *map(str, table[:2]), "$?", str(table[2])]
 
 
 def test_golden_full_site_profile() -> None:

@@ -214,6 +214,10 @@ def assert_stopped_and_saved(stopped: Stopped, reason: str, signum: int, nprocs:
     assert [c["reason"] for c in forced] == [reason], f"{saved}\n{stopped.describe()}"
     assert saved[-1] is forced[0], "the forced checkpoint is the run's last"
     step = forced[0]["step"]
+    # The ranks' agreement is journaled first: one `stop`, same step and reason, before the save.
+    stops = [e for e in stopped.new_events if e.get("event") == "stop"]
+    assert [(e["step"], e["reason"]) for e in stops] == [(step, reason)], stopped.new_events
+    assert stopped.new_events.index(stops[0]) < stopped.new_events.index(forced[0])
     assert stopped.signalled_at_step < step < MAX_STEPS, f"saved at {step}, signalled at {stopped.signalled_at_step}"
     assert forced[0]["blocking_s"] >= 0 and forced[0]["write_s"] >= 0
     assert not [e for e in stopped.new_events if e.get("event") == "finish"]
@@ -364,6 +368,11 @@ def test_the_time_limit_signal_stops_a_single_process_run(tmp_path: Path) -> Non
     stopped = run_and_signal(tmp_path / "run", ONE_PROC, signal.SIGUSR2, after=STOP_AFTER, nprocs=1)
     assert stopped.returncode == 128 + signal.SIGUSR2, stopped.describe()
     assert [c["reason"] for c in stopped.checkpoints()] == ["timelimit"], stopped.describe()
+    assert [e["event"] for e in stopped.new_events if e["event"] in ("stop", "checkpoint", "forced_save")] == [
+        "stop",
+        "checkpoint",
+        "forced_save",
+    ]
     assert not stopped.leftovers
 
 

@@ -13,7 +13,8 @@ import torch
 
 from hpctrain.config.network import NetworkConfig
 from hpctrain.dist import PORT_FILE, DistContext, env_master_addr, visible_gpu
-from hpctrain.exitcodes import EXIT_USER_ERROR
+from hpctrain.rendezvous import port_file
+from hpctrain.run.exitcodes import WORKER_USER_ERROR
 from hpctrain.slurm.env import SlurmEnvError, in_slurm_step, node_list, place, tasks_per_node
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm_env"
@@ -91,8 +92,20 @@ def test_context_from_a_captured_step_meets_through_the_run_dir() -> None:
     ctx = DistContext.from_env(captured("srun_step.rank3"), cuda_devices=0)
     assert (ctx.source, ctx.rank, ctx.world_size, ctx.local_rank, ctx.local_world_size) == ("slurm", 3, 4, 1, 2)
     assert ctx.init_method == PORT_FILE and ctx.master_port is None
-    assert (ctx.node, ctx.job_id, ctx.step_id, ctx.master_addr) == ("node2", "1", "0", "node1")
+    assert (ctx.node, ctx.life.job_id, ctx.step_id, ctx.master_addr) == ("node2", "1", "0", "node1")
     assert ctx.device == torch.device("cpu") and ctx.gpu == "1"
+
+
+def test_an_array_tasks_context_names_its_life_as_slurm_commands_do(tmp_path: Path) -> None:
+    # Task 7 of array 36 runs as job 44: events and the rendezvous name it `36_7`, so two tasks
+    # never share a port file, and a requeued life (restart 1) never reads the previous one's.
+    env = captured("srun_step.rank3", SLURM_JOB_ID="44", SLURM_ARRAY_JOB_ID="36", SLURM_ARRAY_TASK_ID="7")
+    ctx = DistContext.from_env(env, cuda_devices=0)
+    assert (ctx.life.job_id, ctx.life.restart, ctx.life.number) == ("36_7", 0, "44")
+    requeued = DistContext.from_env({**env, "SLURM_RESTART_COUNT": "1"}, cuda_devices=0)
+    other_task = DistContext.from_env({**env, "SLURM_JOB_ID": "45", "SLURM_ARRAY_TASK_ID": "8"}, cuda_devices=0)
+    ports = {port_file(tmp_path, c.life.job_id or "", c.life.restart, c.step_id) for c in (ctx, requeued, other_task)}
+    assert {p.name for p in ports} == {"36_7.r0.s0.port", "36_7.r1.s0.port", "36_8.r0.s0.port"}
 
 
 def test_master_port_makes_env_rendezvous_with_the_sites_suffix() -> None:
@@ -155,7 +168,7 @@ def test_the_worker_says_why_it_cannot_start_without_a_traceback(tmp_path: Path)
     done = subprocess.run(
         [sys.executable, "-m", "hpctrain.worker", str(tmp_path)], env=env, capture_output=True, text=True, timeout=120
     )
-    assert done.returncode == EXIT_USER_ERROR, done.stderr
+    assert done.returncode == WORKER_USER_ERROR, done.stderr
     assert done.stderr.startswith("error: SLURM_GPUS_PER_TASK=2 (--gpus-per-task)") and "Traceback" not in done.stderr
 
 

@@ -86,6 +86,9 @@ def test_preemption_saves_at_the_signal_step_and_resumes_exactly(slurm_env, tmp_
     # Zero lost steps: the second life starts at exactly the step the signal stopped.
     assert starts[1]["resumed_from_step"] == saved[0]["step"] > 60
     assert [e["cause"] for e in of("requeue", run_dir)] == ["preempt"]
+    # The ranks' agreement was journaled before that save, by the life it stopped.
+    stops = [(e["step"], e["reason"], e["job_id"], e["restart"]) for e in of("stop", run_dir)]
+    assert stops == [(saved[0]["step"], "preempt", job_id, 0)], events(run_dir)
     reference = tmp_path / "reference"
     train_locally(slurm_env, reference, *config, "trainer.nprocs=2")
     assert same_weights(run_dir, reference)
@@ -118,6 +121,8 @@ def test_time_limit_requeues_until_done(slurm_env, tmp_path: Path) -> None:
     requeues = of("requeue", run_dir)
     assert requeues and {e["cause"] for e in requeues} == {"timelimit"}, events(run_dir)
     assert len(of("start", run_dir)) == len(requeues) + 1
+    stops = of("stop", run_dir)
+    assert stops and {(e["reason"], e["job_id"]) for e in stops} == {("timelimit", job_id)}, events(run_dir)
     assert of("finish", run_dir)[0]["step"] == 1500
     output, _ = reference_run.communicate(timeout=600)
     assert reference_run.returncode == 0, output[-3000:]

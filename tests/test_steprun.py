@@ -8,6 +8,7 @@ import pytest
 from test_slurm_env import captured
 
 from hpctrain.errors import UserError
+from hpctrain.run.life import LifeStamp
 from hpctrain.steprun import publish_verdict, step_overrides, verdict_path, wait_for_verdict, world_rank
 
 # (environment, rank when one of several tasks, overrides added to `hpctrain-train model=mlp`)
@@ -22,6 +23,12 @@ ROWS = [
     (captured("srun_step.rank3"), 3, ["hydra.run.dir=runs/slurm-1", "hydra.output_subdir=null"]),
     (captured("salloc_step.rank1"), 1, ["hydra.run.dir=runs/slurm-5", "hydra.output_subdir=null"]),
     (captured("het2_step.rank1"), 1, ["hydra.run.dir=runs/slurm-7", "hydra.output_subdir=null"]),
+    # An array task: its own job number, as run dirs were always named (a requeued life finds it).
+    (
+        captured("srun_step.rank0", SLURM_JOB_ID="44", SLURM_ARRAY_JOB_ID="36", SLURM_ARRAY_TASK_ID="7"),
+        0,
+        ["hydra.run.dir=runs/slurm-44"],
+    ),
     # torchrun's variables win, inside a step or not.
     (
         captured("srun_subset.rank0", RANK="1", WORLD_SIZE="2"),
@@ -35,30 +42,43 @@ ROWS = [
 @pytest.mark.parametrize("env, rank, added", ROWS)
 def test_world_rank_and_overrides(env: dict[str, str], rank: int | None, added: list[str]) -> None:
     assert world_rank(env) == rank
-    assert step_overrides(env, ["model=mlp"]) == added
+    assert step_overrides(env, ["model=mlp"], LifeStamp.from_env(env)) == added
 
 
 @pytest.mark.parametrize("named", ["hydra.run.dir=my/run", "+hydra.run.dir=my/run", "++hydra.run.dir=my/run"])
 def test_a_named_run_dir_is_kept(named: str) -> None:
-    assert step_overrides(captured("srun_step.rank0"), [named]) == []
+    env = captured("srun_step.rank0")
+    assert step_overrides(env, [named], LifeStamp.from_env(env)) == []
 
 
 def test_torchrun_outside_slurm_must_name_the_run_dir() -> None:
     with pytest.raises(UserError, match="hydra.run.dir"):
-        step_overrides({"RANK": "0", "WORLD_SIZE": "2"}, ["model=mlp"])
+        step_overrides({"RANK": "0", "WORLD_SIZE": "2"}, ["model=mlp"], LifeStamp.from_env({}))
 
 
 @pytest.mark.parametrize("flag", ["-m", "--multirun"])
 def test_a_sweep_inside_srun_is_refused(flag: str) -> None:
     with pytest.raises(UserError, match="hpctrain-submit -m"):
-        step_overrides(captured("srun_step.rank1"), [flag, "optim.lr=1,2"])
+        env = captured("srun_step.rank1")
+        step_overrides(env, [flag, "optim.lr=1,2"], LifeStamp.from_env(env))
+
+
+def verdict_of(tmp_path: Path, env: dict[str, str]) -> Path:
+    return verdict_path(tmp_path, env, LifeStamp.from_env(env))
 
 
 def test_verdict_is_per_job_restart_and_step(tmp_path: Path) -> None:
-    first = verdict_path(tmp_path, captured("srun_step.rank1"))
-    requeued = verdict_path(tmp_path, captured("srun_step.rank1", SLURM_RESTART_COUNT="1"))
-    next_step = verdict_path(tmp_path, captured("srun_E.rank1"))
-    assert len({first, requeued, next_step}) == 3
+    first = verdict_of(tmp_path, captured("srun_step.rank1"))
+    requeued = verdict_of(tmp_path, captured("srun_step.rank1", SLURM_RESTART_COUNT="1"))
+    next_step = verdict_of(tmp_path, captured("srun_E.rank1"))
+    # Two tasks of one array (each its own job number) never share a verdict either.
+    array = {"SLURM_ARRAY_JOB_ID": "36", "SLURM_JOB_ID": "44", "SLURM_ARRAY_TASK_ID": "7"}
+    task_7 = verdict_of(tmp_path, captured("srun_step.rank1", **array))
+    task_8 = verdict_of(
+        tmp_path, captured("srun_step.rank1", **{**array, "SLURM_JOB_ID": "45", "SLURM_ARRAY_TASK_ID": "8"})
+    )
+    assert len({first, requeued, next_step, task_7, task_8}) == 5
+    assert task_7.name == "36_7.r0.s0.config"
     publish_verdict(first, "refused")
     assert wait_for_verdict(first, 1) == {"ok": False, "error": "refused"}
     with pytest.raises(UserError, match="rank 0 wrote no config"):

@@ -1,4 +1,4 @@
-"""A hung step ends the process with EXIT_HANG and a stack dump, so recovery can take over."""
+"""A hung step ends the process with WORKER_HUNG and a stack dump, so recovery can take over."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from hpctrain.exitcodes import EXIT_HANG
+from hpctrain.run.causes import Cause
+from hpctrain.run.events import Failure, Start, read_events
+from hpctrain.run.exitcodes import WORKER_HUNG
 from hpctrain.watchdog import Watchdog
 
 TESTS = Path(__file__).parent
@@ -24,6 +26,9 @@ def test_a_beating_watchdog_never_fires() -> None:
 
 def test_stuck_training_process_exits_with_hang_code(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    # As inside task 7 of array 36 (its own job number 44), restarted once: the hang is that life's.
+    env.update(SLURM_JOB_ID="44", SLURM_ARRAY_JOB_ID="36", SLURM_ARRAY_TASK_ID="7", SLURM_RESTART_COUNT="1")
+    env["HPCTRAIN_GRACE_TIME_S"] = "30"  # no scontrol to ask outside a real job
     started = time.monotonic()
     done = subprocess.run(
         [
@@ -41,7 +46,10 @@ def test_stuck_training_process_exits_with_hang_code(tmp_path: Path) -> None:
         text=True,
         timeout=120,
     )
-    assert done.returncode == EXIT_HANG, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.returncode == WORKER_HUNG, done.stdout[-2000:] + done.stderr[-2000:]
     assert time.monotonic() - started < 60
     assert "no training step finished" in done.stdout + done.stderr
     assert "StuckAfter" in done.stderr or "stuck.py" in done.stderr  # the stack dump shows where
+    start, hang = read_events(tmp_path / "run" / "events.jsonl")
+    assert isinstance(start, Start) and isinstance(hang, Failure) and hang.cause is Cause.HANG and hang.rank == 0
+    assert (start.job_id, start.restart) == (hang.job_id, hang.restart) == ("36_7", 1)

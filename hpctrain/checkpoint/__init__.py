@@ -26,6 +26,8 @@ from hpctrain.checkpoint.writer import BackgroundWriter
 from hpctrain.config import differences
 from hpctrain.dist import DistContext
 from hpctrain.errors import UserError
+from hpctrain.run.causes import CheckpointReason, StopReason
+from hpctrain.run.events import Checkpoint, ForcedSave
 
 __all__ = ["Checkpointer", "CheckpointMismatch", "CheckpointTooNew", "NoUsableCheckpoint"]
 
@@ -46,13 +48,14 @@ class Checkpointer:
         ctx: DistContext,
         keep: int,
         fingerprint: str,
-        on_written: Callable[[dict], None],
+        on_written: Callable[[Checkpoint], None],
         identity: dict[str, Any] | None = None,
-        on_forced: Callable[[dict], None] | None = None,
+        on_forced: Callable[[ForcedSave], None] | None = None,
     ) -> None:
         """`fingerprint` (and `identity`, what it hashes by config key) go into every
         checkpoint's .json, so a mismatch is found, and explained, without loading the data.
-        `on_forced` gets rank 0's record of each forced save (see forced.record)."""
+        Rank 0 hands `on_written` each written checkpoint's record (from the writer thread) and
+        `on_forced` each forced save's (see forced.record)."""
         self.folder = folder
         self.ctx = ctx
         self.fingerprint = fingerprint
@@ -68,7 +71,12 @@ class Checkpointer:
     # ---- save ------------------------------------------------------------------------------
 
     def save(
-        self, step: int, state: dict[str, Any], reason: str, background: bool, stop_requested: StopCheck | None = None
+        self,
+        step: int,
+        state: dict[str, Any],
+        reason: CheckpointReason,
+        background: bool,
+        stop_requested: StopCheck | None = None,
     ) -> float:
         """Collective. Returns the seconds training was blocked (rank 0's view). A background
         save is skipped when `stop_requested()` is (or turns) true before its copy: the stop's
@@ -99,7 +107,7 @@ class Checkpointer:
             dist.barrier()  # a forced save is on disk before any rank goes on (or exits)
         return time.perf_counter() - started
 
-    def forced_save(self, step: int, state: dict[str, Any], reason: str, deadline_s: float | None) -> None:
+    def forced_save(self, step: int, state: dict[str, Any], reason: StopReason, deadline_s: float | None) -> None:
         """Collective. A save forced by a stop signal that gives `deadline_s` seconds (None: no
         limit): waits for, abandons or keeps the write under way, writes the stop step or not,
         as hpctrain.checkpoint.deadline decides; rank 0 reports what it did to `on_forced`."""
@@ -108,7 +116,7 @@ class Checkpointer:
         if self.ctx.is_main:
             chosen, estimates = forced.plan(self.writer, step, state, deadline_s)
             log.info("forced save at step %d (%s): %s, %s", step, reason, chosen.choice, chosen.why)
-            info = {"reason": reason, "deadline_s": estimates["deadline_s"]}
+            info = {"reason": reason.checkpoint_reason, "deadline_s": estimates["deadline_s"]}
             tree = {**state, **self._parts(rngs)}
             cutoff = None if deadline_s is None else started + usable_s(deadline_s)
             choice = forced.carry_out(self.writer, self.snapshotter, chosen, step, tree, info, cutoff)

@@ -19,6 +19,8 @@ from hpctrain.checkpoint import store
 from hpctrain.checkpoint.deadline import ForcedSavePlan, plan_forced_save
 from hpctrain.checkpoint.snapshot import Snapshotter, state_bytes
 from hpctrain.checkpoint.writer import BackgroundWriter
+from hpctrain.run.causes import StopReason
+from hpctrain.run.events import ForcedSave
 
 log = logging.getLogger(__name__)
 
@@ -96,22 +98,22 @@ def record(
     chosen: ForcedSavePlan,
     choice: str,
     step: int,
-    reason: str,
+    reason: StopReason,
     estimates: dict[str, Any],
     started: float,
-) -> dict[str, Any]:
+) -> ForcedSave:
     complete = store.entries(writer.folder)
     resume_step = complete[0].step if complete else 0
-    return {
-        "step": step,
-        "reason": reason,
-        "forced_save": choice,
-        "why": _why(chosen, choice),
+    return ForcedSave(
+        step=step,
+        reason=reason,
+        forced_save=choice,
+        why=_why(chosen, choice),
         **estimates,
-        "resume_step": resume_step,
-        "redo_steps": step - resume_step,
-        "took_s": round(time.perf_counter() - started, 3),
-    }
+        resume_step=resume_step,
+        redo_steps=step - resume_step,
+        took_s=round(time.perf_counter() - started, 3),
+    )
 
 
 def _why(chosen: ForcedSavePlan, choice: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from hpctrain.checkpoint import store
 from hpctrain.errors import UserError
+from hpctrain.run.events import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ class DiskFull(UserError, OSError):
 
 class BackgroundWriter:
     def __init__(
-        self, folder: Path, keep: int, on_written: Callable[[dict[str, Any]], None], meta: dict[str, Any] | None = None
+        self, folder: Path, keep: int, on_written: Callable[[Checkpoint], None], meta: dict[str, Any] | None = None
     ) -> None:
         self.folder = folder
         self.keep = keep
@@ -107,7 +108,9 @@ class BackgroundWriter:
         return True
 
     def start(self, step: int, state: dict[str, Any], info: dict[str, Any], background: bool, nbytes: int = 0) -> None:
-        """Write `state` (already a snapshot the trainer no longer touches; about `nbytes`)."""
+        """Write `state` (already a snapshot the trainer no longer touches; about `nbytes`).
+        `info` goes into the checkpoint's .json and its `checkpoint` record: `reason` (a
+        CheckpointReason), `blocking_s`, and for a forced save `deadline_s` and `forced_save`."""
         self.wait()
         self._control = store.WriteControl()
         self.inflight_step, self._inflight_bytes, self._inflight_started = step, nbytes, time.perf_counter()
@@ -138,7 +141,7 @@ class BackgroundWriter:
         if write_s > 0 and size:
             self._recent_rates.append(size / write_s)
             self.bytes_per_s = max(self._recent_rates)
-        self.on_written({**info, "step": step, "write_s": round(write_s, 4)})
+        self.on_written(Checkpoint(**info, step=step, write_s=round(write_s, 4)))
 
     def _disk_full(self, step: int, error: BaseException) -> DiskFull | None:
         if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):

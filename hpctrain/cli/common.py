@@ -27,14 +27,13 @@ from hpctrain.run.paths import RunDir, checkpoints_in, remove_empty_parents
 
 # Hydra's own files in a fresh output dir; a run dir holding nothing else can go on a bad config.
 _HYDRA_FILES = {".hydra"}
-EXIT_USER_ERROR = CLI_USER_ERROR  # the console scripts' code for a user's mistake
 # (composed config, its overrides) -> (typed Config, resolved config to write as config.yaml)
 Checker = Callable[[DictConfig, Sequence[str]], tuple[Config, Any]]
 
 
 def fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
-    sys.exit(EXIT_USER_ERROR)
+    sys.exit(CLI_USER_ERROR)
 
 
 def is_fresh(root: Path) -> bool:

@@ -21,19 +21,15 @@ import time
 from pathlib import Path
 
 from hpctrain.run.exitcodes import CLI_OK, CLI_REFUSED, CLI_USER_ERROR
-from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.run.paths import RunDir
 from hpctrain.status import discover
 from hpctrain.status.detail import render_detail
-from hpctrain.status.goodput import Goodput, goodput
+from hpctrain.status.goodput import Goodput, goodput_of
 from hpctrain.status.plot import PlotUnavailable, draw, require_matplotlib
 from hpctrain.status.rows import Row, Status, collect
 from hpctrain.status.table import render
 from hpctrain.tune.summary import read_summary, render_summary
 
-EXIT_OK = CLI_OK
-EXIT_FAILED_RUN = CLI_REFUSED  # a listed run failed
-EXIT_USER_ERROR = CLI_USER_ERROR
 DEFAULT_WATCH_S = 5.0
 # Move to the top left and clear the screen: the table is redrawn in place.
 _CLEAR = "\x1b[H\x1b[2J"
@@ -130,12 +126,12 @@ def figures_of(row: Row) -> Goodput:
     """The run's goodput; a running job's last life counts until now."""
     run = RunDir(row.run_dir)
     now = time.time() if row.state.startswith("RUNNING") else None
-    return goodput(read_jsonl(run.events), read_jsonl(run.metrics), now)
+    return goodput_of(run, now)
 
 
 def watch(args: argparse.Namespace) -> int:
     clear = sys.stdout.isatty() and not args.json
-    code = EXIT_OK
+    code = CLI_OK
     try:
         while True:
             status = refresh(args)
@@ -145,7 +141,7 @@ def watch(args: argparse.Namespace) -> int:
                 print(f"hpctrain-status, every {args.watch:g} s, {time.strftime('%H:%M:%S')} (Ctrl-C to stop)\n")
             show(status, args)
             sys.stdout.flush()
-            code = EXIT_FAILED_RUN if status.any_failed else EXIT_OK
+            code = CLI_REFUSED if status.any_failed else CLI_OK
             time.sleep(args.watch)
     except KeyboardInterrupt:
         if clear:
@@ -162,16 +158,16 @@ def main(argv: list[str] | None = None) -> int:
             return watch(args)
         status = refresh(args)
         show(status, args)
-        return EXIT_FAILED_RUN if status.any_failed else EXIT_OK
+        return CLI_REFUSED if status.any_failed else CLI_OK
     except (discover.NotARunDir, PlotUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return CLI_USER_ERROR
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         # `hpctrain-status | head`: the reader has gone, which is not an error worth a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+        return CLI_OK
 
 
 if __name__ == "__main__":

@@ -16,12 +16,13 @@ from torch.multiprocessing import ProcessExitedException
 
 from hpctrain import config as hconfig
 from hpctrain import logs, steprun
-from hpctrain.cli.common import EXIT_USER_ERROR, fail, prepare_run_dir
+from hpctrain.cli.common import fail, prepare_run_dir
 from hpctrain.config import Config, differences, to_typed
 from hpctrain.errors import UserError
 from hpctrain.launch import launch_local
-from hpctrain.run.exitcodes import WORKER_USER_ERROR
-from hpctrain.run.jsonlines import read_jsonl
+from hpctrain.run.events import Finish, read_events
+from hpctrain.run.exitcodes import CLI_USER_ERROR, WORKER_USER_ERROR
+from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir, restrict_umask
 from hpctrain.slurm.env import SlurmEnvError
 
@@ -31,20 +32,20 @@ hconfig.register()
 
 
 def summary(run: RunDir) -> str:
-    finish = [e for e in read_jsonl(run.events) if e.get("event") == "finish"]
+    finish = [e for e in read_events(run.events) if isinstance(e, Finish)]
     if not finish:
         return f"run dir {run.root}: no finish event"
     last = finish[-1]
-    parts = [f"step {last.get('step')}"]
+    parts = [f"step {last.step}"]
     for key in ("eval_accuracy", "eval_loss", "loss"):
-        if last.get(key) is not None:
-            parts.append(f"{key} {last[key]:.4f}")
+        if last.extra.get(key) is not None:
+            parts.append(f"{key} {last.extra[key]:.4f}")
     return f"finished: {', '.join(parts)}; run dir {run.root}"
 
 
-def prepare_as_rank0(cfg: DictConfig) -> tuple[Config, RunDir]:
+def prepare_as_rank0(cfg: DictConfig, life: LifeStamp) -> tuple[Config, RunDir]:
     """Check and write the run dir as usual, then tell the other ranks it is ready (or not)."""
-    verdict = steprun.verdict_path(Path(HydraConfig.get().runtime.output_dir), os.environ)
+    verdict = steprun.verdict_path(Path(HydraConfig.get().runtime.output_dir), os.environ, life)
     try:
         config, run = prepare_run_dir(cfg)
     except SystemExit:  # prepare_run_dir printed why
@@ -54,7 +55,7 @@ def prepare_as_rank0(cfg: DictConfig) -> tuple[Config, RunDir]:
     return config, run
 
 
-def follow_rank0(cfg: DictConfig, rank: int) -> tuple[Config, RunDir]:
+def follow_rank0(cfg: DictConfig, rank: int, life: LifeStamp) -> tuple[Config, RunDir]:
     """Wait for rank 0 to write config.yaml, then check it is what this task composed (a
     `${now:...}` or an environment variable in a value would make the ranks train apart)."""
     run = RunDir(Path(HydraConfig.get().runtime.output_dir))
@@ -62,9 +63,11 @@ def follow_rank0(cfg: DictConfig, rank: int) -> tuple[Config, RunDir]:
         config, resolved = to_typed(cfg, HydraConfig.get().overrides.task)
     except ValueError as error:
         fail(str(error))
-    verdict = steprun.wait_for_verdict(steprun.verdict_path(run.root, os.environ), config.trainer.collective_timeout_s)
+    verdict = steprun.wait_for_verdict(
+        steprun.verdict_path(run.root, os.environ, life), config.trainer.collective_timeout_s
+    )
     if not verdict["ok"]:
-        sys.exit(EXIT_USER_ERROR)  # rank 0 said why
+        sys.exit(CLI_USER_ERROR)  # rank 0 said why
     changed = differences(OmegaConf.to_container(OmegaConf.load(run.config)), OmegaConf.to_container(resolved))
     if changed:
         fail(
@@ -74,8 +77,7 @@ def follow_rank0(cfg: DictConfig, rank: int) -> tuple[Config, RunDir]:
     return config, run
 
 
-@hydra.main(version_base="1.3", config_path="pkg://hpctrain.conf", config_name="config")
-def _main(cfg: DictConfig) -> None:
+def _train(cfg: DictConfig, life: LifeStamp) -> None:
     rank = steprun.world_rank(os.environ)
     logs.setup(rank=rank or 0)
     if rank is not None and cfg.trainer.nprocs != 1:
@@ -84,20 +86,20 @@ def _main(cfg: DictConfig) -> None:
         if rank is None:
             config, run = prepare_run_dir(cfg)
         elif rank == 0:
-            config, run = prepare_as_rank0(cfg)
+            config, run = prepare_as_rank0(cfg, life)
         else:
-            config, run = follow_rank0(cfg, rank)
+            config, run = follow_rank0(cfg, rank, life)
         stopped_by = launch_local(run.root, config.trainer.nprocs, config.slurm.signal)
     except SlurmEnvError as error:  # Slurm's environment, not the config: nothing was started
         fail(str(error))
     except UserError as error:  # the worker told it already, unless it never started
         if isinstance(error, steprun.StepError):
             fail(str(error))
-        sys.exit(EXIT_USER_ERROR)
+        sys.exit(CLI_USER_ERROR)
     except ProcessExitedException as ended:
         if ended.exit_code != WORKER_USER_ERROR:
             raise
-        sys.exit(EXIT_USER_ERROR)  # a spawned rank told it already
+        sys.exit(CLI_USER_ERROR)  # a spawned rank told it already
     if stopped_by is not None:
         log.info(
             "stopped by signal %d after a checkpoint; run the same command with hydra.run.dir=%s to resume",
@@ -111,12 +113,18 @@ def _main(cfg: DictConfig) -> None:
 
 def main() -> None:
     restrict_umask()  # before Hydra makes the run dir
+    life = LifeStamp.from_env()  # this process's job and restart, for the run dir and the verdict
     try:
         # Before Hydra parses the command line: every task must name the same run dir.
-        sys.argv += steprun.step_overrides(os.environ, sys.argv[1:])
+        sys.argv += steprun.step_overrides(os.environ, sys.argv[1:], life)
     except UserError as error:
         fail(str(error))
-    _main()
+
+    @hydra.main(version_base="1.3", config_path="pkg://hpctrain.conf", config_name="config")
+    def train(cfg: DictConfig) -> None:
+        _train(cfg, life)
+
+    train()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from omegaconf import MISSING
 from hpctrain.config.checks import check_srun_args, check_task_prefix, require, single_line
 from hpctrain.config.network import NetworkConfig
 from hpctrain.config.tune import TuneConfig
+from hpctrain.run.causes import RESTART_CAUSES, Cause
 
 
 @dataclass
@@ -133,8 +134,6 @@ _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INF
 # Slurm's --mem: a whole number, megabytes unless a K, M, G or T follows; 0 is all of it.
 _SLURM_MEM = re.compile(r"^\d+[KMGT]?$", re.I)
 _SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
-# Why a job restarts (hpctrain/slurm/control.py classifies each restart as one of these).
-RESTART_CAUSES = ("preempt", "timelimit", "node_failure", "crash", "hang")
 
 
 @dataclass
@@ -202,9 +201,16 @@ class SlurmConfig:
     # Requeues and relaunches of the job in all, whatever the cause; null: the sum of the
     # per-cause budgets (108 by default), so every budget below can be reached.
     max_restarts: Optional[int] = None
-    # Restarts allowed per cause; past one, the job stops with a `failure` event.
+    # Restarts allowed per cause (hpctrain.run.causes.RESTART_CAUSES, which the control step
+    # classifies each restart as); past one, the job stops with a `failure` event.
     restart_budget: dict[str, int] = field(
-        default_factory=lambda: {"preempt": 50, "timelimit": 50, "node_failure": 5, "crash": 1, "hang": 2}
+        default_factory=lambda: {
+            Cause.PREEMPT.value: 50,
+            Cause.TIMELIMIT.value: 50,
+            Cause.NODE_FAILURE.value: 5,
+            Cause.CRASH.value: 1,
+            Cause.HANG.value: 2,
+        }
     )
 
     def __post_init__(self) -> None:

@@ -3,8 +3,9 @@ hpctrain-status, hpctrain-follow) agrees on about a run dir.
 
     paths       RunDir: every path of a run dir, checkpoint file names
     jsonlines   the JSON-lines plumbing (whole lines, torn lines skipped, no NaN)
-    events      typed events (`start`, `checkpoint`, `requeue`, `relaunch`, `failure`,
-                `cancelled`, `retry`, `finish`): one writer (Journal), one reader (read_events)
+    events      typed events (`start`, `checkpoint`, `stop`, `forced_save`, `requeue`, `relaunch`,
+                `failure`, `cancelled`, `retry`, `finish`, ...): one writer (Journal), one reader
+                (read_events), one list of the events that end a life (ENDINGS)
     causes      the words: CheckpointReason, StopReason, Cause, Action
     exitcodes   every exit code, named by the process that exits with it
     facts       what recovery knows (ClusterView, Outcome, Budgets) and Slurm's text parsed

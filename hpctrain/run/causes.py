@@ -9,6 +9,9 @@ those strings, so readers of the JSON need no conversion).
 from __future__ import annotations
 
 from enum import Enum
+from typing import TypeVar
+
+W = TypeVar("W", bound="Word")
 
 
 class Word(str, Enum):
@@ -19,6 +22,18 @@ class Word(str, Enum):
 
     def __format__(self, spec: str) -> str:
         return format(str(self.value), spec)
+
+    @classmethod
+    def read(cls: type[W], word: str) -> W:
+        """A word as a journal holds it. One this hpctrain does not know (a newer hpctrain wrote
+        it) reads as an unlisted member rather than failing the whole journal: it prints, equals
+        and writes back as that word, and is none of the listed members."""
+        try:
+            return cls(word)
+        except ValueError:
+            unlisted = str.__new__(cls, word)
+            unlisted._name_, unlisted._value_ = word.upper(), word
+            return unlisted
 
 
 class CheckpointReason(Word):
@@ -42,8 +57,22 @@ class StopReason(Word):
         """Ranks that saw different signals agree on the most urgent one (the largest)."""
         return _URGENCY[self]
 
+    @property
+    def checkpoint_reason(self) -> CheckpointReason:
+        """The reason of the save this stop forces (the same word)."""
+        return CheckpointReason(self.value)
+
 
 _URGENCY = {StopReason.TIMELIMIT: 1, StopReason.PREEMPT: 2, StopReason.INTERRUPT: 3}
+
+
+def stop_reason(reason: str) -> StopReason | None:
+    """The stop signal a save answered, from its reason (a CheckpointReason or StopReason): None
+    for a periodic, final or pruned save, or a word this hpctrain does not know."""
+    try:
+        return StopReason(str(reason))
+    except ValueError:
+        return None
 
 
 class Cause(Word):

@@ -13,8 +13,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpctrain.run.causes import Action, Cause, CheckpointReason, StopReason
+from hpctrain.run.causes import Action, Cause, CheckpointReason, StopReason, stop_reason
 from hpctrain.run.events import (
+    BY_SLURM,
     CANCELLED_BY_COMMAND,
     Cancelled,
     Checkpoint,
@@ -26,6 +27,7 @@ from hpctrain.run.events import (
     Requeue,
     Retry,
     Start,
+    Stop,
 )
 from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_SAVED_AND_STOPPED, WORKER_SAVED_FOR_TIMELIMIT
 from hpctrain.run.facts import Budgets, ClusterView, Outcome, Service
@@ -40,6 +42,12 @@ class History:
     # Other names of this job: an array task (SLURM_JOB_ID 44) is also `36_7`, the id
     # submission.json and hpctrain-cancel use.
     aliases: tuple[str, ...] = ()
+
+    @property
+    def agreed_stop(self) -> Stop | None:
+        """The stop the ranks agreed on in the step that just ended: written before the save it
+        forced, so it is here even when that save was killed (no checkpoint, no forced_save)."""
+        return next((e for e in reversed(self.since_launch) if isinstance(e, Stop)), None)
 
 
 @dataclass(frozen=True)
@@ -121,8 +129,8 @@ def decide_begin(history: History, cluster: ClusterView, budgets: Budgets) -> De
     else:
         cause = Cause.NODE_FAILURE
         nodes = next((e.nodes for e in reversed(previous) if isinstance(e, Start)), [])
-        written.append(Failure(**mark, cause=cause, nodes=cluster.failed(nodes), by="slurm"))
-    written.append(Requeue(**mark, cause=cause, by="slurm"))
+        written.append(Failure(**mark, cause=cause, nodes=cluster.failed(nodes), by=BY_SLURM))
+    written.append(Requeue(**mark, cause=cause, by=BY_SLURM))
     spent = over_budget(history.events, cause, budgets)
     if spent:
         written.append(Failure(**mark, cause=Cause.BUDGET, reason=spent, action=Action.FAIL.value))
@@ -187,7 +195,8 @@ def lineage(events: Sequence[Event], job_id: str, aliases: Sequence[str] = ()) -
 
 
 def restarts_by_cause(events: Sequence[Event]) -> Counter[str]:
-    return Counter(str(getattr(e, "cause", "")) for e in events if isinstance(e, (Requeue, Relaunch)))
+    """Requeues and relaunches by their cause's word (slurm.restart_budget's keys)."""
+    return Counter(str(e.cause) for e in events if isinstance(e, (Requeue, Relaunch)))
 
 
 def checkpoint_interval_s(events: Sequence[Event]) -> float | None:
@@ -196,7 +205,7 @@ def checkpoint_interval_s(events: Sequence[Event]) -> float | None:
     for event in events:
         if isinstance(event, Start):
             previous = None
-        elif isinstance(event, Checkpoint) and event.reason == CheckpointReason.PERIODIC.value:
+        elif isinstance(event, Checkpoint) and event.reason == CheckpointReason.PERIODIC:
             if previous is not None:
                 gaps.append(event.time - previous)
             previous = event.time
@@ -256,13 +265,11 @@ def _last_life(events: Sequence[Event]) -> Sequence[Event]:
 def _saved_for(event: Event) -> StopReason | None:
     """The stop signal a forced save answered: its checkpoint, or the forced_save record, which is
     written whatever was chosen (a save skipped for lack of time writes no checkpoint)."""
-    if isinstance(event, (Checkpoint, ForcedSave)) and event.reason in {r.value for r in StopReason}:
-        return StopReason(event.reason)
-    return None
+    return stop_reason(event.reason) if isinstance(event, (Checkpoint, ForcedSave)) else None
 
 
 def _is(event: Event, cause: Cause) -> bool:
-    return isinstance(event, Failure) and event.cause == cause.value
+    return isinstance(event, Failure) and event.cause == cause
 
 
 def _marks(history: History) -> dict:

@@ -2,17 +2,21 @@
 
 The names and fields are the README's contract; fields are only ever added. Each record keeps
 the fields it does not know (`extra`), so a journal written by a newer or older hpctrain reads
-back whole. The JSON-lines plumbing (torn lines, NaN) is in hpctrain.run.jsonlines.
+back whole. Causes and reasons are the enums of hpctrain.run.causes, written as their words; a
+word a newer hpctrain wrote reads as an unlisted member (Word.read). The JSON-lines plumbing (torn
+lines, NaN) is in hpctrain.run.jsonlines.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from hpctrain.run.causes import Cause, CheckpointReason, StopReason, Word
 from hpctrain.run.jsonlines import JsonLines, read_jsonl
 
 
@@ -22,15 +26,26 @@ class Event:
     # Fields written even when None (null: hpctrain-train has no job); others only when known.
     always: ClassVar[tuple[str, ...]] = ("job_id",)
     time: float = 0.0
-    job_id: str | None = None  # the Slurm job (None for hpctrain-train)
+    job_id: str | None = None  # the life's job as Slurm names it, `36_7` in an array (None: no Slurm job)
     restart: int | None = None  # SLURM_RESTART_COUNT of the life that wrote it
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
+    def __post_init__(self) -> None:
+        # A cause or reason given as its word (a journal line, a caller's string) is held as its enum.
+        for name, kind in _WORD_FIELDS.get(type(self), {}).items():
+            value = getattr(self, name)
+            if isinstance(value, str) and not isinstance(value, kind):
+                object.__setattr__(self, name, kind.read(value))
+
     def to_record(self) -> dict[str, Any]:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        kept = {k: v for k, v in fields.items() if v is not None or k in self.always}
+        always = self.written_when_none()
+        kept = {k: v for k, v in fields.items() if v is not None or k in always}
         record = {"event": self.name, **kept, **self.extra}
-        return {k: (v.value if hasattr(v, "value") else v) for k, v in record.items()}
+        return {k: (v.value if isinstance(v, Word) else v) for k, v in record.items()}
+
+    def written_when_none(self) -> tuple[str, ...]:
+        return self.always
 
 
 @dataclass(frozen=True)
@@ -48,12 +63,33 @@ class Checkpoint(Event):
     name: ClassVar[str] = "checkpoint"
     always: ClassVar[tuple[str, ...]] = ()
     step: int = 0
-    reason: str = "periodic"  # a CheckpointReason
+    reason: CheckpointReason = CheckpointReason.PERIODIC
     blocking_s: float | None = None
     write_s: float | None = None
+    # A save a stop signal forced: the time it had (None: no deadline) and its choice (forced_save).
+    deadline_s: float | None = None
+    forced_save: str | None = None
+
+    def written_when_none(self) -> tuple[str, ...]:
+        # A forced save's checkpoint always says its deadline, null for none (Ctrl-C).
+        return ("deadline_s",) if self.forced_save else ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class Stop(Event):
+    """Every rank agreed, at a step boundary, to stop for a signal. Rank 0 writes it before the
+    save the stop forces, so the control step knows a stop was agreed even when that save is then
+    killed (no `checkpoint` or `forced_save` follows)."""
+
+    name: ClassVar[str] = "stop"
+    always: ClassVar[tuple[str, ...]] = ("job_id", "deadline_s")
+    step: int  # the step every rank stopped after
+    reason: StopReason
+    deadline_s: float | None  # seconds the forced save has, from now (None: Ctrl-C, no deadline)
+    since_signal_s: float | None = None  # from the first signal to the agreement (rank 0's clock)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ForcedSave(Event):
     """What a save forced by a stop signal did within the time the signal gives (the plan is
     hpctrain.checkpoint.deadline's): written whatever the choice, so a skipped save is seen too."""
@@ -61,7 +97,7 @@ class ForcedSave(Event):
     name: ClassVar[str] = "forced_save"
     always: ClassVar[tuple[str, ...]] = ()
     step: int = 0  # the step the ranks stopped at
-    reason: str = ""  # a StopReason
+    reason: StopReason
     forced_save: str = ""  # written | waited | abandoned_inflight | inflight_only | skipped | overran
     why: str = ""
     deadline_s: float | None = None  # seconds the signal gave (None: Ctrl-C, no deadline)
@@ -73,33 +109,33 @@ class ForcedSave(Event):
     took_s: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Requeue(Event):
     name: ClassVar[str] = "requeue"
-    cause: str = ""  # a Cause
+    cause: Cause
     excluded: list[str] | None = None  # the job's ExcNodeList for its next start
-    by: str | None = None  # None: hpctrain asked; "slurm": Slurm did it on its own
+    by: str | None = None  # None: hpctrain asked; BY_SLURM: Slurm did it on its own
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Relaunch(Event):
     name: ClassVar[str] = "relaunch"
-    cause: str = ""
+    cause: Cause
     failed: list[str] = field(default_factory=list)  # nodes that failed in this life
     excluded: list[str] = field(default_factory=list)  # srun --exclude of the new step
     nodes: list[str] = field(default_factory=list)  # nodes the new step may run on
     spare_nodes: int = 0  # nodes left over after this relaunch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Failure(Event):
     name: ClassVar[str] = "failure"
-    cause: str = ""
+    cause: Cause
     nodes: list[str] | None = None
     exit_code: int | None = None
     message: str | None = None  # a user's mistake, as the worker told it
     reason: str | None = None  # why a budget is spent, or a requeue refused
-    by: str | None = None
+    by: str | None = None  # BY_SLURM: recorded at the next start, Slurm had restarted the job
     rank: int | None = None  # the rank whose watchdog saw a hang
     action: str | None = None  # what the control step did next (an Action, or "resubmit")
     new_job_id: str | None = None  # requeue_refused, resubmitted: the job the run goes on in
@@ -114,6 +150,9 @@ class Cancelled(Event):
     by: str | None = None
 
 
+# `by` of `requeue` and `failure`: Slurm restarted the job on its own (its node died, a
+# preemption's grace ran out); the batch script's next start recorded it.
+BY_SLURM = "slurm"
 # hpctrain-cancel's name in `cancelled` events (`by`).
 CANCELLED_BY_COMMAND = "hpctrain-cancel"
 
@@ -167,12 +206,45 @@ class Trial(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.name: cls
-    for cls in (Start, Checkpoint, ForcedSave, Requeue, Relaunch, Failure, Cancelled, Retry, Finish, Pruned, Trial)
+    for cls in (
+        Start,
+        Checkpoint,
+        Stop,
+        ForcedSave,
+        Requeue,
+        Relaunch,
+        Failure,
+        Cancelled,
+        Retry,
+        Finish,
+        Pruned,
+        Trial,
+    )
 }
+
+# The events that end a life (the last word about an attempt): goodput's lives and
+# hpctrain-status's "how it ended" both read them. `pruned`: hpctrain-tune's pruner ended the
+# trial on purpose, like a finish.
+ENDINGS: tuple[type[Event], ...] = (Finish, Failure, Requeue, Relaunch, Cancelled, Pruned)
+
+
+def _word_fields(cls: type[Event]) -> dict[str, type[Word]]:
+    """The fields of `cls` typed as a word of hpctrain.run.causes, with their enum."""
+    hints = typing.get_type_hints(cls)
+    return {
+        f.name: kind
+        for f in dataclasses.fields(cls)
+        for kind in (hints[f.name], *typing.get_args(hints[f.name]))
+        if isinstance(kind, type) and issubclass(kind, Word)
+    }
+
+
+_WORD_FIELDS = {cls: _word_fields(cls) for cls in EVENT_TYPES.values()}
 
 
 def from_record(record: dict[str, Any]) -> Event | None:
-    """The typed event of one journal line; None for a line that is not a known event."""
+    """The typed event of one journal line; None for a line that is not a known event (or lacks
+    a field its event cannot be without, which hpctrain never writes)."""
     cls = EVENT_TYPES.get(record.get("event", ""))
     if cls is None:
         return None
@@ -183,7 +255,10 @@ def from_record(record: dict[str, Any]) -> Event | None:
     if fields.get("restart") is not None:
         fields["restart"] = int(fields["restart"])
     extra = {k: v for k, v in record.items() if k not in known and k != "event"}
-    return cls(**fields, extra=extra)
+    try:
+        return cls(**fields, extra=extra)
+    except TypeError:  # a required field missing
+        return None
 
 
 def read_events(path: Path, offset: int = 0) -> list[Event]:
@@ -198,12 +273,3 @@ class Journal(JsonLines):
     def write_event(self, event: Event) -> None:
         stamped = dataclasses.replace(event, time=event.time or round(time.time(), 3))
         self.write(stamped.to_record())
-
-    def event(self, name: str, **fields: Any) -> None:
-        """`Journal(path).event("checkpoint", step=..)`: checked against the typed events."""
-        cls = EVENT_TYPES.get(name)
-        if cls is None:
-            raise ValueError(f"unknown event {name!r}; the events are {', '.join(EVENT_TYPES)}")
-        record = from_record({"event": name, "time": round(time.time(), 3), **fields})
-        assert record is not None
-        self.write_event(record)

@@ -3,8 +3,8 @@
 Three processes, three contracts:
   - a training process (`python -m hpctrain.worker`, or a rank spawned by hpctrain-train): read
     by the batch script's control step, never by a user directly;
-  - the batch script of a job (sbatch_templates/ddp.sbatch.j2) and its control step: what Slurm
-    shows as the job's exit code;
+  - the batch script of a job (sbatch_templates/ddp.sbatch.j2, which is rendered with this table:
+    it types no code of its own) and its control step: what Slurm shows as the job's exit code;
   - the console scripts (hpctrain-train, hpctrain-submit, hpctrain-status, hpctrain-follow): what
     a user's shell sees. 2 for a user's mistake is the convention of argparse and of most CLIs.
 """
@@ -20,6 +20,7 @@ WORKER_USER_ERROR = 78  # a bad value or file (sysexits EX_CONFIG), already told
 
 # ---- the batch script and its control step -----------------------------------------------------
 BATCH_FINISHED = 0
+BATCH_REQUEUED = 0  # scontrol requeue accepted: Slurm starts the job again (same id, restart + 1)
 BATCH_FAILED = 1  # the run cannot go on here: a `failure` event and the output say why
 CONTROL_BUDGET_SPENT = 3  # `control begin`: a restart budget is spent; the job ends FAILED
 BATCH_RESUBMITTED = 4  # scontrol refused the requeue; the run goes on in a new job (never COMPLETED)
@@ -28,10 +29,3 @@ BATCH_RESUBMITTED = 4  # scontrol refused the requeue; the run goes on in a new 
 CLI_OK = 0
 CLI_REFUSED = 1  # hpctrain-submit: sbatch refused; hpctrain-status: a listed run failed
 CLI_USER_ERROR = 2  # a mistake in the command line or config, told as one `error:` line
-
-# Names used before this table existed; the meaning is the worker's.
-FINISHED = WORKER_FINISHED
-EXIT_REQUEUE = WORKER_SAVED_FOR_TIMELIMIT
-EXIT_STOPPED = WORKER_SAVED_AND_STOPPED
-EXIT_HANG = WORKER_HUNG
-EXIT_USER_ERROR = WORKER_USER_ERROR

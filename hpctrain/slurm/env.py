@@ -83,9 +83,7 @@ class SlurmPlace:
     node_index: int
     # Rank 0's node as Slurm names it; None where only rank 0 can tell (see the module doc).
     master_addr: str | None
-    job_id: str
     step_id: str
-    restart: int
     nodes: tuple[str, ...] = ()
 
 
@@ -112,9 +110,7 @@ def place(env: Mapping[str, str]) -> SlurmPlace:
         local_world_size=local_world_size,
         node_index=node_index,
         master_addr=nodes[0] if rank0_known else None,
-        job_id=env.get("SLURM_JOB_ID", ""),
         step_id=env["SLURM_STEP_ID"],
-        restart=_int(env, "SLURM_RESTART_COUNT", "0"),
         nodes=tuple(nodes),
     )
 

@@ -24,6 +24,7 @@ import jinja2
 from hpctrain import __version__
 from hpctrain.config import Config
 from hpctrain.config.schema import SlurmConfig
+from hpctrain.run import exitcodes
 from hpctrain.run.paths import SLURM_OUTPUT_PATTERN
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.:,=/@+\-\[\]]+$")
@@ -126,6 +127,7 @@ def render(config: Config, run_dir: Path, submit_dir: Path, code_dir: Path | Non
             python=python,
             task_command=task_command,
             control_command=control_command,
+            exit_codes=exitcodes,  # the batch script's own exit codes, from the one table
         )
     except jinja2.TemplateNotFound as error:
         where = "" if error.name == name else f" (included by {name})"

@@ -19,16 +19,35 @@ and metrics.jsonl (each record's `step` and `time`). Definitions (also in the RE
   the start of the batch script and of Python, or a user's resubmission). It is not allocated
   time of this run, so it is shown apart and left out of goodput.
 - goodput % = kept / allocated.
+A `stop` (the ranks agreed to stop for a signal) ends no life: the save it forces and the ending
+event after it say how the life ended.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# `pruned`: hpctrain-tune's pruner ended the trial at that step, on purpose, like a finish.
-ENDINGS = ("finish", "failure", "requeue", "relaunch", "cancelled", "pruned")
-_FORCED_SAVES = ("final", "timelimit", "preempt", "interrupt")  # written before training goes on
+from hpctrain.run.causes import Cause, CheckpointReason, stop_reason
+from hpctrain.run.events import (
+    BY_SLURM,
+    ENDINGS,
+    Checkpoint,
+    Event,
+    Failure,
+    Finish,
+    ForcedSave,
+    Pruned,
+    Relaunch,
+    Requeue,
+    Start,
+    read_events,
+)
+from hpctrain.run.jsonlines import read_jsonl
+from hpctrain.run.paths import RunDir
+
+Metrics = list[dict[str, Any]]  # metrics.jsonl's records
 
 
 @dataclass(frozen=True)
@@ -39,7 +58,7 @@ class Life:
     started: float  # the `start` event: resumed, training begins
     ended: float
     ending: str  # finish | failure | requeue | relaunch | cancelled | pruned | stopped | running | unknown
-    cause: str | None
+    cause: Cause | None
     resumed_from: int
     kept_to: int  # the last step of this life in the final lineage (resumed_from: none)
     kept_s: float
@@ -69,16 +88,21 @@ class Goodput:
         return _rounded(record)
 
 
-def goodput(events: list[dict[str, Any]], metrics: list[dict[str, Any]], now: float | None = None) -> Goodput:
+def goodput_of(run: RunDir, now: float | None = None) -> Goodput:
+    """The goodput of a run dir, from its records as they are now."""
+    return goodput(read_events(run.events), read_jsonl(run.metrics), now)
+
+
+def goodput(events: Sequence[Event], metrics: Metrics, now: float | None = None) -> Goodput:
     """`now`: the run is still going (its last life has no ending yet) and this is the time."""
     segments = _segments(events)
     final_step = _final_step(segments, metrics)
-    kept_to = _lineage([_int(seg[0].get("resumed_from_step")) or 0 for seg in segments], final_step)
+    kept_to = _lineage([seg.start.resumed_from_step for seg in segments], final_step)
     lives: list[Life] = []
     for index, segment in enumerate(segments):
         previous = segments[index - 1] if index else None
         is_last = index == len(segments) - 1
-        until = float("inf") if is_last else _time(segments[index + 1][0]) or float("inf")
+        until = float("inf") if is_last else segments[index + 1].start.time
         lives.append(_life(segment, previous, kept_to[index], metrics, until, now if is_last else None))
     waits = [max(0.0, later.began - earlier.ended) for earlier, later in zip(lives, lives[1:])]
     allocated = sum(life.allocated_s for life in lives)
@@ -95,29 +119,35 @@ def goodput(events: list[dict[str, Any]], metrics: list[dict[str, Any]], now: fl
     )
 
 
-def _segments(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+@dataclass
+class Segment:
+    """A life's events: its `start`, and what was written after it until the next start."""
+
+    start: Start
+    after: list[Event]
+
+
+def _segments(events: Sequence[Event]) -> list[Segment]:
     """The events from each `start` to the next one; those before the first start are dropped
     (a job refused at preflight allocated no training)."""
-    segments: list[list[dict[str, Any]]] = []
+    segments: list[Segment] = []
     for event in events:
-        if not isinstance(_time(event), float):
-            continue
-        if event.get("event") == "start":
-            segments.append([event])
+        if isinstance(event, Start):
+            segments.append(Segment(event, []))
         elif segments:
-            segments[-1].append(event)
+            segments[-1].after.append(event)
     return segments
 
 
-def _final_step(segments: list[list[dict[str, Any]]], metrics: list[dict[str, Any]]) -> int:
+def _final_step(segments: list[Segment], metrics: Metrics) -> int:
     if not segments:
         return 0
     last = segments[-1]
-    finishes = [_int(e.get("step")) for e in last if e.get("event") in ("finish", "pruned")]
-    if finishes and finishes[-1] is not None:
+    finishes = [e.step for e in last.after if isinstance(e, (Finish, Pruned))]
+    if finishes:
         return finishes[-1]
-    logged = [_int(r.get("step")) or 0 for r in metrics if (_time(r) or 0.0) >= _time(last[0])]
-    return max([_int(last[0].get("resumed_from_step")) or 0, *logged])
+    logged = [_int(r.get("step")) or 0 for r in metrics if (_time(r) or 0.0) >= last.start.time]
+    return max([last.start.resumed_from_step, *logged])
 
 
 def _lineage(resumed_from: list[int], final_step: int) -> list[int]:
@@ -133,47 +163,47 @@ def _lineage(resumed_from: list[int], final_step: int) -> list[int]:
 
 
 def _life(
-    segment: list[dict[str, Any]],
-    previous: list[dict[str, Any]] | None,
+    segment: Segment,
+    previous: Segment | None,
     kept_to: int,
-    metrics: list[dict[str, Any]],
+    metrics: Metrics,
     until: float,
     now: float | None,
 ) -> Life:
-    start = segment[0]
-    started = _time(start) or 0.0
-    resumed_from = _int(start.get("resumed_from_step")) or 0
+    start = segment.start
+    started, resumed_from = start.time, start.resumed_from_step
     # Events of another job before the next start (a resubmitted job that failed before its
-    # first start) are not this life's.
-    job = start.get("job_id")
-    same_job = [e for e in segment[1:] if e.get("job_id", job) == job]
+    # first start) are not this life's; events without a job (checkpoints) are.
+    same_job = [e for e in segment.after if _of_job(e, start.job_id)]
     mine = [r for r in metrics if started <= (_time(r) or 0.0) <= until and _int(r.get("step")) is not None]
     ended, ending = _end(same_job, mine, started, now)
     mine = [r for r in mine if (_time(r) or 0.0) <= ended]
-    own = [e for e in same_job if e.get("by") != "slurm"]
-    endings = [e for e in same_job if e.get("event") in ENDINGS]
-    cause = endings[-1].get("cause") if endings else None
+    own = [e for e in same_job if not _by_slurm(e)]
+    endings = [e for e in same_job if isinstance(e, ENDINGS)]
+    cause = getattr(endings[-1], "cause", None) if endings else None
     began = started
-    relaunches = [e for e in previous or [] if e.get("event") == "relaunch" and e.get("job_id", job) == job]
+    relaunches = [
+        e for e in (previous.after if previous else []) if isinstance(e, Relaunch) and _of_job(e, start.job_id)
+    ]
     if relaunches:
-        began = min(started, _time(relaunches[-1]) or started)
-    checkpoints = [e for e in own if e.get("event") == "checkpoint" and _time(e) is not None]
+        began = min(started, relaunches[-1].time)
+    checkpoints = [e for e in own if isinstance(e, Checkpoint)]
     kept_until = (
         _time_of_step(kept_to, started, ended, resumed_from, mine, checkpoints) if kept_to > resumed_from else started
     )
-    stall_before = sum(_stall(e) for e in checkpoints if (_int(e.get("step")) or 0) < kept_to)
+    stall_before = sum(_stall(e) for e in checkpoints if e.step < kept_to)
     stall = sum(_stall(e) for e in checkpoints)
     kept = max(0.0, kept_until - started - stall_before)
     startup = started - began
     redone = max(0.0, (ended - began) - startup - kept - stall)
     return Life(
-        job_id=str(start["job_id"]) if start.get("job_id") not in (None, "") else None,
-        restart=_int(start.get("restart")),
+        job_id=start.job_id or None,
+        restart=start.restart,
         began=began,
         started=started,
         ended=ended,
         ending=ending,
-        cause=cause if isinstance(cause, str) else None,
+        cause=cause,
         resumed_from=resumed_from,
         kept_to=kept_to,
         kept_s=kept,
@@ -183,20 +213,18 @@ def _life(
     )
 
 
-def _end(
-    same_job: list[dict[str, Any]], mine: list[dict[str, Any]], started: float, now: float | None
-) -> tuple[float, str]:
+def _end(same_job: list[Event], mine: Metrics, started: float, now: float | None) -> tuple[float, str]:
     """When and how a life ended. failure/requeue `by: slurm` are written by the batch script's
     next start: they end this life in meaning, not in time."""
-    own = [e for e in same_job if e.get("by") != "slurm"]
-    own_endings = [e for e in own if e.get("event") in ENDINGS]
+    own = [e for e in same_job if not _by_slurm(e)]
+    own_endings = [e for e in own if isinstance(e, ENDINGS)]
     if own_endings:
-        return _time(own_endings[-1]) or started, str(own_endings[-1].get("event"))
+        return own_endings[-1].time, own_endings[-1].name
     if now is not None:
         return now, "running"
     # Stopped by a signal outside Slurm (hpctrain-train), or killed with no word (SIGKILL, a
     # hard time limit): the last thing it wrote.
-    times = [_time(e) or started for e in own] + [_time(r) or started for r in mine]
+    times = [e.time for e in own] + [_time(r) or started for r in mine]
     return max([started, *times]), "stopped" if _stopped(own) else "unknown"
 
 
@@ -205,8 +233,8 @@ def _time_of_step(
     started: float,
     ended: float,
     resumed_from: int,
-    mine: list[dict[str, Any]],
-    checkpoints: list[dict[str, Any]],
+    mine: Metrics,
+    checkpoints: list[Checkpoint],
 ) -> float:
     """When this life finished `step`: its metrics record, else its checkpoint (written after
     the snapshot and the write), else extrapolated from its last record before it."""
@@ -214,9 +242,9 @@ def _time_of_step(
         if record.get("step") == step:
             return min(ended, _time(record) or ended)
     for event in checkpoints:
-        if _int(event.get("step")) == step:
-            spent = (_number(event.get("blocking_s")) or 0.0) + (_number(event.get("write_s")) or 0.0)
-            return min(ended, max(started, (_time(event) or ended) - spent))
+        if event.step == step:
+            spent = (event.blocking_s or 0.0) + (event.write_s or 0.0)
+            return min(ended, max(started, event.time - spent))
     before = [r for r in mine if (_int(r.get("step")) or 0) < step]
     if before:
         last = before[-1]
@@ -226,20 +254,29 @@ def _time_of_step(
     return ended
 
 
-def _stopped(own: list[dict[str, Any]]) -> bool:
+def _stopped(own: list[Event]) -> bool:
     # A forced save skipped for lack of time writes no checkpoint, only its forced_save record.
-    saves = [e for e in own if e.get("event") in ("checkpoint", "forced_save")]
-    return bool(saves) and saves[-1].get("reason") in _FORCED_SAVES[1:]
+    saves = [e for e in own if isinstance(e, (Checkpoint, ForcedSave))]
+    return bool(saves) and stop_reason(saves[-1].reason) is not None
 
 
-def _stall(event: dict[str, Any]) -> float:
-    blocking = _number(event.get("blocking_s")) or 0.0
-    if event.get("reason") in _FORCED_SAVES:
-        return blocking + (_number(event.get("write_s")) or 0.0)
-    return blocking
+def _stall(event: Checkpoint) -> float:
+    # A final save, and one a stop signal forced, are written before training goes on (or ends).
+    if event.reason == CheckpointReason.FINAL or stop_reason(event.reason) is not None:
+        return (event.blocking_s or 0.0) + (event.write_s or 0.0)
+    return event.blocking_s or 0.0
+
+
+def _of_job(event: Event, job_id: str | None) -> bool:
+    return event.job_id is None or event.job_id == job_id
+
+
+def _by_slurm(event: Event) -> bool:
+    return isinstance(event, (Failure, Requeue)) and event.by == BY_SLURM
 
 
 def _time(record: dict[str, Any]) -> float | None:
+    """A metrics record's time (None when it has none)."""
     value = _number(record.get("time"))
     return float(value) if value is not None else None
 

@@ -7,14 +7,12 @@ truth for a run trained with hpctrain-train, and the fallback when Slurm no long
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from hpctrain.run.jsonlines import read_jsonl
+from hpctrain.run.causes import Word, stop_reason
+from hpctrain.run.events import ENDINGS, Checkpoint, Event, Finish, Relaunch, Requeue, Start, read_events
 from hpctrain.run.paths import RunDir
-
-# Saves forced by a signal (the trainer's StopTraining reasons): the attempt stopped there.
-_SIGNAL_SAVES = {"timelimit", "preempt", "interrupt"}
 
 
 @dataclass(frozen=True)
@@ -27,58 +25,49 @@ class JournalSummary:
     #   finish | failure | requeue | relaunch | cancelled | stopped (a signal-forced save) | pruned
     #   (hpctrain-tune's pruner stopped the trial) | None
     ending: str | None
-    cause: str | None  # of that ending: requeue/failure cause, or the save's reason
+    cause: Word | None  # of that ending: requeue/failure Cause, or the save's StopReason
     last_step: int | None  # the finish's step, else the newest checkpoint event's step
 
 
 def summarize(run: RunDir) -> JournalSummary:
-    events = read_jsonl(run.events)
+    events = read_events(run.events)
     job_id = run.submitted_job_id()
-    starts = [e for e in events if e.get("event") == "start"]
+    starts = [e for e in events if isinstance(e, Start)]
     if job_id is None and starts:
-        job_id = _job_of(starts[-1])
+        job_id = starts[-1].job_id or None
     attempt = current_attempt(events, job_id)
     ending, cause = _ending(attempt)
-    moves = sum(1 for e in events if e.get("event") in ("requeue", "relaunch"))
-    restarts = max([moves, *(_int(e.get("restart")) or 0 for e in starts)])
-    steps = [_int(e.get("step")) for e in events if e.get("event") in ("checkpoint", "finish")]
+    moves = sum(1 for e in events if isinstance(e, (Requeue, Relaunch)))
+    restarts = max([moves, *(e.restart or 0 for e in starts)])
+    steps = [e.step for e in events if isinstance(e, (Checkpoint, Finish))]
     return JournalSummary(
         job_id=job_id,
-        started=any(e.get("event") == "start" for e in attempt),
+        started=any(isinstance(e, Start) for e in attempt),
         restarts=restarts,
-        total_steps=_int(starts[-1].get("total_steps")) if starts else None,
+        total_steps=starts[-1].total_steps if starts else None,
         ending=ending,
         cause=cause,
-        last_step=next((s for s in reversed(steps) if s is not None), None),
+        last_step=steps[-1] if steps else None,
     )
 
 
-def current_attempt(events: list[dict[str, Any]], job_id: str | None) -> list[dict[str, Any]]:
+def current_attempt(events: Sequence[Event], job_id: str | None) -> Sequence[Event]:
     """The events of the job's latest attempt: from its last `start` on. A run dir submitted
     again keeps the older job's events; until the new job writes anything, it has none."""
-    ours = [i for i, e in enumerate(events) if _job_of(e) == job_id and e.get("event") != "checkpoint"]
+    ours = [i for i, e in enumerate(events) if (e.job_id or None) == job_id and not isinstance(e, Checkpoint)]
     if not ours:
         return []
-    starts = [i for i in ours if events[i].get("event") == "start"]
+    starts = [i for i in ours if isinstance(events[i], Start)]
     # Before its first start a job can already have ended (a user's mistake at preflight).
     return events[starts[-1] if starts else ours[0] :]
 
 
-def _ending(attempt: list[dict[str, Any]]) -> tuple[str | None, str | None]:
-    ending: tuple[str | None, str | None] = (None, None)
+def _ending(attempt: Sequence[Event]) -> tuple[str | None, Word | None]:
+    ending: tuple[str | None, Word | None] = (None, None)
     for event in attempt:
-        name = event.get("event")
-        if name == "checkpoint" and event.get("reason") in _SIGNAL_SAVES:
-            ending = ("stopped", event.get("reason"))
-        elif name in ("finish", "failure", "requeue", "relaunch", "cancelled", "pruned"):
-            ending = (name, event.get("cause"))
+        stopped_by = stop_reason(event.reason) if isinstance(event, Checkpoint) else None
+        if stopped_by is not None:
+            ending = ("stopped", stopped_by)
+        elif isinstance(event, ENDINGS):
+            ending = (event.name, getattr(event, "cause", None))
     return ending
-
-
-def _job_of(event: dict[str, Any]) -> str | None:
-    job_id = event.get("job_id")
-    return str(job_id) if job_id not in (None, "") else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

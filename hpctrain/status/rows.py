@@ -10,11 +10,10 @@ from typing import Any
 
 import yaml
 
-from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.run.paths import RunDir
 from hpctrain.status import slurm_query
 from hpctrain.status.checkpoint_age import newest_checkpoint
-from hpctrain.status.goodput import goodput
+from hpctrain.status.goodput import goodput_of
 from hpctrain.status.journal_summary import JournalSummary, summarize
 from hpctrain.status.metrics_tail import read_tail
 from hpctrain.status.run_state import decide
@@ -97,9 +96,7 @@ def _row(run: Path, journal: JournalSummary, answer: slurm_query.SlurmAnswer, no
         samples_per_s=metrics.samples_per_s,
         checkpoint_step=checkpoint.step if checkpoint else None,
         checkpoint_age_s=max(0.0, now - checkpoint.written_at) if checkpoint else None,
-        goodput=goodput(read_jsonl(RunDir(run).events), read_jsonl(RunDir(run).metrics)).to_json()
-        if with_goodput
-        else None,
+        goodput=goodput_of(RunDir(run)).to_json() if with_goodput else None,
     )
 
 

@@ -8,7 +8,6 @@ the mean over every rank and step since the last line.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 
@@ -35,7 +34,7 @@ class Progress:
         self.clock = time.perf_counter()
         self.seconds_per_step = 0.0  # of the last window, for the bar right after a log line
         self.bar: ProgressBar | None = None
-        if ctx.is_main and wanted(bar, sys.stderr, os.environ):
+        if ctx.is_main and wanted(bar, sys.stderr, ctx.life.in_slurm):
             self.bar = ProgressBar(sys.stderr, total_steps)
             logs.attach_overlay(self.bar)
 

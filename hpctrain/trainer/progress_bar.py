@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping
 from typing import TextIO
 
 # Redraws a second, at most: enough to look alive, too few to cost a step anything.
@@ -19,14 +18,15 @@ MIN_REDRAW_S = 0.25
 BAR_CELLS = 30
 
 
-def wanted(mode: str, stream: TextIO, env: Mapping[str, str]) -> bool:
+def wanted(mode: str, stream: TextIO, in_slurm: bool) -> bool:
     """trainer.progress_bar: auto draws on a terminal; on also into a pipe or a file, but never
-    into a Slurm job's output file, which would keep every redraw as text; off never."""
+    into a Slurm job's output file (`in_slurm`: the process's life is a Slurm job's), which would
+    keep every redraw as text; off never."""
     if mode == "off":
         return False
     if _is_terminal(stream):
         return True
-    return mode == "on" and "SLURM_JOB_ID" not in env
+    return mode == "on" and not in_slurm
 
 
 def _is_terminal(stream: TextIO) -> bool:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.dist import DistContext
+from hpctrain.run.causes import StopReason
 from hpctrain.signals import StopFlag
 
 # The most steps between votes, however short a step is.
@@ -46,7 +47,7 @@ class StopVote:
         self.due_step = step + steps_until_due
         self.started_step, self.started_at = step, time.perf_counter()
 
-    def poll(self, step: int) -> str | None:
+    def poll(self, step: int) -> StopReason | None:
         """The stop reason every rank agreed on, or None; a collective only at due steps."""
         if not self.ctx.distributed:
             return self.stop.agreed(self.ctx)  # one process: a look at its own flag, free

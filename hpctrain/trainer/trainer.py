@@ -24,10 +24,10 @@ from hpctrain.data.splits import Splits
 from hpctrain.dist import DistContext
 from hpctrain.errors import UserError
 from hpctrain.metrics import MetricSinks, open_sinks
-from hpctrain.run.events import Journal
+from hpctrain.run.causes import CheckpointReason, StopReason
+from hpctrain.run.events import Finish, Journal, Pruned, Start, Stop
 from hpctrain.run.paths import RunDir
 from hpctrain.signals import StopFlag
-from hpctrain.slurm.jobid import job_of
 from hpctrain.trainer import components, loaders
 from hpctrain.trainer.evaluate import evaluate, flatten
 from hpctrain.trainer.progress import Progress
@@ -48,9 +48,9 @@ class TrainState:
 
 
 class StopTraining(Exception):
-    """Raised after a signal-forced checkpoint; `reason` is timelimit, preempt or interrupt."""
+    """Raised after a signal-forced checkpoint."""
 
-    def __init__(self, reason: str, step: int) -> None:
+    def __init__(self, reason: StopReason, step: int) -> None:
         super().__init__(f"stopped at step {step}: {reason}")
         self.reason = reason
         self.step = step
@@ -58,7 +58,7 @@ class StopTraining(Exception):
 
 class Trainer:
     def __init__(self, config: Config, ctx: DistContext, run_dir: Path, stop: StopFlag | None = None) -> None:
-        on_hang = hang_reporter(RunDir(Path(run_dir)).events, ctx.rank)
+        on_hang = hang_reporter(RunDir(Path(run_dir)).events, ctx.rank, ctx.life)
         self.watchdog = Watchdog(config.trainer.hang_timeout_s, on_hang).start()
         self.config = config
         self.ctx = ctx
@@ -79,9 +79,9 @@ class Trainer:
             ctx,
             config.trainer.keep_checkpoints,
             fingerprint(config),
-            on_written=lambda record: self.journal.event("checkpoint", **record),
+            on_written=self.journal.write_event,
             identity=identity(config),
-            on_forced=lambda record: self.journal.event("forced_save", **record),
+            on_forced=self.journal.write_event,
         )
         # A trial of hpctrain-tune with a pruner: asked at evaluation steps (None otherwise).
         self.pruner = TrialPruner.for_run(self.run, config, ctx)
@@ -133,12 +133,12 @@ class Trainer:
                 self._forced_save(reason)
                 raise StopTraining(reason, step)
             if cfg.ckpt_every and step % cfg.ckpt_every == 0 and not final:
-                progress.pause(self._save("periodic", background=cfg.async_checkpoint))
+                progress.pause(self._save(CheckpointReason.PERIODIC, background=cfg.async_checkpoint))
         if not last:  # resumed from the final checkpoint: nothing trained, still report the result
             last = {"step": self.state.step, **self.evaluate()}
-        self._save("final", background=False)
+        self._save(CheckpointReason.FINAL, background=False)
         self._save_weights()
-        self.journal.event("finish", **last)
+        self.journal.write_event(Finish(step=last["step"], extra={k: v for k, v in last.items() if k != "step"}))
         self.watchdog.stop()
         return last
 
@@ -146,9 +146,9 @@ class Trainer:
         """The study's pruner stopped this trial: save this step, record it, end as finished
         (the job ends COMPLETED, the control step tells the study PRUNED)."""
         assert self.pruner is not None
-        self._save("pruned", background=False)
+        self._save(CheckpointReason.PRUNED, background=False)
         metric = self.pruner.metric
-        self.journal.event("pruned", step=self.state.step, metric=metric, value=last.get(metric))
+        self.journal.write_event(Pruned(step=self.state.step, metric=metric, value=last.get(metric)))
         self.watchdog.stop()
         return last
 
@@ -226,14 +226,27 @@ class Trainer:
             "train": asdict(self.state),
         }
 
-    def _forced_save(self, reason: str) -> None:
-        """The save a stop signal forces, bounded by the time the signal gives (rank 0's view)."""
+    def _forced_save(self, reason: StopReason) -> None:
+        """The ranks agreed to stop: the `stop` record, then the save the stop forces, bounded by
+        the time the signal gives (rank 0's view)."""
         since_signal_s = time.monotonic() - (self.stop.requested_at or time.monotonic())
         deadline = deadline_s(reason, since_signal_s, self.config.slurm.signal_delay_s, self.grace_s)
+        # Before the save: a save killed half-way (a deadline missed, SIGKILL) writes nothing, and
+        # the control step must still learn that the ranks had agreed to stop, and why.
+        self.journal.write_event(
+            Stop(
+                job_id=self.ctx.life.job_id,
+                restart=self.ctx.life.restart,
+                step=self.state.step,
+                reason=reason,
+                deadline_s=None if deadline is None else round(deadline, 2),
+                since_signal_s=round(since_signal_s, 3),
+            )
+        )
         self.checkpointer.forced_save(self.state.step, self._state_tree(), reason, deadline)
         self.watchdog.beat()
 
-    def _save(self, reason: str, background: bool) -> float:
+    def _save(self, reason: CheckpointReason, background: bool) -> float:
         # A stop signal ends the wait for a previous write: the forced save handles that write.
         blocked = self.checkpointer.save(
             self.state.step, self._state_tree(), reason, background, stop_requested=lambda: self.stop.requested > 0
@@ -298,15 +311,16 @@ class Trainer:
         if self.ctx.distributed:
             ranks = [None] * self.ctx.world_size
             dist.all_gather_object(ranks, mine)
-        self.journal.event(
-            "start",
-            job_id=job_of(os.environ) or None,
-            restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
-            world_size=self.ctx.world_size,
-            nodes=sorted({r["node"] for r in ranks}),
-            resumed_from_step=self.state.step,
-            total_steps=self.total_steps,
-            ranks=ranks,
+        self.journal.write_event(
+            Start(
+                job_id=self.ctx.life.job_id,
+                restart=self.ctx.life.restart,
+                world_size=self.ctx.world_size,
+                nodes=sorted({r["node"] for r in ranks}),
+                resumed_from_step=self.state.step,
+                total_steps=self.total_steps,
+                ranks=ranks,
+            )
         )
 
     def _save_weights(self) -> None:
