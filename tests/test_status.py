@@ -8,11 +8,14 @@ every call, so the tests count how many times Slurm is asked.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -553,8 +556,38 @@ def test_plot_without_matplotlib_says_how_to_install(
     assert err == "error: --plot needs matplotlib, which is not installed: pip install 'hpctrain[plot]'\n"
 
 
-def test_watch_redraws_until_ctrl_c(tmp_path: Path) -> None:
-    """The real command in a subprocess: SIGINT ends it quietly, with the last refresh's code."""
+# Seconds the watch gets to draw its first frame: Python's start and the imports take under 1 s
+# here, measured with both cores busy (4 CPU-bound processes beside it); only a watch that never
+# draws should reach this.
+FIRST_FRAME_S = 60
+# Seconds from SIGINT to the exit: measured 0.2 s at most with both cores busy (the handler raises
+# at once, mid-refresh or mid-sleep); a SIGINT that is ignored never ends the watch at all.
+STOP_S = 30
+
+
+def read_lines(proc: subprocess.Popen[str], count: int, timeout_s: float) -> list[str]:
+    """`count` lines of the process's stdout, or fewer if `timeout_s` passes first (no hang)."""
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    threading.Thread(target=lambda: [lines.put(stdout.readline()) for _ in range(count)], daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    got = []
+    with contextlib.suppress(queue.Empty):
+        while len(got) < count:
+            got.append(lines.get(timeout=max(0.0, deadline - time.monotonic())))
+    return got
+
+
+def ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_watch_redraws_until_ctrl_c(tmp_path: Path, sigint: str) -> None:
+    """The real command in a subprocess: SIGINT ends it quietly, with the last refresh's code.
+    Also when it was started with SIGINT ignored, as a script's `cmd &` starts it (a shell without
+    job control does that): that is how this test once ran, and the watch never ended."""
     run = make_run(tmp_path / "run", [start(), finish()], metrics=trained(100))
     env = {**os.environ, "PATH": str(tmp_path / "no-slurm"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
@@ -563,16 +596,21 @@ def test_watch_redraws_until_ctrl_c(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ignore_sigint if sigint == "ignored" else None,
     )
     try:
-        assert proc.stdout is not None
-        refreshes = [json.loads(proc.stdout.readline()) for _ in range(3)]  # under --watch: a line each
-    finally:
+        # SIGINT only once the loop runs (three frames drawn), never during the start.
+        lines = read_lines(proc, 3, FIRST_FRAME_S)
+        assert len(lines) == 3 and all(lines), f"{len(lines)} frames in {FIRST_FRAME_S} s"
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=STOP_S)
+    finally:
+        if proc.poll() is None:  # failed: leave no watch running
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
-    assert all(rows[0]["state"] == "FINISHED" for rows in refreshes)
+    assert all(rows[0]["state"] == "FINISHED" for rows in map(json.loads, lines))
     # `--watch PATH`: argparse hands the path to --watch; it is taken as a path, every 5 s.
     parsed = cli.options(["--watch", str(run)])
     assert parsed.watch == cli.DEFAULT_WATCH_S and parsed.paths == [run]
