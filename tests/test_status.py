@@ -430,12 +430,19 @@ def test_a_hundred_long_runs_render_fast(tmp_path: Path, slurm: FakeSlurm, capsy
         )
         (run / "metrics.jsonl").write_text(metrics)
     slurm.answer("squeue", "".join(f"{2000 + i}|RUNNING|None\n" for i in range(100)))
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), cpu_s()
     code, out, _ = run_status(capsys, "-n", "0", str(tmp_path / "runs"))
-    elapsed = time.perf_counter() - started
+    elapsed, used = time.perf_counter() - started, cpu_s() - started_cpu
     assert code == 0 and len(out.splitlines()) == 101 and len(slurm.calls()) == 1
-    assert elapsed < 2.0, f"{elapsed:.2f} s for 100 runs"
-    print(f"100 runs: {elapsed:.3f} s")
+    # The CPU time it costs, not the wall time: on a loaded machine that is the others' too.
+    assert used < 2.0, f"{used:.2f} s of CPU for 100 runs"
+    print(f"100 runs: {elapsed:.3f} s, {used:.3f} s of CPU")
+
+
+def cpu_s() -> float:
+    """CPU seconds used by this process and the children it has waited for (the fake squeue)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
 
 
 # ---- which runs ----------------------------------------------------------------------------------
@@ -728,7 +735,16 @@ def test_a_real_job_from_the_queue_to_completed(lenient_env: dict[str, str], tmp
     # A job Slurm has forgotten (older than MinJobAge, no accounting): its journal says how it ended.
     forgotten = make_run(tmp_path / "forgotten", [start("999999", total_steps=20), finish(20)], job_id="999999")
     run = tmp_path / "run"
-    job_ids, _ = submit(cluster_env, run, "trainer.max_steps=20", "trainer.log_every=5", "trainer.eval_every=10")
+    # Held until status has seen it queued once: a job of 20 steps may otherwise end before the
+    # first look (a Python start on a loaded machine is seconds too).
+    job_ids, _ = submit(
+        cluster_env,
+        run,
+        "trainer.max_steps=20",
+        "trainer.log_every=5",
+        "trainer.eval_every=10",
+        "slurm.extra=['--hold']",
+    )
     seen = []
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -740,9 +756,11 @@ def test_a_real_job_from_the_queue_to_completed(lenient_env: dict[str, str], tmp
         if rows["run"]["state"].split()[0] not in LIVE:
             break
         assert rows["run"]["job_id"] == job_ids[0] and rows["run"]["source"] == "squeue"
+        if len(seen) == 1:
+            subprocess.run(["scontrol", "release", job_ids[0]], env=cluster_env, check=True, capture_output=True)
         time.sleep(0.5)
     print("states seen:", seen)
-    assert seen[0].split()[0] in {"PENDING", "RUNNING"}, seen
+    assert seen[0].split()[0] == "PENDING", seen  # held
     assert wait_finished(cluster_env, job_ids[0]) == "COMPLETED", job_output(run)
     code, rows, err = status_json(env, run, forgotten)
     assert calls(log) == ["squeue", "sacct", "scontrol"]  # sacct fails here: no accounting
@@ -797,7 +815,13 @@ def test_a_real_time_limit_requeue_shows_its_cause(cluster_env: dict[str, str], 
     assert calls(log)[-1:] == ["squeue"]
     lift_requeue_hold(cluster_env, job_id)
     assert wait_finished(cluster_env, job_id, timeout_s=600) == "COMPLETED", job_output(run)
+    # slurmctld tells slurmdbd of the end through a queue, after scontrol knows it: sacct may say
+    # RUNNING for a moment (longer on a loaded machine). The bound is for a record never sent.
+    deadline = time.monotonic() + 60
     code, rows, err = status_json(env, run)
+    while rows["run"]["state"].split()[0] in LIVE and time.monotonic() < deadline:
+        time.sleep(0.5)
+        code, rows, err = status_json(env, run)
     assert (rows["run"]["state"], rows["run"]["step"], rows["run"]["restarts"]) == ("COMPLETED", 3000, 1)
     assert rows["run"]["source"] == "sacct"  # accounting knows the ended job (and both its lives)
     assert calls(log)[-2:] == ["squeue", "sacct"]
