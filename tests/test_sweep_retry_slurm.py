@@ -64,7 +64,8 @@ def wait_for_checkpoint(run_dir: Path, step: int, timeout_s: float = 300) -> Non
     """Until the journal records a complete checkpoint of `step` or later (the bound: as long as
     slurmtools.wait_for_step gives a run to reach a step)."""
     deadline = time.monotonic() + timeout_s
-    while not any(e["step"] >= step for e in of("checkpoint", run_dir)):
+    journal = run_dir / "events.jsonl"  # written at the run's first start
+    while not (journal.exists() and any(e["step"] >= step for e in of("checkpoint", run_dir))):
         assert time.monotonic() < deadline, f"no checkpoint of step {step} or later in {timeout_s:.0f} s"
         time.sleep(0.3)
 
