@@ -105,6 +105,12 @@ def job_state(env: dict[str, str], job_id: str) -> str:
     return "UNKNOWN"
 
 
+def task_lines(output: Path) -> list[str]:
+    """The tasks' output lines: srun's own notes ("srun: Job 1 step creation temporarily
+    disabled, retrying" under load) are not theirs."""
+    return [line for line in output.read_text().splitlines() if not line.startswith("srun:")]
+
+
 def wait_for_job(env: dict[str, str], job_id: str, timeout: float = JOB_TIMEOUT_S) -> str:
     """Poll until the job leaves PENDING/RUNNING/COMPLETING; return the final state."""
     deadline = time.monotonic() + timeout
@@ -220,9 +226,7 @@ def test_job_runs_one_task_on_each_node(cluster_env: dict[str, str], job_dir: Pa
         "srun hostname && srun bash -c 'echo node=$SLURMD_NODENAME'",
     )
     assert wait_for_job(cluster_env, job_id) == "COMPLETED", output.read_text()
-    # srun's own notes ("srun: Job 1 step creation temporarily disabled, retrying" under load)
-    # are not the tasks' output.
-    lines = [line for line in output.read_text().splitlines() if not line.startswith("srun:")]
+    lines = task_lines(output)
     nodes = sorted(line for line in lines if line.startswith("node="))
     assert nodes == [f"node=node{i}" for i in range(1, NODES + 1)]
     assert len(lines) == 2 * NODES, lines  # plus one `hostname` line per node
@@ -243,7 +247,7 @@ def test_each_local_task_gets_its_own_fake_gpu(cluster_env: dict[str, str], job_
     assert wait_for_job(cluster_env, job_id) == "COMPLETED", output.read_text()
     devices_by_node: dict[str, list[str]] = defaultdict(list)
     ranks = []
-    for line in output.read_text().splitlines():
+    for line in task_lines(output):
         rank, node, visible = line.split()
         ranks.append(int(rank))
         devices_by_node[node].append(visible)
@@ -289,15 +293,24 @@ def test_tasks_are_pinned_and_sacct_answers(cluster_env: dict[str, str], job_dir
         "srun --cpus-per-task=1 bash -c 'echo $SLURM_PROCID $(grep Cpus_allowed_list /proc/self/status)'",
     )
     assert wait_for_job(cluster_env, job_id) == "COMPLETED", output.read_text()
-    cpus = sorted(line.split()[-1] for line in output.read_text().splitlines())
+    cpus = sorted(line.split()[-1] for line in task_lines(output))
     assert cpus == ["0", "1"], output.read_text()
-    sacct = subprocess.run(
-        ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobIDRaw,State,AllocCPUS"],
-        env=cluster_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    # slurmctld tells slurmdbd of the job's end after the job has ended, through a queue: sacct
+    # may not know of it, or say RUNNING, for a moment (longer on a loaded machine). The bound is
+    # for a record never sent.
+    deadline = time.monotonic() + 60
+    while True:
+        sacct = subprocess.run(
+            ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobIDRaw,State,AllocCPUS"],
+            env=cluster_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        state = sacct.stdout.split("|")[1] if sacct.stdout.count("|") >= 2 else ""
+        if sacct.returncode != 0 or state not in ("", "PENDING", "RUNNING") or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert (sacct.returncode, sacct.stdout) == (0, f"{job_id}|COMPLETED|2\n"), sacct.stderr
 
 

@@ -9,13 +9,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from helpers.crash_once import CRASH_AT_ENV, MARKER
 from helpers.paced import PAUSE_ENV
-from slurmtools import events, job_output, start_cluster, submit, wait_finished, wait_for_step
+from helpers.resumes import newest_checkpoint_before
+from slurmtools import events, job_output, start_cluster, submit, wait_finished
 
 pytestmark = pytest.mark.slurm
 
@@ -58,6 +60,16 @@ def same_weights(a: Path, b: Path) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def wait_for_checkpoint(run_dir: Path, step: int, timeout_s: float = 300) -> None:
+    """Until the journal records a complete checkpoint of `step` or later (the bound: as long as
+    slurmtools.wait_for_step gives a run to reach a step)."""
+    deadline = time.monotonic() + timeout_s
+    journal = run_dir / "events.jsonl"  # written at the run's first start
+    while not (journal.exists() and any(e["step"] >= step for e in of("checkpoint", run_dir))):
+        assert time.monotonic() < deadline, f"no checkpoint of step {step} or later in {timeout_s:.0f} s"
+        time.sleep(0.3)
+
+
 def test_cancel_and_retry_points_of_a_sweep(tmp_path: Path) -> None:
     env = helpers_env(start_cluster())
     sweep = tmp_path / "sweep"
@@ -77,7 +89,9 @@ def test_cancel_and_retry_points_of_a_sweep(tmp_path: Path) -> None:
     )
 
     # ---- cancel one point while it runs, one while it waits: one scancel ----
-    wait_for_step(running, 10)
+    # Once a checkpoint of step 10 or later is complete (recorded), not merely step 10 logged:
+    # its write runs in the background, so the retry has step 10 or later to resume from at any pace.
+    wait_for_checkpoint(running, 10)
     dry = hpctrain(env, "hpctrain-cancel", "--dry-run", str(sweep), "0", "1")
     assert dry.returncode == 0 and f"would run: scancel -v {job_ids[0]} {job_ids[1]}" in dry.stdout, dry
     done = hpctrain(env, "hpctrain-cancel", str(sweep), "0", str(pending))
@@ -114,8 +128,10 @@ def test_cancel_and_retry_points_of_a_sweep(tmp_path: Path) -> None:
         assert (record["job_id"], record["resubmitted_from"]) == (new, [old])
         assert [(e["job_id"], e["previous_job_id"]) for e in of("retry", run_dir)] == [(new, old)]
         assert of("finish", run_dir)[-1]["step"] == 60
-    stopped_at = of("cancelled", running)[0]["step"]
-    assert of("start", running)[-1]["resumed_from_step"] >= max(10, stopped_at or 0)
+    # The cancelled point resumed from its newest complete checkpoint (helpers/resumes.py): the
+    # save its SIGTERM forced when that ended before Slurm's SIGKILL, else a periodic one.
+    resumed = of("start", running)[-1]["resumed_from_step"]
+    assert resumed >= newest_checkpoint_before(events(running), -1) >= 10, events(running)
     assert [s["resumed_from_step"] for s in of("start", pending)] == [0]
     assert of("start", crashing)[-1]["resumed_from_step"] == 5
 

@@ -59,12 +59,12 @@ def test_a_search_runs_to_its_end_after_the_command_returned(tmp_path: Path) -> 
         timeout=120,
     )
     returned_s = time.monotonic() - started
+    returned_at = time.time()  # the trials' journals tell time by the same clock
     assert done.returncode == 0, done.stdout + done.stderr
     # The first wave: one job array (slurm.array), a run dir line per trial.
     assert re.findall(r"^Submitted batch job \d+$", done.stdout, re.M), done.stdout
     first_trials = re.findall(r"^  run dir: ", done.stdout, re.M)
     assert len(first_trials) == PARALLEL and f"sweep dir: {sweep}" in done.stdout
-    assert returned_s < 30, f"hpctrain-tune took {returned_s:.1f} s to return"
 
     summary_path = sweep / "tune.json"
     deadline = time.monotonic() + 300
@@ -95,6 +95,7 @@ def test_a_search_runs_to_its_end_after_the_command_returned(tmp_path: Path) -> 
     assert most <= PARALLEL
 
     complete = {}
+    told_at = []
     for trial in summary["trials"]:
         run_dir = Path(trial["run_dir"])
         events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
@@ -102,6 +103,7 @@ def test_a_search_runs_to_its_end_after_the_command_returned(tmp_path: Path) -> 
         assert names[0] == "start" and names.count("trial") == 1, (run_dir, names)  # told once
         told = next(e for e in events if e["event"] == "trial")
         assert told["state"] == trial["state"]
+        told_at.append(told["time"])
         # Told before its job ends: the control step writes tune.json, then the batch script exits.
         assert wait_finished(env, trial["job_id"], timeout_s=60) == "COMPLETED", job_output(run_dir)
         if trial["state"] == "PRUNED":
@@ -110,6 +112,10 @@ def test_a_search_runs_to_its_end_after_the_command_returned(tmp_path: Path) -> 
             assert "finish" in names
             complete[trial["number"]] = final_value(run_dir, "eval_accuracy")
             assert trial["value"] == pytest.approx(complete[trial["number"]])
+    # The command returned once the first wave was queued, and the search went on without it: the
+    # last trial was told after it returned. (Not a number of seconds: a submission's time is the
+    # machine's load as much as its own.)
+    assert returned_at < max(told_at), (returned_at, told_at)
     best = max(complete, key=lambda n: complete[n])
     assert summary["best"]["number"] == best and summary["best"]["value"] == pytest.approx(complete[best])
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -132,6 +133,10 @@ def figures_of(row: Row) -> Goodput:
 def watch(args: argparse.Namespace) -> int:
     clear = sys.stdout.isatty() and not args.json
     code = CLI_OK
+    # Ctrl-C (SIGINT) ends the watch however it was started: a shell without job control (a
+    # script) starts its `&` commands with SIGINT ignored, and Python then leaves it ignored,
+    # so a SIGINT would never end the loop. Set back for a caller in the same process.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:
             status = refresh(args)
@@ -147,6 +152,9 @@ def watch(args: argparse.Namespace) -> int:
         if clear:
             print()
         return code
+    finally:
+        if before is not None:  # None: set outside Python, nothing to set back
+            signal.signal(signal.SIGINT, before)
 
 
 def main(argv: list[str] | None = None) -> int:
