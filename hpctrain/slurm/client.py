@@ -185,7 +185,7 @@ def _once(command: tuple[str, ...], timeout_s: float, env: Mapping[str, str] | N
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return Reply(command, None, "", f"{command[0]}: no answer within {timeout_s:.0f} s", Kind.TIMED_OUT)
+        return Reply(command, None, "", f"{command[0]}: no answer within {timeout_s:g} s", Kind.TIMED_OUT)
     except FileNotFoundError:
         return Reply(command, None, "", f"{command[0]}: not found on PATH", Kind.MISSING)
     except OSError as error:  # not executable

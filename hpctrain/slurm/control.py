@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hpctrain.config.schema import SlurmConfig
@@ -58,7 +58,8 @@ def slurm_settings(config: Path) -> SlurmConfig:
     """config.yaml's `slurm` node through the schema: a key it lacks takes the schema's default
     (not 0), a wrong value is refused with the key named. Only this node: no torch, no Hydra."""
     try:
-        node = OmegaConf.load(config).get("slurm") or {}
+        loaded = OmegaConf.load(config)
+        node = (loaded.get("slurm") if isinstance(loaded, DictConfig) else None) or {}
         settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SlurmConfig), node))
     except OmegaConfBaseException as error:
         cause = error.__cause__

@@ -68,6 +68,7 @@ def parse_job_record(line: str) -> JobRecord | None:
         return None
     job_id, array_job, array_task = head.groups()
     state = _STATE.search(line, head.end() - 1)
+    restarts: int | None
     if state is not None:
         state_word, reason, restarts = state.group(1), reason_of(state.group(2)), int(state.group(3))
         place = _PLACE.search(line, state.end() - 1)
@@ -104,7 +105,7 @@ def parse_job_records(text: str) -> list[JobRecord]:
 
 def parse_partition(text: str) -> dict[str, str]:
     """`scontrol show partition -o NAME`: its `Key=value` words (names, lists and numbers only)."""
-    fields = {}
+    fields: dict[str, str] = {}
     for word in text.split():
         key, sep, value = word.partition("=")
         if sep:
