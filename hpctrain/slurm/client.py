@@ -13,7 +13,7 @@ Slurm command already waits about MessageTimeout (10 s by default) before it say
 policy retries, with a doubling pause, until its `retry_for_s` is spent:
   - reads (squeue, scontrol show, sinfo, sacct, sacctmgr) and scancel (cancelling twice changes
     nothing): every kind of no answer;
-  - sbatch and scontrol requeue/update: UNREACHABLE only (`retry_unsure=False`). After NO_REPLY or
+  - sbatch and scontrol requeue: UNREACHABLE only (`retry_unsure=False`). After NO_REPLY or
     TIMED_OUT the request may have been carried out: on Slurm 22.05 an sbatch and an `scontrol
     requeue` sent to a stopped slurmctld were both carried out once it went on, so the caller
     looks at the queue before it acts again.
@@ -56,8 +56,8 @@ _SENT_UNANSWERED = (
     "Unable to contact slurm controller (receive failure)",
     "Unable to contact slurm controller (shutdown failure)",
     "Zero Bytes were transmitted or received",
-    # What `scontrol requeue` and `scontrol update` print for any failed exchange with a stopped
-    # or stopping controller; the requeue was carried out once slurmctld went on.
+    # What `scontrol requeue` and `scontrol update` print for a stopped and for a dead slurmctld
+    # alike; a requeue sent to the stopped one was carried out once it went on.
     "Unexpected message received",
 )
 _UNSURE = (Kind.NO_REPLY, Kind.TIMED_OUT)
@@ -67,7 +67,7 @@ _UNSURE = (Kind.NO_REPLY, Kind.TIMED_OUT)
 class Policy:
     timeout_s: float  # one try's limit; then the command is killed (TIMED_OUT)
     retry_for_s: float = 0.0  # retry a no-answer while less than this has passed since the first try
-    retry_unsure: bool = True  # NO_REPLY and TIMED_OUT too (False for sbatch, scontrol requeue/update)
+    retry_unsure: bool = True  # NO_REPLY and TIMED_OUT too (False for sbatch, scontrol requeue)
     first_pause_s: float = 1.0  # the pause before the second try, doubled after each
     max_pause_s: float = 8.0
 
@@ -124,7 +124,7 @@ class Reply:
         if self.kind is Kind.ANSWERED:
             said = (self.stderr or self.stdout).strip()
             return f"exit {self.exit_code}: {self.last_line()}" if said else f"exit {self.exit_code}"
-        return f"{self.command[0]}: {self.last_line()}"
+        return f"{_name(self.command)}: {self.last_line()}"
 
 
 def run(
@@ -137,7 +137,7 @@ def run(
 ) -> Reply:
     """Run one Slurm command under `policy`; never raises for Slurm's sake. `until` (a
     time.monotonic() value) bounds every try and pause of this call."""
-    if not command or os.path.basename(command[0]) not in COMMANDS:
+    if not command or _name(command) not in COMMANDS:
         raise ValueError(f"not a Slurm command: {list(command)!r}")
     give_up = time.monotonic() + policy.retry_for_s
     if until is not None:
@@ -185,16 +185,21 @@ def _once(command: tuple[str, ...], timeout_s: float, env: Mapping[str, str] | N
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return Reply(command, None, "", f"{command[0]}: no answer within {timeout_s:g} s", Kind.TIMED_OUT)
+        return Reply(command, None, "", f"{_name(command)}: no answer within {timeout_s:g} s", Kind.TIMED_OUT)
     except FileNotFoundError:
-        return Reply(command, None, "", f"{command[0]}: not found on PATH", Kind.MISSING)
+        return Reply(command, None, "", f"{_name(command)}: not found on PATH", Kind.MISSING)
     except OSError as error:  # not executable
-        return Reply(command, None, "", f"{command[0]}: {error.strerror or error}", Kind.MISSING)
+        return Reply(command, None, "", f"{_name(command)}: {error.strerror or error}", Kind.MISSING)
     return Reply(command, done.returncode, done.stdout, done.stderr, kind_of(done.returncode, done.stderr))
 
 
 def _no_time(command: tuple[str, ...]) -> Reply:
-    return Reply(command, None, "", f"{command[0]}: not run, no time left for Slurm", Kind.TIMED_OUT)
+    return Reply(command, None, "", f"{_name(command)}: not run, no time left for Slurm", Kind.TIMED_OUT)
+
+
+def _name(command: Sequence[str]) -> str:
+    """`sbatch` for `sbatch` or `/usr/bin/sbatch`."""
+    return os.path.basename(command[0])
 
 
 # ---- submitting from inside a job ----------------------------------------------------------------

@@ -13,7 +13,8 @@
         KillWait seconds after scancel, maybe before after-step); once per life.
     python -m hpctrain.slurm.control requeue-refused RUN_DIR EXCLUDED MESSAGE
         scontrol refused the requeue: submit the run dir's job.sbatch again (same run dir, it
-        resumes), or end FAILED saying why. Never exits 0.
+        resumes), or end FAILED saying why. When it got no answer at all, Slurm may requeue the
+        job all the same: look, and ask again (hpctrain.slurm.requeue); exit 0 once requeued.
 Every Slurm call goes through hpctrain.slurm.client, all of one step within SLURM_BUDGET_S; a
 failed one is said on stderr (the job's output) with what it means for the decision. This module
 imports no torch: it must answer in a moment.
@@ -27,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -61,10 +63,13 @@ def slurm_settings(config: Path) -> SlurmConfig:
         loaded = OmegaConf.load(config)
         node = (loaded.get("slurm") if isinstance(loaded, DictConfig) else None) or {}
         settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SlurmConfig), node))
-    except OmegaConfBaseException as error:
-        cause = error.__cause__
-        text = str(cause) if isinstance(cause, ValueError) else str(error).splitlines()[0]
-        raise ValueError(f"{config}: {text}") from None
+    except yaml.YAMLError as error:
+        raise ValueError(f"{config}: not YAML ({str(error).splitlines()[0]})") from None
+    except OmegaConfBaseException as error:  # a wrong type
+        key, text = getattr(error, "full_key", None), str(error).splitlines()[0]
+        raise ValueError(f"{config}: slurm.{key}: {text}" if key else f"{config}: {text}") from None
+    except ValueError as error:  # a __post_init__ check: it names its key
+        raise ValueError(f"{config}: {error}") from None
     assert isinstance(settings, SlurmConfig)  # to_object of SlurmConfig's schema
     return settings
 
