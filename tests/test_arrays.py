@@ -12,6 +12,7 @@ from hpctrain.run.paths import SweepArrays
 from hpctrain.slurm import arrays, limits
 from hpctrain.slurm.jobid import expand, job_of, sort_key, split, tasks_in
 from hpctrain.slurm.limits import Limit, Limits, check
+from hpctrain.slurm.records import parse_job_records
 from hpctrain.status import slurm_query
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm" / "arrays"
@@ -181,9 +182,6 @@ def test_status_reads_array_tasks_from_squeue_sacct_and_scontrol() -> None:
     sacct = slurm_query.parse_sacct(fixture("sacct.txt"), ["1_0", "1_2"])
     assert {k: v.state for k, v in sacct.items()} == {"1_0": "CANCELLED", "1_2": "CANCELLED"}
     found = {}
-    for line in fixture("scontrol_tasks.txt").splitlines():
-        matched = slurm_query._SCONTROL_ID.match(line)
-        if matched:
-            job_id, array, tasks = matched.groups()
-            found.update({name: job_id for name in expand(f"{array}_[{tasks}]") if name in asked})
+    for record in parse_job_records(fixture("scontrol_tasks.txt")):
+        found.update({name: record.job_id for name in record.names if name in asked})
     assert found == {"4_0": "5", "4_1": "4", "4_2": "4"}

@@ -29,7 +29,6 @@ from hpctrain.checkpoint import Checkpointer, CheckpointTooNew, store
 from hpctrain.checkpoint.deadline import (
     DEFAULT_GRACE_S,
     ForcedSavePlan,
-    _field,
     deadline_s,
     grace_time_s,
     plan_forced_save,
@@ -41,6 +40,7 @@ from hpctrain.run.causes import CheckpointReason, StopReason
 from hpctrain.run.decide import History, lineage
 from hpctrain.run.events import Checkpoint, Event, ForcedSave, Start, Stop, read_events
 from hpctrain.run.jsonlines import read_jsonl
+from hpctrain.slurm.records import parse_partition
 
 TESTS = Path(__file__).parent
 GOLDEN_V1 = TESTS / "golden" / "checkpoint_v1"
@@ -108,10 +108,8 @@ PARTITION_LINE = (
 
 
 def test_grace_time_is_read_from_scontrol_fields() -> None:
-    assert _field(PARTITION_LINE, "GraceTime", "scontrol show partition batch") == "20"
-    assert _field("JobId=7 JobName=x Partition=batch AllocNode:Sid=h:1", "Partition", "job") == "batch"
-    with pytest.raises(ValueError, match="printed no GraceTime="):
-        _field("PartitionName=batch State=UP", "GraceTime", "scontrol show partition batch")
+    assert parse_partition(PARTITION_LINE)["GraceTime"] == "20"
+    assert "GraceTime" not in parse_partition("PartitionName=batch State=UP")
 
 
 def test_grace_time_from_the_environment_then_slurm_then_the_default(

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fakeslurm import FakeSlurm, Said, captured
+
 
 def submit(tmp_path: Path, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -71,3 +73,23 @@ def test_a_run_dir_of_an_older_hpctrain_resumes_and_watch_settings_may_change(tm
 
     changed = submit(tmp_path, dict(os.environ), "dry_run=true", "optim.lr=0.5")
     assert changed.returncode == 2 and "optim.lr" in changed.stderr and "Traceback" not in changed.stderr
+
+
+def test_an_sbatch_without_a_reply_keeps_the_run_dir_its_job_may_train_in(tmp_path: Path) -> None:
+    """A stopped slurmctld: sbatch fails with "Socket timed out" and (seen on the dev cluster) its
+    job is queued once slurmctld goes on. The run dir stays, and the message says why."""
+    fake = FakeSlurm(tmp_path / "fake-slurm").says("sbatch", captured("stopped_sbatch"))
+    env = {**os.environ, "PATH": f"{fake.bin}{os.pathsep}{os.environ['PATH']}", "FAKE_SLURM": str(fake.folder)}
+    done = submit(tmp_path, env)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "may have been queued all the same" in done.stderr and "Socket timed out" in done.stderr
+    assert len(fake.calls("sbatch")) == 1  # never sent twice: two jobs would train in one run dir
+    assert (tmp_path / "run" / "job.sbatch").is_file()
+
+
+def test_an_sbatch_that_could_not_connect_is_sent_again(tmp_path: Path) -> None:
+    fake = FakeSlurm(tmp_path / "fake-slurm").says("sbatch", captured("down_sbatch"), Said(out="42\n"))
+    env = {**os.environ, "PATH": f"{fake.bin}{os.pathsep}{os.environ['PATH']}", "FAKE_SLURM": str(fake.folder)}
+    done = submit(tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    assert "Submitted batch job 42" in done.stdout and len(fake.calls("sbatch")) == 2

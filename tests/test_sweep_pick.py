@@ -55,7 +55,12 @@ RETRY = {
     "finished, then cancelled while tearing down": (point("CANCELLED", "finish"), True, False, "finished"),
     "squeue did not answer: it may still run": (point("FAILED"), False, False, "squeue did not answer"),
     "never submitted": (point(None, job=None), True, False, "never submitted"),
-    "a state no retry takes": (point("SPECIAL_EXIT"), True, False, "not a state a retry takes"),
+    # Held after a chosen exit code: released, it runs again in the same run dir.
+    "held": (point("SPECIAL_EXIT"), True, False, "still queued or running"),
+    # A federation started the job on another cluster: it runs there.
+    "a state no retry takes": (point("REVOKED"), True, False, "not a state a retry takes"),
+    # Preempted without a requeue (PreemptMode=CANCEL): it will not run again by itself.
+    "preempted": (point("PREEMPTED"), True, True, "ended PREEMPTED"),
 }
 
 

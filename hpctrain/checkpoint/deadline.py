@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hpctrain.slurm.jobid import job_of
+from hpctrain.run.life import LifeStamp
+from hpctrain.slurm import client
+from hpctrain.slurm.records import parse_job_record, parse_partition
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def deadline_s(reason: str, since_signal_s: float, signal_delay_s: float, grace_
     return None if given is None else max(0.0, given - since_signal_s)
 
 
-def grace_time_s(environ: dict[str, str] | None = None) -> float:
+def grace_time_s(environ: Mapping[str, str] | None = None) -> float:
     """The job's partition's GraceTime: from $HPCTRAIN_GRACE_TIME_S when set, else read with
     scontrol (inside a Slurm job), else DEFAULT_GRACE_S, with a warning saying why."""
     env = os.environ if environ is None else environ
@@ -127,12 +128,12 @@ def grace_time_s(environ: dict[str, str] | None = None) -> float:
         except ValueError:
             log.warning("%s=%r is not a number of seconds; assuming %.0f s", GRACE_ENV, given, DEFAULT_GRACE_S)
             return DEFAULT_GRACE_S
-    job_id = job_of(env)
+    job_id = LifeStamp.from_env(env).job_id
     if not job_id:
         return DEFAULT_GRACE_S  # not a Slurm job: SIGTERM comes from a user or an init system
     try:
-        return _read_grace(job_id)
-    except (OSError, ValueError, subprocess.SubprocessError) as error:
+        return _read_grace(job_id, env)
+    except ValueError as error:
         log.warning(
             "could not read the partition's GraceTime (%s); a forced save on preemption assumes %.0f s "
             "(set %s to override)",
@@ -143,25 +144,18 @@ def grace_time_s(environ: dict[str, str] | None = None) -> float:
         return DEFAULT_GRACE_S
 
 
-def _scontrol(*args: str) -> str:
-    proc = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=20)
-    if proc.returncode != 0:
-        raise ValueError(f"scontrol {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
-    return proc.stdout
+def _scontrol(env: Mapping[str, str], *args: str) -> str:
+    done = client.run(["scontrol", *args], client.IN_JOB, env=env)
+    if not done.ok:
+        raise ValueError(f"scontrol {' '.join(args)}: {done.why()}")
+    return done.stdout
 
 
-def _read_grace(job_id: str) -> float:
-    job = _scontrol("show", "job", "--oneliner", job_id)
-    partition = _field(job, "Partition", f"scontrol show job {job_id}")
-    return float(
-        _field(
-            _scontrol("show", "partition", "--oneliner", partition), "GraceTime", f"scontrol show partition {partition}"
-        )
-    )
-
-
-def _field(text: str, name: str, where: str) -> str:
-    found = re.search(rf"(?:^|\s){name}=(\S+)", text)
-    if not found:
-        raise ValueError(f"{where} printed no {name}=")
-    return found.group(1)
+def _read_grace(job_id: str, env: Mapping[str, str]) -> float:
+    record = parse_job_record(_scontrol(env, "show", "job", "--oneliner", job_id))
+    if record is None or record.partition is None:
+        raise ValueError(f"scontrol show job {job_id} printed no Partition=")
+    grace = parse_partition(_scontrol(env, "show", "partition", "--oneliner", record.partition)).get("GraceTime")
+    if grace is None:
+        raise ValueError(f"scontrol show partition {record.partition} printed no GraceTime=")
+    return float(grace)

@@ -13,11 +13,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hpctrain.config import setup_lines, targets, yaml_text
+from hpctrain.config import setup_lines, yaml_text
 from hpctrain.config.schema import Config, DataConfig, TrainerConfig
 from hpctrain.errors import UserError
 from hpctrain.run.paths import RunDir
@@ -49,6 +48,8 @@ TARGET_NODES: tuple[tuple[str, int, tuple[str, ...]], ...] = (
 
 def register() -> None:
     """Put the schema in Hydra's ConfigStore; conf/config.yaml lists it first in its defaults."""
+    from hydra.core.config_store import ConfigStore
+
     ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
 
 
@@ -78,6 +79,8 @@ def to_typed(cfg: DictConfig, overrides: Iterable[str] = ()) -> tuple[Config, Di
     A `hydra` node, if present (a sweep point's config), is left out.
 
     Raises ValueError naming the key to change; nothing has been written when it does."""
+    from hpctrain.config import targets  # imports Hydra: not for the control step's schema alone
+
     setup_lines.check_interpolations(cfg)
     plain = resolved_plain(cfg)
     overridden = _overridden_keys(overrides)

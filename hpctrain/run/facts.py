@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from hpctrain.run.causes import RESTART_CAUSES, Cause, Word
+from hpctrain.slurm.states import LIVE_STATES  # noqa: F401  (defined there, still importable here)
 
 
 class Service(Word):
@@ -141,24 +142,3 @@ class Outcome:
     user_exclude: tuple[str, ...] = ()  # slurm.exclude, expanded: always kept out
     nodes_wanted: int = 1  # slurm.nodes: training nodes a step needs
     signal_delay_s: float = 0.0  # slurm.signal_delay_s: the warning comes this long before the end
-
-
-# Slurm job states in which a job still owns its run dir: a second job must not train there
-# (hpctrain-submit's check, hpctrain-cancel, --retry, hpctrain-tune's lost trials).
-LIVE_STATES = frozenset(
-    {
-        "PENDING",
-        "RUNNING",
-        "CONFIGURING",
-        "COMPLETING",
-        "REQUEUED",
-        "REQUEUE_HOLD",
-        "REQUEUE_FED",
-        "RESIZING",
-        "SIGNALING",
-        "STAGE_OUT",
-        "STOPPED",
-        "SUSPENDED",
-        "RESV_DEL_HOLD",
-    }
-)

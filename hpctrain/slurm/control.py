@@ -13,51 +13,86 @@
         KillWait seconds after scancel, maybe before after-step); once per life.
     python -m hpctrain.slurm.control requeue-refused RUN_DIR EXCLUDED MESSAGE
         scontrol refused the requeue: submit the run dir's job.sbatch again (same run dir, it
-        resumes), or end FAILED saying why. Never exits 0.
-Every Slurm call is checked; a failed one is said on stderr (the job's output) with what it
-means for the decision. This module imports no torch: it must answer in a moment.
+        resumes), or end FAILED saying why. When it got no answer at all, Slurm may requeue the
+        job all the same: look, and ask again (hpctrain.slurm.requeue); exit 0 once requeued.
+Every Slurm call goes through hpctrain.slurm.client, all of one step within SLURM_BUDGET_S; a
+failed one is said on stderr (the job's output) with what it means for the decision. This module
+imports no torch: it must answer in a moment.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
+import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from hpctrain.config.schema import SlurmConfig
 from hpctrain.run import exitcodes
 from hpctrain.run.causes import Cause
 from hpctrain.run.decide import Decision, History, decide, decide_begin, decide_cancelled, lineage
 from hpctrain.run.events import Failure, Journal, read_events
 from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes, parse_time_left
 from hpctrain.run.jsonlines import locked
+from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
+from hpctrain.slurm import client
 from hpctrain.slurm.env import parse_node_list
-from hpctrain.slurm.jobid import job_of
+from hpctrain.slurm.records import JobRecord, parse_job_record
+from hpctrain.slurm.requeue import exclude_nodes, requeue_without_answer
+
+# All the Slurm calls of one control step: a step ended by SIGTERM (scancel, a preemption's
+# grace) is killed KillWait seconds later (30 by default), and its decision must be written by
+# then; without an answer in time each fact has its fallback.
+SLURM_BUDGET_S = 20.0
+# `requeue-refused` when scontrol got no answer: how long to wait for slurmctld to come back.
+REQUEUE_WAIT_S = 60.0
+# sbatch from inside the job: retried only when Slurm says the request never left.
+RESUBMIT = client.Policy(timeout_s=30.0, retry_for_s=REQUEUE_WAIT_S, retry_unsure=False)
+
+
+def slurm_settings(config: Path) -> SlurmConfig:
+    """config.yaml's `slurm` node through the schema: a key it lacks takes the schema's default
+    (not 0), a wrong value is refused with the key named. Only this node: no torch, no Hydra."""
+    try:
+        loaded = OmegaConf.load(config)
+        node = (loaded.get("slurm") if isinstance(loaded, DictConfig) else None) or {}
+        settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SlurmConfig), node))
+    except yaml.YAMLError as error:
+        raise ValueError(f"{config}: not YAML ({str(error).splitlines()[0]})") from None
+    except OmegaConfBaseException as error:  # a wrong type
+        key, text = getattr(error, "full_key", None), str(error).splitlines()[0]
+        raise ValueError(f"{config}: slurm.{key}: {text}" if key else f"{config}: {text}") from None
+    except ValueError as error:  # a __post_init__ check: it names its key
+        raise ValueError(f"{config}: {error}") from None
+    assert isinstance(settings, SlurmConfig)  # to_object of SlurmConfig's schema
+    return settings
 
 
 class Controller:
     def __init__(self, run_dir: Path, env: dict[str, str] | None = None) -> None:
         self.run = RunDir(run_dir)
         self.env = dict(os.environ) if env is None else env
-        self.slurm = OmegaConf.load(self.run.config).get("slurm", {})
+        self.slurm = slurm_settings(self.run.config)
         self.journal = Journal(self.run.events)
         # `<array>_<task>` in an array task (what submission.json, the events and hpctrain-cancel
-        # call it): its SLURM_JOB_ID may name the whole array to scontrol.
-        self.job_id = job_of(self.env)
-        self.restart = int(self.env.get("SLURM_RESTART_COUNT", "0"))
-        # The task's own number, its other name (events an older hpctrain wrote carry it).
-        number = self.env.get("SLURM_JOB_ID", "")
-        self.aliases = (number,) if number and number != self.job_id else ()
+        # call it): its SLURM_JOB_ID may name the whole array to scontrol. Its own number is its
+        # other name (events an older hpctrain wrote carry it).
+        life = LifeStamp.from_env(self.env)
+        self.job_id = life.job_id or ""
+        self.restart = life.restart
+        self.aliases = life.aliases
+        self.until = time.monotonic() + SLURM_BUDGET_S
 
     # ---- facts -----------------------------------------------------------------------------------
 
     def budgets(self) -> Budgets:
-        total = self.slurm.get("max_restarts")
-        return Budgets(dict(self.slurm.get("restart_budget", {})), None if total is None else int(total))
+        return Budgets(dict(self.slurm.restart_budget), self.slurm.max_restarts)
 
     def history(self, launched_at: float | None = None) -> History:
         events = lineage(read_events(self.run.events), self.job_id, self.aliases)
@@ -74,40 +109,43 @@ class Controller:
         )
 
     def _node_states(self) -> dict:
-        done = ask_slurm("sinfo", "-N", "-h", "-a", "-o", "%N|%T|%E", meaning="node failures go unseen")
+        done = self._ask("sinfo", "-N", "-h", "-a", "-o", "%N|%T|%E", meaning="node failures go unseen")
         try:
-            return parse_sinfo_nodes(done.stdout) if done.returncode == 0 else {}
+            return parse_sinfo_nodes(done.stdout) if done.ok else {}
         except ValueError as error:
             print(f"hpctrain: {error}; node failures go unseen", file=sys.stderr)
             return {}
 
     def _allocated_nodes(self) -> list[str]:
         """The job's nodes now: with --no-kill a failed node leaves the allocation."""
-        done = ask_slurm("scontrol", "show", "job", "-o", self.job_id, meaning="using SLURM_JOB_NODELIST")
-        match = re.search(r"\bNodeList=(\S+)", done.stdout)
-        if done.returncode != 0 or not match or match.group(1) == "(null)":
+        record = self._job_record(meaning="using SLURM_JOB_NODELIST")
+        if record is None or record.node_list is None:
             listed = self.env.get("SLURM_JOB_NODELIST", "")
             return parse_node_list(listed) if listed else []
-        return parse_node_list(match.group(1))
+        return parse_node_list(record.node_list)
 
     def _time_left(self) -> float | None:
-        done = ask_slurm("squeue", "-h", "-j", self.job_id, "-o", "%L", meaning="no relaunch is risked")
+        done = self._ask("squeue", "-h", "-j", self.job_id, "-o", "%L", meaning="no relaunch is risked")
         try:
-            return parse_time_left(done.stdout) if done.returncode == 0 else None
+            return parse_time_left(done.stdout) if done.ok else None
         except ValueError as error:
             print(f"hpctrain: {error}; no relaunch is risked", file=sys.stderr)
             return None
 
+    def _job_record(self, meaning: str, policy: client.Policy = client.IN_JOB) -> JobRecord | None:
+        done = self._ask("scontrol", "show", "job", "-o", self.job_id, meaning=meaning, policy=policy)
+        return parse_job_record(done.stdout) if done.ok else None
+
     def outcome(self, exit_code: int | None, terminated: bool, warned: bool, excluded: list[str]) -> Outcome:
-        exclude = self.slurm.get("exclude")
+        exclude = self.slurm.exclude
         return Outcome(
             exit_code=exit_code,
             terminated=terminated,
             warned=warned,
             excluded=tuple(excluded),
-            user_exclude=tuple(parse_node_list(str(exclude))) if exclude else (),
-            nodes_wanted=int(self.slurm.get("nodes", 1)),
-            signal_delay_s=float(self.slurm.get("signal_delay_s", 0)),
+            user_exclude=tuple(parse_node_list(exclude)) if exclude else (),
+            nodes_wanted=self.slurm.nodes,
+            signal_delay_s=float(self.slurm.signal_delay_s),
         )
 
     # ---- the steps -------------------------------------------------------------------------------
@@ -146,7 +184,25 @@ class Controller:
         return 0
 
     def requeue_refused(self, excluded: str, message: str) -> int:
-        """scontrol refused the requeue: submit job.sbatch again into the same run dir."""
+        """scontrol refused the requeue: submit job.sbatch again into the same run dir. When it
+        got no answer at all, Slurm may still requeue this job: look and ask again first."""
+        if client.kind_of(1, message) is not client.Kind.ANSWERED:
+            self.until = time.monotonic() + REQUEUE_WAIT_S
+            settled = requeue_without_answer(self.job_id, self.restart, self.until)
+            if settled.requeued:
+                self._exclude(excluded)
+                print(
+                    f"hpctrain: scontrol requeue got no answer ({message.strip()}); the job was requeued",
+                    file=sys.stderr,
+                )
+                return exitcodes.BATCH_FINISHED
+            if settled.refusal is None:
+                why = (
+                    f"slurmctld did not answer the requeue within {REQUEUE_WAIT_S:.0f} s ({message.strip()}); "
+                    "not submitted again: Slurm may still requeue this job"
+                )
+                return self._failed(why)
+            message = settled.refusal
         reason = f"scontrol requeue refused: {message.strip() or 'no message'}"
         if self._requeued_anyway():  # only the ExcNodeList update failed: Slurm restarts this job
             print(f"hpctrain: {reason}; the job was requeued all the same", file=sys.stderr)
@@ -157,48 +213,50 @@ class Controller:
             else (None, f"{self.run.job_script} is missing")
         )
         job_id, why = resubmitted
-        if job_id:
-            self.run.record_resubmission(job_id)
-            self.journal.write_event(
-                Failure(
-                    job_id=self.job_id,
-                    restart=self.restart,
-                    cause=Cause.REQUEUE_REFUSED,
-                    reason=reason,
-                    action="resubmit",
-                    new_job_id=job_id,
-                )
-            )
-            print(f"hpctrain: {reason}; the run goes on in job {job_id} (same run dir)", file=sys.stderr)
-            return exitcodes.BATCH_RESUBMITTED
+        if not job_id:
+            return self._failed(f"{reason}; submitting again failed: {why}")
+        self.run.record_resubmission(job_id)
         self.journal.write_event(
             Failure(
                 job_id=self.job_id,
                 restart=self.restart,
                 cause=Cause.REQUEUE_REFUSED,
-                reason=f"{reason}; submitting again failed: {why}",
-                action="fail",
+                reason=reason,
+                action="resubmit",
+                new_job_id=job_id,
             )
         )
-        print(f"hpctrain: {reason}; submitting again failed: {why}", file=sys.stderr)
+        print(f"hpctrain: {reason}; the run goes on in job {job_id} (same run dir)", file=sys.stderr)
+        return exitcodes.BATCH_RESUBMITTED
+
+    def _failed(self, reason: str) -> int:
+        self.journal.write_event(
+            Failure(job_id=self.job_id, restart=self.restart, cause=Cause.REQUEUE_REFUSED, reason=reason, action="fail")
+        )
+        print(f"hpctrain: {reason}", file=sys.stderr)
         self._trial_ended("fail")
         return exitcodes.BATCH_FAILED
 
     def _requeued_anyway(self) -> bool:
-        done = ask_slurm("scontrol", "show", "job", "-o", self.job_id, meaning="taking the requeue as refused")
-        restarts = re.search(r"\bRestarts=(\d+)", done.stdout)
-        return done.returncode == 0 and restarts is not None and int(restarts.group(1)) > self.restart
+        record = self._job_record(meaning="taking the requeue as refused")
+        return record is not None and record.restarts is not None and record.restarts > self.restart
+
+    def _exclude(self, excluded: str) -> None:
+        done = exclude_nodes(self.job_id, excluded, self.until)
+        if not done.ok:
+            print(
+                f"hpctrain: ExcNodeList={excluded} not set ({done.why()}); the job may start on them", file=sys.stderr
+            )
 
     def _sbatch_again(self, excluded: str) -> tuple[str | None, str]:
-        # The job's own SLURM_*/SBATCH_* would pass into the new job as its options: leave them out.
-        env = {k: v for k, v in self.env.items() if not k.startswith(("SLURM_", "SBATCH_"))}
-        if "SLURM_CONF" in self.env:
-            env["SLURM_CONF"] = self.env["SLURM_CONF"]
         command = ["sbatch", "--parsable", *([f"--exclude={excluded}"] if excluded else []), str(self.run.job_script)]
-        done = ask_slurm(*command, env=env, meaning="the run cannot go on in a new job")
+        env = client.outside_job_env(self.env)
+        done = self._ask(*command, env=env, policy=RESUBMIT, meaning="the run cannot go on in a new job")
         job_id = done.stdout.strip().split(";")[0]
-        if done.returncode != 0 or not job_id.isdigit():
-            return None, (done.stderr.strip() or done.stdout.strip() or f"sbatch exited {done.returncode}")
+        if done.unsure:
+            return None, f"{done.why()}: a new job may have been queued all the same (see squeue)"
+        if not done.ok or not job_id.isdigit():
+            return None, (done.stderr.strip() or done.stdout.strip() or f"sbatch exited {done.exit_code}")
         return job_id, ""
 
     def _trial_ended(self, action: str) -> None:
@@ -209,6 +267,26 @@ class Controller:
 
             trial_ended(self.run.root, action)
 
+    def _ask(
+        self,
+        *command: str,
+        meaning: str,
+        policy: client.Policy = client.IN_JOB,
+        env: dict[str, str] | None = None,
+    ) -> client.Reply:
+        """Slurm's answer within this step's budget. A refusal, no answer or a missing command is
+        said on stderr with what it means here: through slurm.task_prefix the control steps may
+        run in an image without Slurm's commands."""
+        done = client.run(command, policy, env=env, until=self.until)
+        if done.kind is client.Kind.MISSING:
+            print(
+                f"hpctrain: {done.why()}; {meaning}: set slurm.control_python to a Python outside the container",
+                file=sys.stderr,
+            )
+        elif not done.ok:
+            print(f"hpctrain: `{' '.join(command)}` failed ({done.why()}); {meaning}", file=sys.stderr)
+        return done
+
     def _record(self, decision: Decision) -> None:
         for event in decision.events:
             self.journal.write_event(event)
@@ -216,45 +294,31 @@ class Controller:
             print(f"hpctrain: {decision.message}", file=sys.stderr)
 
 
-def ask_slurm(*command: str, meaning: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Slurm's answer. A refusal or a missing command is said on stderr with what it means
-    here: through slurm.task_prefix the control steps may run in an image without Slurm."""
-    try:
-        done = subprocess.run(list(command), capture_output=True, text=True, env=env, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        why = error.strerror if isinstance(error, OSError) else "no answer in 60 s"
-        print(
-            f"hpctrain: {command[0]} cannot run here ({why}); {meaning}: set slurm.control_python to a Python "
-            "outside the container",
-            file=sys.stderr,
-        )
-        return subprocess.CompletedProcess(list(command), 127, "", "")
-    if done.returncode != 0:
-        print(
-            f"hpctrain: `{' '.join(command)}` failed ({done.returncode}: {done.stderr.strip()}); {meaning}",
-            file=sys.stderr,
-        )
-    return done
-
-
 _NODE_NAME = re.compile(r"^[A-Za-z0-9._\[\]-]+$")
+
+
+def _controller(run_dir: str) -> Controller:
+    try:
+        return Controller(Path(run_dir))
+    except ValueError as error:  # config.yaml edited by hand into a wrong value: the job fails
+        sys.exit(f"hpctrain: {error}")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 2 and args[0] == "begin":
-        sys.exit(Controller(Path(args[1])).begin())
+        sys.exit(_controller(args[1]).begin())
     if len(args) == 7 and args[0] == "after-step":
         excluded = [n for n in args[5].split(",") if _NODE_NAME.match(n)]
         terminated, warned = args[3] == "1", args[4] == "1"
         launched_at = float(args[6] or 0)
         code = None if args[2] == "-" else int(args[2])
-        print(Controller(Path(args[1])).after_step(code, terminated, excluded, warned, launched_at))
+        print(_controller(args[1]).after_step(code, terminated, excluded, warned, launched_at))
         return
     if len(args) == 2 and args[0] == "cancelled":
-        sys.exit(Controller(Path(args[1])).cancelled())
+        sys.exit(_controller(args[1]).cancelled())
     if len(args) == 4 and args[0] == "requeue-refused":
-        sys.exit(Controller(Path(args[1])).requeue_refused(args[2], args[3]))
+        sys.exit(_controller(args[1]).requeue_refused(args[2], args[3]))
     sys.exit(
         "usage: python -m hpctrain.slurm.control begin RUN_DIR"
         " | after-step RUN_DIR CODE TERMINATED WARNED EXCLUDED LAUNCHED | cancelled RUN_DIR"

@@ -15,14 +15,16 @@ from __future__ import annotations
 import getpass
 import logging
 import os
-import subprocess
 from dataclasses import dataclass
+
+from hpctrain.slurm import client
 
 log = logging.getLogger(__name__)
 
 # Slurm's default MaxArraySize, assumed when `scontrol show config` gives no answer.
 DEFAULT_MAX_ARRAY_SIZE = 1001
-TIMEOUT_S = 30
+# Asked before anything is queued: worth waiting out a controller restart.
+POLICY = client.READ
 
 
 @dataclass(frozen=True)
@@ -140,33 +142,18 @@ class SlurmLimitsError(RuntimeError):
     """A call Slurm must answer failed: the message says which and what to check."""
 
 
-def _ask(command: list[str]) -> subprocess.CompletedProcess[str] | str:
-    try:
-        return subprocess.run(
-            command, capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return f"no answer within {TIMEOUT_S} s"
-    except OSError as error:
-        return error.strerror or str(error)
-
-
-def _failure(done: subprocess.CompletedProcess[str] | str) -> str | None:
-    if isinstance(done, str):
-        return done
-    if done.returncode != 0:
-        text = (done.stderr or done.stdout).strip()
-        return f"exit {done.returncode}: {text.splitlines()[-1] if text else 'no message'}"
-    return None
+def _ask(command: list[str]) -> tuple[client.Reply, str | None]:
+    """Slurm's reply, and why it is not an answer to use (None: it is)."""
+    done = client.run(command, POLICY)
+    return done, None if done.ok else done.why()
 
 
 def read_limits(account: str | None, qos: str | None) -> Limits:
     """The limits a sweep submitted now would meet. MaxArraySize falls back to Slurm's default
     (with a warning) when `scontrol show config` fails; accounting that does not answer means no
     submit limit is known (said at info level); squeue must answer when a limit is to be checked."""
-    done = _ask(["scontrol", "show", "config"])
-    why = _failure(done)
-    if why is not None or isinstance(done, str):
+    done, why = _ask(["scontrol", "show", "config"])
+    if why is not None:
         log.warning("`scontrol show config` failed (%s): assuming MaxArraySize=%d", why, DEFAULT_MAX_ARRAY_SIZE)
         return Limits(DEFAULT_MAX_ARRAY_SIZE)
     config = parse_config(done.stdout)
@@ -181,9 +168,8 @@ def read_limits(account: str | None, qos: str | None) -> Limits:
     if submit is None and running is None:
         return Limits(max_array)
     user = _user()
-    done = _ask(["squeue", "-u", user, "-h", "-r", "-o", "%i"])
-    why = _failure(done)
-    if why is not None or isinstance(done, str):
+    done, why = _ask(["squeue", "-u", user, "-h", "-r", "-o", "%i"])
+    if why is not None:
         raise SlurmLimitsError(
             f"`squeue -u {user}` failed ({why}): the jobs you have queued are needed to check the "
             "submit limit; nothing was queued; check that the Slurm controller answers (squeue --me)"
@@ -194,18 +180,16 @@ def read_limits(account: str | None, qos: str | None) -> Limits:
 def _accounting_limits(cluster: str, account: str | None, qos: str | None) -> tuple[Limit | None, Limit | None]:
     user = _user()
     fields = "Cluster,Account,User,Partition,MaxSubmit,MaxJobs,QOS,DefaultQOS"
-    done = _ask(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", f"format={fields}"])
-    why = _failure(done)
-    if why is not None or isinstance(done, str):
+    done, why = _ask(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", f"format={fields}"])
+    if why is not None:
         log.info("sacctmgr gave no associations (%s): no submit limit checked", why)
         return None, None
     assoc_submit, assoc_running, default_qos = assoc_limits(done.stdout, cluster, account)
     job_qos = qos or default_qos or "normal"
-    done = _ask(
+    done, why = _ask(
         ["sacctmgr", "-n", "-P", "show", "qos", "where", f"name={job_qos}", "format=Name,MaxSubmitPU,MaxJobsPU"]
     )
-    why = _failure(done)
-    if why is not None or isinstance(done, str):
+    if why is not None:
         log.info("sacctmgr gave no QOS %s (%s): only the association's limits are checked", job_qos, why)
         return assoc_submit, assoc_running
     qos_submit, qos_running = qos_limits(done.stdout, job_qos)

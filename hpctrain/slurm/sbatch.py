@@ -1,10 +1,17 @@
-"""Call sbatch: a list of arguments, never a shell string; its refusals in its own words."""
+"""Call sbatch: a list of arguments, never a shell string; its refusals in its own words.
+
+Through hpctrain.slurm.client (SUBMIT): retried only while Slurm says the request never left.
+A reply that never came (Slurm's "Socket timed out", or our time limit) may hide a queued job:
+seen on Slurm 22.05, an sbatch against a stopped slurmctld failed with "Socket timed out on
+send/recv operation" and its job was queued once slurmctld went on.
+"""
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
+
+from hpctrain.slurm import client
 
 
 class SbatchError(RuntimeError):
@@ -27,20 +34,19 @@ def sbatch_path() -> str:
     return path
 
 
-def submit(script: Path, extra_args: tuple[str, ...] = (), timeout_s: float = 120) -> str:
+def submit(script: Path, extra_args: tuple[str, ...] = (), timeout_s: float = client.SUBMIT.timeout_s) -> str:
     """Queue `script`; returns the job id (`--parsable` prints `id` or `id;cluster`)."""
-    command = [sbatch_path(), "--parsable", *extra_args, str(script)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+    policy = client.Policy(timeout_s, client.SUBMIT.retry_for_s, retry_unsure=False)
+    done = client.run([sbatch_path(), "--parsable", *extra_args, str(script)], policy)
+    if done.unsure:
         raise SbatchError(
-            f"sbatch: no answer from the Slurm controller within {timeout_s:.0f} s; the job of {script} may "
-            f"have been queued all the same (see squeue --me), so its run dir is kept",
+            f"sbatch: no answer from the Slurm controller ({done.why()}); the job of {script} may have been "
+            "queued all the same (see squeue --me), so its run dir is kept",
             script,
             maybe_queued=True,
-        ) from None
-    if done.returncode != 0:
-        raise SbatchError((done.stderr or done.stdout).strip() or f"sbatch exited with {done.returncode}", script)
+        )
+    if not done.ok:
+        raise SbatchError(_refusal(done), script)
     job_id = done.stdout.strip().splitlines()[-1].split(";")[0] if done.stdout.strip() else ""
     if not job_id.isdigit():
         raise SbatchError(f"sbatch: unexpected answer {done.stdout!r}", script, maybe_queued=True)
@@ -49,9 +55,14 @@ def submit(script: Path, extra_args: tuple[str, ...] = (), timeout_s: float = 12
 
 def test_only(script: Path) -> str:
     """`sbatch --test-only`: Slurm checks the script against the cluster and queues nothing."""
-    done = subprocess.run(
-        [sbatch_path(), "--test-only", str(script)], capture_output=True, text=True, stdin=subprocess.DEVNULL
-    )
-    if done.returncode != 0:
-        raise SbatchError((done.stderr or done.stdout).strip())
+    done = client.run([sbatch_path(), "--test-only", str(script)], client.READ)
+    if not done.ok:
+        raise SbatchError(_refusal(done))
     return (done.stderr or done.stdout).strip()
+
+
+def _refusal(done: client.Reply) -> str:
+    """sbatch's own words (it says which option is wrong), else why it gave none."""
+    if done.answered:
+        return (done.stderr or done.stdout).strip() or f"sbatch exited with {done.exit_code}"
+    return done.why()

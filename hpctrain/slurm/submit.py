@@ -14,7 +14,6 @@ import logging
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,14 +22,14 @@ from pathlib import Path
 
 from hpctrain import __version__
 from hpctrain.config import Config
-from hpctrain.run.facts import LIVE_STATES
 from hpctrain.run.paths import RunDir, SweepArrays, remove_empty_parents
-from hpctrain.slurm import sbatch
+from hpctrain.slurm import client, sbatch
 from hpctrain.slurm.arrays import free_number, header_of, plan_arrays, write_array
 from hpctrain.slurm.code_snapshot import CodeSnapshot, summary
 from hpctrain.slurm.jobid import JOB_ID, array_id, split
 from hpctrain.slurm.limits import SlurmLimitsError, check, read_limits
 from hpctrain.slurm.render import render
+from hpctrain.slurm.states import LIVE_STATES
 
 log = logging.getLogger(__name__)
 
@@ -71,21 +70,11 @@ def live_job(run: RunDir) -> str | None:
     """`JOBID (STATE)` when the job last submitted from this run dir is still queued or
     running: a second job would train in the same run dir at the same time."""
     job_id = run.submitted_job_id()
-    if job_id is None or not JOB_ID.match(job_id) or shutil.which("squeue") is None:
+    if job_id is None or not JOB_ID.match(job_id):
         return None
-    try:
-        done = subprocess.run(
-            ["squeue", "-h", "-r", "-j", job_id, "-o", "%T"],
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=60,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):  # no answer: sbatch will say what is wrong
-        return None
-    state = done.stdout.strip()
-    return f"{job_id} ({state})" if done.returncode == 0 and state in LIVE_STATES else None
+    done = client.run(["squeue", "-h", "-r", "-j", job_id, "-o", "%T"], client.LOOK)
+    state = done.stdout.strip()  # no answer: sbatch will say what is wrong
+    return f"{job_id} ({state})" if done.ok and state in LIVE_STATES else None
 
 
 def submit_all(points: list[Point], parallelism: int) -> list[str]:
@@ -223,14 +212,11 @@ def _user() -> str:
 
 
 def _undo(job_ids: list[str], points: list[Point]) -> None:
-    if job_ids and shutil.which("scancel"):
-        done = subprocess.run(
-            ["scancel", *job_ids], capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
-        )
-        if done.returncode != 0:
-            log.error(
-                "scancel %s failed (%s): cancel them by hand", " ".join(job_ids), done.stderr.strip() or done.returncode
-            )
+    if job_ids:
+        # Cancelling twice changes nothing: CANCEL retries every kind of no answer.
+        done = client.run(["scancel", *job_ids], client.CANCEL)
+        if not done.ok:
+            log.error("scancel %s failed (%s): cancel them by hand", " ".join(job_ids), done.why())
         else:
             log.warning("cancelled the %d job(s) this submission had queued: %s", len(job_ids), " ".join(job_ids))
     discard_points(points)

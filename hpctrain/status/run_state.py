@@ -8,13 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpctrain.slurm.states import FAILED_STATES, STOPPED_STATES, WAITING_STATES
 from hpctrain.status.journal_summary import JournalSummary
 from hpctrain.status.slurm_query import SlurmJob
-
-# Slurm states of a job that ended without training to the end.
-FAILED_STATES = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-# Slurm states of a job waiting to (re)start.
-_WAITING = {"PENDING", "REQUEUED", "REQUEUE_FED"}
 
 
 @dataclass(frozen=True)
@@ -29,7 +25,7 @@ def decide(job: SlurmJob | None, journal: JournalSummary) -> RunState:
 
 def _from_slurm(job: SlurmJob, journal: JournalSummary) -> RunState:
     state = job.state
-    if state in _WAITING:
+    if state in WAITING_STATES:
         # A job that has started before and waits again was requeued (by the batch script after
         # a save, by Slurm after its node died, or by a preemption): Slurm holds it ~2 minutes
         # with Reason=BeginTime. Say why, from the journal's last word.
@@ -39,7 +35,7 @@ def _from_slurm(job: SlurmJob, journal: JournalSummary) -> RunState:
         return RunState(f"PENDING ({job.reason})" if job.reason else "PENDING", False)
     if state in FAILED_STATES:
         return RunState(_with_cause(state, journal), True)
-    if state == "CANCELLED":
+    if state in STOPPED_STATES:  # scancel, or a preemption that did not requeue
         return RunState(state, journal.ending != "finish")
     if state == "COMPLETED" and journal.ending == "pruned":
         return RunState("COMPLETED (pruned)", False)

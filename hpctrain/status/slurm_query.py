@@ -5,21 +5,21 @@ no longer lists (a site with accounting remembers every job, and every life of a
 then one `scontrol` for the ids still unanswered (the controller keeps an ended job for MinJobAge
 seconds, 300 by default). Many small clusters have no accounting: sacct then says "accounting
 storage is disabled", which is normal and not reported; any other sacct failure is a note.
-A job none of them knows is left to the run's own journal. Calls go through `subprocess.run`
-with a list of arguments and a time limit; a missing command or a failing controller never
-raises, it adds a note.
+A job none of them knows is left to the run's own journal. Calls go through hpctrain.slurm.client
+(one try each, LOOK: the callers decide nothing without squeue's answer); a missing command or a
+failing controller never raises, it adds a note.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 
+from hpctrain.slurm import client
 from hpctrain.slurm.jobid import JOB_ID, expand, sort_key
+from hpctrain.slurm.records import parse_job_records, reason_of
+from hpctrain.slurm.states import base_state
 
-TIMEOUT_S = 30
 # `%i|%T|%r`: job id, state in full (PENDING, not PD), reason (BeginTime after a requeue).
 SQUEUE_FORMAT = "%i|%T|%r"
 # JobID names an array task `36_7` (its JobIDRaw is the task's own number); a plain job's is its id.
@@ -28,14 +28,6 @@ SACCT_FIELDS = "JobIDRaw,State,JobID"
 ACCOUNTING_DISABLED = "accounting storage is disabled"
 # A job (`36`) or an array task (`36_7`): squeue, sacct, scancel take both (hpctrain.slurm.jobid).
 _JOB_ID = JOB_ID
-# One `scontrol -o show job` record. JobName comes before these fields and may hold any text,
-# so they are matched as the run of fields Slurm always prints together. Reason may hold spaces.
-# An array task's record goes on `ArrayJobId=36 ArrayTaskId=7` (a pending meta record: `3-9%2`).
-_SCONTROL_ID = re.compile(r"^(?:scontrol: )?JobId=(\d+) (?:ArrayJobId=(\d+) ArrayTaskId=(\S+) )?")
-_SCONTROL_STATE = re.compile(r" JobState=(\S+) Reason=(.*?) Dependency=\S* Requeue=\d+ Restarts=(\d+) ")
-# Another Slurm version may order them otherwise: then the first JobState= and Restarts= found.
-_SCONTROL_LOOSE = re.compile(r" JobState=(\S+) ")
-_SCONTROL_RESTARTS = re.compile(r" Restarts=(\d+) ")
 
 
 @dataclass(frozen=True)
@@ -55,7 +47,7 @@ class SlurmAnswer:
     squeue_answered: bool = False
 
 
-def query(job_ids: list[str], timeout_s: float = TIMEOUT_S) -> SlurmAnswer:
+def query(job_ids: list[str], policy: client.Policy = client.LOOK) -> SlurmAnswer:
     answer = SlurmAnswer()
     wanted = sorted({j for j in job_ids if _JOB_ID.match(j)}, key=sort_key)
     if not wanted:
@@ -63,45 +55,27 @@ def query(job_ids: list[str], timeout_s: float = TIMEOUT_S) -> SlurmAnswer:
     if shutil.which("squeue") is None:
         answer.notes.append("squeue not found on PATH: states come from the runs' own journals")
     else:
-        answer.jobs.update(_squeue(wanted, timeout_s, answer))
+        answer.jobs.update(_squeue(wanted, policy, answer))
     left = [j for j in wanted if j not in answer.jobs]
     if left and shutil.which("sacct") is not None:
-        answer.jobs.update(_sacct(left, timeout_s, answer.notes))
+        answer.jobs.update(_sacct(left, policy, answer.notes))
     left = [j for j in wanted if j not in answer.jobs]
     if left and shutil.which("scontrol") is not None:
-        answer.jobs.update(_scontrol(left, timeout_s, answer.notes))
+        answer.jobs.update(_scontrol(left, policy, answer.notes))
     return answer
 
 
-def _run(command: list[str], timeout_s: float, stdin: str | None = None) -> subprocess.CompletedProcess[str] | str:
-    """The finished call, or one line saying why there is no answer."""
-    try:
-        return subprocess.run(
-            command,
-            input=stdin,
-            stdin=None if stdin is not None else subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return f"{command[0]}: no answer within {timeout_s:.0f} s"
-    except OSError as error:
-        return f"{command[0]}: {error.strerror or error}"
-
-
-def _squeue(job_ids: list[str], timeout_s: float, answer: SlurmAnswer) -> dict[str, SlurmJob]:
+def _squeue(job_ids: list[str], policy: client.Policy, answer: SlurmAnswer) -> dict[str, SlurmJob]:
     # -r: one line per array task (`36_7`); a pending array folded into `36_[7-9]` (without -r,
     # seen on 22.05) is read as each of its tasks all the same.
-    done = _run(["squeue", "-h", "-j", ",".join(job_ids), "-r", "-o", SQUEUE_FORMAT], timeout_s)
-    if isinstance(done, str):
-        answer.notes.append(f"{done}; states come from scontrol and the runs' journals")
+    done = client.run(["squeue", "-h", "-j", ",".join(job_ids), "-r", "-o", SQUEUE_FORMAT], policy)
+    if done.kind in (client.Kind.MISSING, client.Kind.TIMED_OUT):
+        answer.notes.append(f"{done.why()}; states come from scontrol and the runs' journals")
         return {}
     # Asked about a single job it no longer lists, squeue fails with "Invalid job id
     # specified"; about several, it lists those it knows. Both mean: not queued.
-    if done.returncode != 0 and "Invalid job id" not in done.stderr:
-        answer.notes.append(f"squeue failed: {_first_line(done)}")
+    if done.exit_code != 0 and "Invalid job id" not in done.stderr:
+        answer.notes.append(f"squeue failed: {done.first_line()}")
         return {}
     answer.squeue_answered = True
     jobs = {}
@@ -110,21 +84,22 @@ def _squeue(job_ids: list[str], timeout_s: float, answer: SlurmAnswer) -> dict[s
         if len(parts) == 3:
             for job_id in expand(parts[0]):
                 if _JOB_ID.match(job_id):
-                    jobs[job_id] = SlurmJob(parts[1], _reason(parts[2]), None, "squeue")
+                    jobs[job_id] = SlurmJob(parts[1], reason_of(parts[2]), None, "squeue")
     return jobs
 
 
-def _sacct(job_ids: list[str], timeout_s: float, notes: list[str]) -> dict[str, SlurmJob]:
+def _sacct(job_ids: list[str], policy: client.Policy, notes: list[str]) -> dict[str, SlurmJob]:
     # -X: the job itself, not its steps; -P: `|` between fields; --duplicates: every life of a
     # requeued job, oldest first (PREEMPTED, NODE_FAIL, REQUEUED ... then the current one).
     command = ["sacct", "-n", "-P", "-X", "--duplicates", "-j", ",".join(job_ids), "-o", SACCT_FIELDS]
-    done = _run(command, timeout_s)
-    if isinstance(done, str):
-        notes.append(done)
+    done = client.run(command, policy)
+    if done.kind in (client.Kind.MISSING, client.Kind.TIMED_OUT):
+        notes.append(done.why())
         return {}
-    if done.returncode != 0:
+    if done.exit_code != 0:
+        # sacct's errors end with the one that says what is wrong ("Problem talking to the database").
         if ACCOUNTING_DISABLED not in done.stderr:
-            notes.append(f"sacct failed: {_last_line(done)}")
+            notes.append(f"sacct failed: {done.last_line()}")
         return {}
     return parse_sacct(done.stdout, job_ids)
 
@@ -148,57 +123,24 @@ def parse_sacct(text: str, job_ids: list[str]) -> dict[str, SlurmJob]:
             names = [j for j in expand(parts[2]) if j in asked] if len(parts) > 2 else []
         for name in names:
             # "CANCELLED by 1000": the state is the first word.
-            lives.setdefault(name, []).append(parts[1].split()[0])
+            lives.setdefault(name, []).append(base_state(parts[1]))
     return {job_id: SlurmJob(states[-1], None, len(states) - 1, "sacct") for job_id, states in lives.items()}
 
 
-def _scontrol(job_ids: list[str], timeout_s: float, notes: list[str]) -> dict[str, SlurmJob]:
+def _scontrol(job_ids: list[str], policy: client.Policy, notes: list[str]) -> dict[str, SlurmJob]:
     # `scontrol show job` takes one id; fed commands on stdin, one scontrol answers them all.
     # It fails (exit 1) when any id is unknown and still prints the others.
     commands = "".join(f"show job {job_id}\n" for job_id in job_ids)
-    done = _run(["scontrol", "-o"], timeout_s, stdin=commands)
-    if isinstance(done, str):
-        notes.append(done)
+    done = client.run(["scontrol", "-o"], policy, stdin=commands)
+    if done.kind in (client.Kind.MISSING, client.Kind.TIMED_OUT):
+        notes.append(done.why())
         return {}
     jobs = {}
-    for line in done.stdout.splitlines():
-        found_id = _SCONTROL_ID.match(line)
-        if found_id is None:
-            continue
-        job_id, array, tasks = found_id.groups()
+    for record in parse_job_records(done.stdout):
         # An array task's record: JobId is its own number, the asked id is `<array>_<task>`.
-        names = [job_id] if array is None else [job_id, *expand(f"{array}_[{tasks}]")]
-        job = _scontrol_record(line)
-        for name in names:
-            if name in job_ids and job is not None:
-                jobs[name] = job
-    if not jobs and done.returncode != 0 and "Invalid job id" not in done.stderr:
-        notes.append(f"scontrol failed: {_first_line(done)}")
+        for name in record.names:
+            if name in job_ids:
+                jobs[name] = SlurmJob(record.state, record.reason, record.restarts, "scontrol")
+    if not jobs and done.exit_code != 0 and "Invalid job id" not in done.stderr:
+        notes.append(f"scontrol failed: {done.first_line()}")
     return jobs
-
-
-def _scontrol_record(line: str) -> SlurmJob | None:
-    found = _SCONTROL_STATE.search(line)
-    if found:
-        state, reason, restarts = found.groups()
-        return SlurmJob(state, _reason(reason), int(restarts), "scontrol")
-    loose, restarts_found = _SCONTROL_LOOSE.search(line), _SCONTROL_RESTARTS.search(line)
-    if loose is None:
-        return None
-    return SlurmJob(loose.group(1), None, int(restarts_found.group(1)) if restarts_found else None, "scontrol")
-
-
-def _reason(text: str) -> str | None:
-    text = text.strip()
-    return None if text in ("", "None", "(None)", "(null)") else text
-
-
-def _last_line(done: subprocess.CompletedProcess[str]) -> str:
-    # sacct's errors end with the one that says what is wrong ("Problem talking to the database").
-    text = (done.stderr or done.stdout).strip()
-    return text.splitlines()[-1] if text else f"exit {done.returncode}"
-
-
-def _first_line(done: subprocess.CompletedProcess[str]) -> str:
-    text = (done.stderr or done.stdout).strip()
-    return text.splitlines()[0] if text else f"exit {done.returncode}"

@@ -8,8 +8,6 @@ lock before they look, so whichever comes second sees the other's line (one canc
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 
@@ -17,12 +15,12 @@ from hpctrain.run.decide import last_checkpoint_step
 from hpctrain.run.events import CANCELLED_BY_COMMAND, Cancelled, Journal, read_events
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.paths import RunDir
+from hpctrain.slurm import client
 from hpctrain.sweep.points import PointFacts
 
 # `scancel -v` tells which jobs it could not end (exit status 0 all the same; without -v it
 # says nothing): tests/fixtures/slurm/scancel_verbose_mixed.txt.
 _KILL_ERROR = re.compile(r"Kill job error on job id (\S+): (.+)$")
-TIMEOUT_S = 60
 # A trap's line written this long before our scancel returned is still ours (clocks of the
 # batch node and this one may differ a little).
 _CLOCK_SLACK_S = 2.0
@@ -53,24 +51,19 @@ def parse_scancel_errors(text: str) -> dict[str, str]:
 
 
 def cancel(points: list[PointFacts]) -> Outcome:
-    """One scancel for all `points` (each has a job id); raises ScancelError when it failed."""
-    if shutil.which("scancel") is None:
-        raise ScancelError("scancel: not found on PATH; run this on a Slurm login node")
+    """One scancel for all `points` (each has a job id); raises ScancelError when it failed.
+    Cancelling twice changes nothing, so a scancel without an answer is tried again (CANCEL)."""
     job_ids = [str(p.job_id) for p in points]
     began = time.time()
-    try:
-        done = subprocess.run(
-            scancel_command(job_ids), capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL
-        )
-    except subprocess.TimeoutExpired:
-        raise ScancelError(
-            f"scancel: no answer within {TIMEOUT_S} s; the jobs may be cancelled or not (see squeue), "
-            "nothing was recorded"
-        ) from None
-    if done.returncode != 0:
+    done = client.run(scancel_command(job_ids), client.CANCEL)
+    if done.kind is client.Kind.MISSING:
+        raise ScancelError(f"{done.why()}; run this on a Slurm login node")
+    if not done.answered:
+        raise ScancelError(f"{done.why()}; the jobs may be cancelled or not (see squeue), nothing was recorded")
+    if done.exit_code != 0:
         words = (done.stderr or done.stdout).strip().splitlines()
         raise ScancelError(
-            f"scancel failed (exit {done.returncode}): {words[-1] if words else 'no message'}; nothing was recorded"
+            f"scancel failed (exit {done.exit_code}): {words[-1] if words else 'no message'}; nothing was recorded"
         )
     ended = parse_scancel_errors(done.stderr)
     cancelled = [p for p in points if p.job_id not in ended]

@@ -15,13 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpctrain.run.facts import LIVE_STATES
+from hpctrain.slurm.states import LIVE_STATES, UNFINISHED_STATES
 from hpctrain.sweep.points import PointFacts
-
-# Slurm states of a job that ended before its run finished.
-UNFINISHED_STATES = frozenset(
-    {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
-)
 
 
 @dataclass(frozen=True)

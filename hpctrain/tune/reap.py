@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from optuna.trial import TrialState
 
 from hpctrain.run.events import Journal, Trial
-from hpctrain.run.facts import LIVE_STATES
 from hpctrain.run.paths import RunDir
+from hpctrain.slurm.states import LIVE_STATES
 from hpctrain.status import slurm_query
 from hpctrain.tune import study as studies
 from hpctrain.tune.trials import StudySetup

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.run.events import Event, Failure, Finish, Journal, Pruned, Trial, read_events
 from hpctrain.run.paths import RunDir, TuneDir
+from hpctrain.slurm.client import outside_the_job
 
 if TYPE_CHECKING:
     from hpctrain.tune.trials import StudySetup
@@ -67,21 +67,6 @@ def judge(events: Sequence[Event], action: str, metric: str) -> Verdict:
     return Verdict("FAIL", reason=f"the run ended ({action}) without finishing")
 
 
-@contextlib.contextmanager
-def outside_the_job() -> Iterator[None]:
-    """sbatch from inside a job would take the job's SLURM_*/SBATCH_* as its own options (its
-    nodes, its job name): the new trials' jobs get a clean environment, SLURM_CONF kept."""
-    saved = dict(os.environ)
-    for name in list(os.environ):
-        if name.startswith(("SLURM_", "SBATCH_")) and name != "SLURM_CONF":
-            del os.environ[name]
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
 def trial_ended(run_dir: Path, action: str) -> None:
     """The control step's hook; never raises. Everything it says goes to stderr (stdout is
     the action line the batch shell reads)."""
@@ -93,13 +78,13 @@ def trial_ended(run_dir: Path, action: str) -> None:
 
 
 def _trial_ended(run: RunDir, action: str) -> None:
-    from hpctrain.slurm.jobid import job_of
+    from hpctrain.run.life import LifeStamp
     from hpctrain.tune import study as studies
     from hpctrain.tune.launch import fill
     from hpctrain.tune.trials import StudySetup
 
     tune = TuneDir(run.root.parent)
-    job = job_of(os.environ) or None  # `<array>_<task>` for a trial queued in an array
+    job = LifeStamp.from_env().job_id  # `<array>_<task>` for a trial queued in an array
     if action == "stop":
         # scancel: Slurm kills this shell KillWait seconds after its SIGTERM, maybe mid-way, so
         # no lock is taken (a killed holder would stall every other trial's report). Telling

@@ -1,0 +1,123 @@
+"""`scontrol show job -o` and `scontrol show partition -o`, parsed once for every caller.
+
+A job record is one line of `Key=value` fields, but not every value is a word: JobName comes
+second and holds whatever the user gave (spaces, quotes, `JobState=COMPLETED`: see
+tests/fixtures/slurm/scontrol/hostile_held.txt), and so may Account, QOS and Comment on a
+cluster without accounting. So the fields are found as the runs Slurm always prints together,
+in its order:
+
+    JobId=5 [ArrayJobId=4 ArrayTaskId=0 ...] JobName=<any text> ... Account=<any> QOS=<any>
+    JobState=RUNNING Reason=<may hold spaces> Dependency=(null) Requeue=1 Restarts=0 ...
+    Partition=batch AllocNode:Sid=h:1 ReqNodeList=(null) ExcNodeList=(null) NodeList=node1
+    [BatchHost=node1] NumNodes=1 ... Command=<any> WorkDir=<any> [Comment=<any>] StdErr=<any> ...
+
+The second run is looked for after the first, so text after it (a path, a comment) cannot stand
+in for it; a name would have to copy the whole first run, Dependency to Restarts, to be taken for
+it. Another Slurm version may order the fields otherwise: then each is the first `Key=` found.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hpctrain.slurm.jobid import expand
+
+# An array task's record goes on `ArrayJobId=36 ArrayTaskId=7` (a pending meta record: `3-9%2`).
+# Fed commands on stdin, scontrol may echo its prompt before a record.
+_HEAD = re.compile(r"^(?:scontrol: )?JobId=(\d+) (?:ArrayJobId=(\d+) ArrayTaskId=(\S+) )?")
+# Reason may hold spaces but never another ` JobState=`: a name holding `JobState=X Reason=Y` is
+# passed over (the real run follows it).
+_STATE = re.compile(r" JobState=(\S+) Reason=((?:(?! JobState=).)*?) Dependency=\S* Requeue=\d+ Restarts=(\d+) ")
+_PLACE = re.compile(
+    r" Partition=(\S+) AllocNode:Sid=\S* ReqNodeList=\S* ExcNodeList=(\S*) NodeList=(\S*)"
+    r"(?: SchedNodeList=\S*)?(?: BatchHost=(\S+))? "
+)
+
+
+def _loose(name: str, line: str) -> str | None:
+    found = re.search(rf" {name}=(\S*)", line)
+    return found.group(1) if found else None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str  # JobId: the job's own number (an array task's differs from its array's)
+    state: str  # JobState as Slurm spells it: RUNNING, PENDING, COMPLETED, ...
+    reason: str | None = None  # why it waits (BeginTime after a requeue); None when there is none
+    restarts: int | None = None  # Slurm's count of requeues
+    array_job_id: str | None = None
+    array_task_id: str | None = None  # `7`, or a pending meta record's `3-9%2`
+    partition: str | None = None
+    node_list: str | None = None  # the nodes it holds now (with --no-kill a failed one leaves)
+    batch_host: str | None = None
+    exc_node_list: str | None = None
+
+    @property
+    def names(self) -> list[str]:
+        """Every job id this record answers for: its number, and `<array>_<task>` for each task."""
+        if self.array_job_id is None or self.array_task_id is None:
+            return [self.job_id]
+        return [self.job_id, *expand(f"{self.array_job_id}_[{self.array_task_id}]")]
+
+
+def parse_job_record(line: str) -> JobRecord | None:
+    """One `scontrol show job -o` line; None when it is not a job record."""
+    head = _HEAD.match(line)
+    if head is None:
+        return None
+    job_id, array_job, array_task = head.groups()
+    state = _STATE.search(line, head.end() - 1)
+    restarts: int | None
+    if state is not None:
+        state_word, reason, restarts = state.group(1), reason_of(state.group(2)), int(state.group(3))
+        place = _PLACE.search(line, state.end() - 1)
+    else:
+        word, count = _loose("JobState", line), _loose("Restarts", line)
+        if not word:
+            return None
+        state_word, reason, restarts = word, None, int(count) if count and count.isdigit() else None
+        place = None
+    if place is not None:
+        partition, excluded, nodes, batch_host = place.groups()
+    else:
+        partition, excluded, nodes, batch_host = (
+            _loose(k, line) for k in ("Partition", "ExcNodeList", "NodeList", "BatchHost")
+        )
+    return JobRecord(
+        job_id=job_id,
+        state=state_word,
+        reason=reason,
+        restarts=restarts,
+        array_job_id=array_job,
+        array_task_id=array_task,
+        partition=_value(partition),
+        node_list=_value(nodes),
+        batch_host=_value(batch_host),
+        exc_node_list=_value(excluded),
+    )
+
+
+def parse_job_records(text: str) -> list[JobRecord]:
+    """Every job record in `scontrol -o show job` output (one, or many fed on stdin)."""
+    return [record for record in map(parse_job_record, text.splitlines()) if record is not None]
+
+
+def parse_partition(text: str) -> dict[str, str]:
+    """`scontrol show partition -o NAME`: its `Key=value` words (names, lists and numbers only)."""
+    fields: dict[str, str] = {}
+    for word in text.split():
+        key, sep, value = word.partition("=")
+        if sep:
+            fields.setdefault(key, value)
+    return fields
+
+
+def _value(text: str | None) -> str | None:
+    return None if text in (None, "", "(null)") else text
+
+
+def reason_of(text: str) -> str | None:
+    """A job's Reason (scontrol) or %r (squeue); None for Slurm's ways of saying there is none."""
+    text = text.strip()
+    return None if text in ("", "None", "(None)", "(null)") else text

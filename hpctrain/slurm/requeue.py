@@ -1,0 +1,62 @@
+"""A job's own `scontrol requeue` that got no answer: look first, then ask again.
+
+The batch script asks for its own requeue (sbatch_templates/ddp.sbatch.j2). When slurmctld does
+not answer (a restart, a failover), scontrol says "Unexpected message received for job N", on
+Slurm 22.05 for a stopped and for a dead controller alike (tests/fixtures/slurm/no_answer/), and
+the requeue may be carried out all the same: a stopped slurmctld carried it out once it went on.
+So the requeue is asked again only once `scontrol show job` answers that this life was not
+requeued (Restarts not past it), and a second job is never submitted while the first may still
+come back into the same run dir.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from hpctrain.slurm import client
+from hpctrain.slurm.records import parse_job_record
+
+# Bounded by the caller's `until`: keep asking while there is time.
+_LOOK = client.Policy(timeout_s=15.0, retry_for_s=float("inf"))
+_REQUEUE = client.Policy(timeout_s=15.0, retry_for_s=float("inf"), retry_unsure=False)
+# An ExcNodeList set twice is set once: any failure is retried. Slurm refuses the update for a
+# few seconds after it removed a failed node from the job.
+_EXCLUDE = client.Policy(timeout_s=15.0)
+EXCLUDE_TRIES = 20
+
+
+@dataclass(frozen=True)
+class Settled:
+    requeued: bool  # Slurm requeued this life (the first request or a later one)
+    refusal: str | None = None  # slurmctld answered again and refused: its words
+    # Neither: slurmctld gave no answer before `until`; Slurm may still requeue the job.
+
+
+def requeue_without_answer(job_id: str, restart: int, until: float) -> Settled:
+    for _ in range(3):  # a repeated requeue that again gets no answer: look again
+        shown = client.run(["scontrol", "show", "job", "-o", job_id], _LOOK, until=until)
+        record = parse_job_record(shown.stdout) if shown.ok else None
+        if record is None:
+            return Settled(False, shown.last_line() if shown.answered else None)
+        if (record.restarts or 0) > restart:
+            return Settled(True)
+        asked = client.run(["scontrol", "requeue", job_id], _REQUEUE, until=until)
+        if asked.ok:
+            return Settled(True)
+        if asked.answered:
+            return Settled(False, asked.last_line())
+    return Settled(False)
+
+
+def exclude_nodes(job_id: str, excluded: str, until: float) -> client.Reply:
+    """ExcNodeList of a requeued job: slurm.exclude and the nodes failed now (empty too, so a
+    node Slurm returned to service is allowed back). Slurm's last reply."""
+    command = ["scontrol", "update", f"jobid={job_id}", f"ExcNodeList={excluded}"]
+    done = client.run(command, _EXCLUDE, until=until)
+    for _ in range(EXCLUDE_TRIES - 1):
+        if done.ok or time.monotonic() + 1 > until:
+            break
+        time.sleep(1)
+        done = client.run(command, _EXCLUDE, until=until)
+    return done

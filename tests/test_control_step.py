@@ -1,0 +1,189 @@
+"""The batch script's control step (hpctrain.slurm.control) and hpctrain-follow with a Slurm that
+does not answer: its settings through the schema, its Slurm calls within one budget, a requeue
+without an answer looked at before it is asked again, a silence that ends nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fakeslurm import FIXTURES, FakeSlurm, Said, captured, install
+
+from hpctrain import follow
+from hpctrain.config.schema import SlurmConfig
+from hpctrain.run import exitcodes
+from hpctrain.run.facts import Budgets
+from hpctrain.slurm import control
+from hpctrain.slurm.control import Controller
+
+RUNNING = (FIXTURES / "scontrol" / "running.txt").read_text()  # JobId=1, Restarts=0
+REQUEUED = RUNNING.replace("JobState=RUNNING", "JobState=COMPLETING").replace("Restarts=0", "Restarts=1")
+
+
+@pytest.fixture
+def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
+    return install(tmp_path, monkeypatch)
+
+
+def run_dir(root: Path, config: str = "slurm:\n  nodes: 1\n") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.yaml").write_text(config)
+    (root / "job.sbatch").write_text("#!/bin/sh\n")
+    (root / "submission.json").write_text(json.dumps({"job_id": "1"}))
+    return root
+
+
+def events(root: Path) -> list[dict]:
+    path = root / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# ---- settings through the schema -----------------------------------------------------------------
+
+
+def test_a_key_config_yaml_lacks_takes_the_schemas_default(tmp_path: Path) -> None:
+    defaults = SlurmConfig()
+    for text in ("slurm:\n  nodes: 1\n", "trainer:\n  max_steps: 3\n"):
+        controller = Controller(run_dir(tmp_path / str(len(text)), text), env={"SLURM_JOB_ID": "1"})
+        assert controller.budgets() == Budgets(defaults.restart_budget, None)
+        assert controller.budgets().total == 108  # not 0: every restart would have failed the job
+        assert controller.outcome(1, False, False, []).signal_delay_s == defaults.signal_delay_s
+
+
+def test_a_wrong_value_names_its_key_and_fails_the_job(tmp_path: Path) -> None:
+    root = run_dir(tmp_path / "run", "slurm:\n  restart_budget: {crash: -1}\n")
+    with pytest.raises(SystemExit) as ended:
+        control.main(["begin", str(root)])
+    assert "slurm.restart_budget.crash" in str(ended.value.code) and "must be >= 0" in str(ended.value.code)
+
+
+def test_the_control_step_imports_neither_torch_nor_hydra() -> None:
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, hpctrain.slurm.control; "
+            "print(sorted(m for m in ('torch', 'hydra', 'optuna') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert loaded.stdout.strip() == "[]", loaded.stderr
+
+
+# ---- Slurm calls within one budget -----------------------------------------------------------------
+
+
+def test_a_silent_controller_costs_the_step_its_budget_not_more(
+    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A step ended by SIGTERM is killed KillWait seconds later: the decision must come first."""
+    monkeypatch.setattr(control, "SLURM_BUDGET_S", 1.0)
+    for name in ("sinfo", "scontrol", "squeue"):
+        slurm.says(name, Said(sleep_s=10))
+    root = run_dir(tmp_path / "run")
+    began = time.monotonic()
+    action = Controller(root, env={"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "node1"}).after_step(1, False, [])
+    assert time.monotonic() - began < 4
+    assert action == "requeue"  # a crash, judged without Slurm's facts
+    assert "no answer within" in capsys.readouterr().err
+
+
+# ---- a requeue without an answer ---------------------------------------------------------------------
+
+NO_ANSWER = captured("stopped_scontrol_requeue").err  # "Unexpected message received for job 7"
+
+
+def refused(root: Path, message: str) -> int:
+    env = {**os.environ, "SLURM_JOB_ID": "1", "SLURM_RESTART_COUNT": "0"}  # the job's own, as in a job
+    return Controller(root, env=env).requeue_refused("node2", message)
+
+
+def test_a_requeue_slurm_carried_out_without_saying_so_is_not_asked_again(tmp_path: Path, slurm: FakeSlurm) -> None:
+    slurm.says("scontrol.show", Said(out=REQUEUED)).says("scontrol.update", Said()).says("sbatch", Said(out="99\n"))
+    root = run_dir(tmp_path / "run")
+    assert refused(root, NO_ANSWER) == exitcodes.BATCH_FINISHED
+    assert [c[:2] for c in slurm.calls("scontrol")] == [["scontrol", "show"], ["scontrol", "update"]]
+    assert slurm.calls("scontrol")[-1][2:] == ["jobid=1", "ExcNodeList=node2"]
+    assert slurm.calls("sbatch") == [] and events(root) == []
+
+
+def test_a_requeue_not_carried_out_is_asked_again_once_slurm_answers(tmp_path: Path, slurm: FakeSlurm) -> None:
+    slurm.says("scontrol.show", captured("down_scontrol_show_job"), Said(out=RUNNING))
+    slurm.says("scontrol.requeue", Said()).says("scontrol.update", Said())
+    root = run_dir(tmp_path / "run")
+    assert refused(root, NO_ANSWER) == exitcodes.BATCH_FINISHED
+    assert [c[1] for c in slurm.calls("scontrol")] == ["show", "show", "requeue", "update"]
+
+
+def test_no_answer_at_all_fails_without_a_second_job(
+    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(control, "REQUEUE_WAIT_S", 1.5)
+    slurm.says("scontrol", captured("stopped_scontrol_show_job")).says("sbatch", Said(out="99\n"))
+    root = run_dir(tmp_path / "run")
+    assert refused(root, NO_ANSWER) == exitcodes.BATCH_FAILED
+    assert slurm.calls("sbatch") == []  # Slurm may still requeue this job into the same run dir
+    (failure,) = events(root)
+    assert failure["cause"] == "requeue_refused" and failure["action"] == "fail"
+    assert "did not answer the requeue" in failure["reason"] and "may still requeue" in failure["reason"]
+
+
+def test_a_refusal_once_slurm_answers_goes_on_in_a_new_job(tmp_path: Path, slurm: FakeSlurm) -> None:
+    pending = (FIXTURES / "scontrol" / "requeue_pending.err").read_text()
+    slurm.says("scontrol.show", Said(out=RUNNING)).says("scontrol.requeue", Said(err=pending, rc=1))
+    slurm.says("sbatch", Said(out="99\n"))
+    root = run_dir(tmp_path / "run")
+    assert refused(root, NO_ANSWER) == exitcodes.BATCH_RESUBMITTED
+    assert slurm.calls("sbatch")[0][-2:] == ["--exclude=node2", str(root / "job.sbatch")]
+    assert json.loads((root / "submission.json").read_text())["job_id"] == "99"
+    (failure,) = events(root)
+    assert failure["new_job_id"] == "99" and "Job is pending execution" in failure["reason"]
+
+
+# ---- hpctrain-follow -----------------------------------------------------------------------------
+
+
+def followed(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    out = io.StringIO()
+    code = follow.follow(root, poll_s=0.01, out=out)
+    return code, out.getvalue(), capsys.readouterr().err
+
+
+def test_follow_waits_out_a_silent_controller(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = run_dir(tmp_path / "run")
+    (root / "slurm-1.out").write_text("step 10\n")
+    (root / "events.jsonl").write_text(json.dumps({"event": "finish", "time": 1.0, "step": 10, "loss": 0.5}) + "\n")
+    gone = Said(err=(FIXTURES / "squeue_gone.err").read_text(), rc=1)
+    silent = captured("stopped_squeue_one")
+    slurm.says("squeue", silent, silent, Said(out="RUNNING\n"), gone)
+    slurm.says("scontrol", Said(out=(FIXTURES / "scontrol" / "completed.txt").read_text()))
+    code, out, err = followed(root, capsys)
+    assert code == 0 and out == "step 10\n"
+    assert err.count("Slurm gives no answer") == 1 and "still following" in err
+    assert "job 1 RUNNING" in err and "job 1 COMPLETED" in err and "None" not in err
+
+
+def test_follow_says_a_job_slurm_forgot_is_gone(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gone = (FIXTURES / "squeue_gone.err").read_text()
+    slurm.says("squeue", Said(err=gone, rc=1)).says("scontrol", Said(err=gone, rc=1))
+    code, _, err = followed(run_dir(tmp_path / "run"), capsys)
+    assert code == 1 and "job 1 is gone from Slurm without finishing" in err and "None" not in err
+
+
+def test_follow_without_slurms_commands_says_so(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = followed(run_dir(tmp_path / "run"), capsys)
+    assert code == 1 and "squeue: not found on PATH" in err
