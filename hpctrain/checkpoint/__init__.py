@@ -168,6 +168,7 @@ class Checkpointer:
         alike; with `expect_model` (this model's state_dict), also when the saved weights have
         other names or shapes (the model's code changed under the same config)."""
         decision: list[Any] = [None]
+        state: dict[str, Any] | None = None  # rank 0's, read while it decides
         if self.ctx.is_main:
             try:
                 found = store.load_newest(self.folder)
@@ -186,7 +187,7 @@ class Checkpointer:
             raise CheckpointTooNew(value)
         if kind == "fresh":
             return None
-        if not self.ctx.is_main:
+        if state is None:  # the other ranks read the checkpoint rank 0 chose
             state = torch.load(store.paths_for(self.folder, value).data, map_location="cpu", weights_only=True)
         state = self._checked(state, value)
         if expect_model is not None:

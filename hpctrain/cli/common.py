@@ -145,14 +145,15 @@ def _what_a_run_is(tree: object) -> dict:
     """A config less what changes only how it is submitted or watched, with the defaults of keys
     added since it was written filled in."""
     plain = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (tree if isinstance(tree, dict) else {}).items()}
-    defaults = OmegaConf.to_container(OmegaConf.structured(Config))
+    defaults = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(Config)))
     for section in _SCHEMA_SECTIONS:
         if isinstance(plain.get(section), dict):
             plain[section] = _with_missing_defaults(plain[section], defaults[section])
-    for section, keys in _NOT_WHAT_A_RUN_IS.items():
-        where = plain if section is None else plain.get(section)
-        for key in keys if isinstance(where, dict) else ():
-            where.pop(key, None)
+    for part, keys in _NOT_WHAT_A_RUN_IS.items():
+        where = plain if part is None else plain.get(part)
+        if isinstance(where, dict):
+            for key in keys:
+                where.pop(key, None)
     return plain
 
 

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -68,7 +69,8 @@ def follow_rank0(cfg: DictConfig, rank: int, life: LifeStamp) -> tuple[Config, R
     )
     if not verdict["ok"]:
         sys.exit(CLI_USER_ERROR)  # rank 0 said why
-    changed = differences(OmegaConf.to_container(OmegaConf.load(run.config)), OmegaConf.to_container(resolved))
+    written = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.load(run.config)))
+    changed = differences(written, cast(dict[str, Any], OmegaConf.to_container(resolved)))
     if changed:
         fail(
             f"rank {rank} composed another config than rank 0 wrote to {run.config} ({changed}); "
