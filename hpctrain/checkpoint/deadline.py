@@ -30,6 +30,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from hpctrain.run.causes import StopReason
 from hpctrain.run.life import LifeStamp
 from hpctrain.slurm import client
 from hpctrain.slurm.records import parse_job_record, parse_partition
@@ -110,10 +111,10 @@ def _skipped(stop_step: int, complete_step: int | None, why: str) -> ForcedSaveP
     return ForcedSavePlan("skipped", f"{why}; {kept}", stop_step - (complete_step or 0))
 
 
-def deadline_s(reason: str, since_signal_s: float, signal_delay_s: float, grace_s: float) -> float | None:
+def deadline_s(reason: StopReason, since_signal_s: float, signal_delay_s: float, grace_s: float) -> float | None:
     """Seconds left for a forced save: the time-limit warning's head start, the preemption's grace
     (both less the time since the signal), or None for an interrupt (the user waits)."""
-    given = {"timelimit": signal_delay_s, "preempt": grace_s}.get(reason)
+    given = {StopReason.TIMELIMIT: signal_delay_s, StopReason.PREEMPT: grace_s}.get(reason)
     return None if given is None else max(0.0, given - since_signal_s)
 
 

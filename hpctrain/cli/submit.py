@@ -51,8 +51,6 @@ from hpctrain.slurm.submit import (
 
 hconfig.register()
 
-EXIT_REFUSED = CLI_REFUSED  # sbatch refused
-
 
 def prepare_point(cfg: DictConfig, shared_code: CodeSnapshot | None = None, check: Checker = to_typed) -> Point:
     """Check the config (with `check`), write config.yaml, the code snapshot and job.sbatch into
@@ -128,7 +126,7 @@ def submit_or_exit(points: list[Point]) -> list[str]:
                 else "nothing was queued; run dirs that held a run before are kept",
                 file=sys.stderr,
             )
-        sys.exit(EXIT_REFUSED)
+        sys.exit(CLI_REFUSED)  # sbatch refused
     announce(points, job_ids)
     return job_ids
 

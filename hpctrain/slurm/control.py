@@ -195,7 +195,7 @@ class Controller:
                     f"hpctrain: scontrol requeue got no answer ({message.strip()}); the job was requeued",
                     file=sys.stderr,
                 )
-                return exitcodes.BATCH_FINISHED
+                return exitcodes.BATCH_REQUEUED
             if settled.refusal is None:
                 why = (
                     f"slurmctld did not answer the requeue within {REQUEUE_WAIT_S:.0f} s ({message.strip()}); "
@@ -206,7 +206,7 @@ class Controller:
         reason = f"scontrol requeue refused: {message.strip() or 'no message'}"
         if self._requeued_anyway():  # only the ExcNodeList update failed: Slurm restarts this job
             print(f"hpctrain: {reason}; the job was requeued all the same", file=sys.stderr)
-            return exitcodes.BATCH_FINISHED
+            return exitcodes.BATCH_REQUEUED
         resubmitted = (
             self._sbatch_again(excluded)
             if self.run.job_script.is_file()

@@ -149,12 +149,6 @@ def check_resume_world(saved_world: int | None, world_size: int, step: int) -> N
         raise UserError(refusal)
 
 
-def steps_per_epoch(loader: DataLoader, grad_accum: int) -> int:
-    """Optimizer steps in one full epoch (the loader's length when it starts at 0)."""
-    batches = _batches(loader)
-    return batches.sampler.num_samples // batches.batch_size // grad_accum
-
-
 def to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
     # non_blocking only helps from pinned memory; on CPU it is a no-op.
     return tuple(t.to(device, non_blocking=True) for t in batch)
