@@ -19,6 +19,8 @@ from typing import Any
 
 from chaos_report import alive_processes, render, report  # noqa: F401  (chaos.py calls them here)
 
+from hpctrain.run.events import Start, read_events
+
 REPO = Path(__file__).resolve().parents[1]
 PAUSE_ENV = "HPCTRAIN_TEST_STEP_PAUSE_S"
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
@@ -173,10 +175,9 @@ def metrics_records(run_dir: Path) -> list[dict[str, Any]]:
     return read_jsonl(run_dir / "metrics.jsonl")
 
 
-def events_of(run_dir: Path) -> list[dict[str, Any]]:
-    from hpctrain.run.jsonlines import read_jsonl
-
-    return read_jsonl(run_dir / "events.jsonl")
+def starts_of(run_dir: Path) -> list[Start]:
+    """The run's `start` events, oldest first."""
+    return [e for e in read_events(run_dir / "events.jsonl") if isinstance(e, Start)]
 
 
 # ---- the schedule ------------------------------------------------------------------------------
@@ -225,7 +226,7 @@ def _recovered_after(soak: Soak, settle_s: float = DRAIN_WATCH_S) -> float | Non
     last = soak.injected[-1]
     if last.fault.kind == "node_drain":
         return last.at + settle_s
-    starts = [e["time"] for e in events_of(soak.run_dir) if e.get("event") == "start" and e["time"] > last.at]
+    starts = [e.time for e in starts_of(soak.run_dir) if e.time > last.at]
     return starts[0] if starts else None
 
 
@@ -268,12 +269,12 @@ def _applies(env: dict[str, str], soak: Soak, fault: Fault) -> bool:
 
 def _victim_node(env: dict[str, str], soak: Soak, fault: Fault) -> str | None:
     """A training node of the running life other than the batch node (whose loss ends the job)."""
-    starts = [e for e in events_of(soak.run_dir) if e.get("event") == "start"]
+    starts = starts_of(soak.run_dir)
     done = slurm(env, "scontrol", "show", "job", "-o", soak.job_ids[-1], check=False)
     batch = re.search(r"\bBatchHost=(\S+)", done.stdout)
     if not starts or not batch:
         return None
-    candidates = sorted(n for n in starts[-1].get("nodes", []) if n != batch.group(1))
+    candidates = sorted(n for n in starts[-1].nodes if n != batch.group(1))
     return candidates[fault.node_pick % len(candidates)] if candidates else None
 
 
