@@ -225,6 +225,9 @@ def render_slurm_conf(shape: Shape, paths: Paths, hostname: str) -> str:
         "InactiveLimit=0",
         "Waittime=0",
         f"MinJobAge={shape.min_job_age_s}",
+        # Job ids of their own: two clusters on one machine never run jobs of the same id on nodes of
+        # the same name, so a process found by SLURM_JOB_ID and SLURMD_NODENAME is this cluster's.
+        f"FirstJobId={first_job_id(shape.port_base)}",
         *([f"MaxArraySize={shape.max_array_size}"] if shape.max_array_size else []),
         "JobRequeue=1",
         # Preemption by partition: jobs in `urgent` requeue jobs in `batch`.
@@ -255,6 +258,12 @@ def render_slurm_conf(shape: Shape, paths: Paths, hostname: str) -> str:
         "PriorityTier=10 PreemptMode=OFF OverSubscribe=NO",
     ]
     return "\n".join(lines) + "\n"
+
+
+def first_job_id(port_base: int) -> int:
+    """The cluster's first job id, from its port base: clusters 10 ports apart are 10,000 ids apart,
+    and the highest port (65535) still leaves room below Slurm's MaxJobId (67043328)."""
+    return max(1, port_base * 1000)
 
 
 def fake_gpu_devices(gpus_per_node: int) -> list[Path]:

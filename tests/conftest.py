@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import suite_order
 import torch
 
 from hpctrain.run.jsonlines import read_jsonl
@@ -228,12 +229,33 @@ def user_module_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """On a pytest-xdist worker (scripts/test.sh), the longest modules first (tests/suite_order.py);
+    every worker orders alike, as xdist requires. A run without xdist keeps the files' order."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items[:] = suite_order.longest_first(items, suite_order.read_measured())
+
+
+# Seconds each module took in this run (setup, call and teardown of its tests), for
+# HPCTRAIN_TEST_STORE_SECONDS=1, which writes them to tests/module_seconds.json.
+_module_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = suite_order.module_of(report.nodeid)
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Stop the dev clusters this run started (their slurmctld, slurmd, slurmdbd and mariadbd), so a
     test run leaves no daemons behind. A cluster that was already up when the run began (a developer's)
-    is reused and left up; HPCTRAIN_TEST_KEEP_CLUSTERS=1 keeps the started ones too."""
+    is reused and left up; HPCTRAIN_TEST_KEEP_CLUSTERS=1 keeps the started ones too. Under xdist each
+    worker stops its own."""
     import slurmtools
 
     stopped = slurmtools.stop_started_clusters()
     if stopped:
         session.config.get_terminal_writer().line(f"stopped the dev clusters this run started: {', '.join(stopped)}")
+    if os.environ.get("HPCTRAIN_TEST_STORE_SECONDS") == "1" and not os.environ.get("PYTEST_XDIST_WORKER"):
+        suite_order.store_measured(_module_seconds)

@@ -17,13 +17,33 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # Its own folder and ports, so the suite never fights a developer's cluster. Two checkouts testing
 # side by side on one machine each set their own (HPCTRAIN_TEST_CLUSTER_DIR, HPCTRAIN_TEST_PORT_BASE).
-CLUSTER_DIR = os.environ.get("HPCTRAIN_TEST_CLUSTER_DIR", "/tmp/hpctrain-devcluster-suite")
-PORT_BASE = int(os.environ.get("HPCTRAIN_TEST_PORT_BASE", "18817"))
+SUITE_DIR = os.environ.get("HPCTRAIN_TEST_CLUSTER_DIR", "/tmp/hpctrain-devcluster-suite")
+SUITE_PORT_BASE = int(os.environ.get("HPCTRAIN_TEST_PORT_BASE", "18817"))
+# Each pytest-xdist worker (PYTEST_XDIST_WORKER=gw0, gw1...) runs clusters of its own: worker N's
+# folders end in -gwN and its ports are N blocks above the suite's, so two workers' Slurm tests never
+# share a node, a port or a job id. Worker 0 (and a run without xdist) uses the suite's own.
+WORKER_PORT_BLOCK = 100
+MAX_WORKERS = 8
+
+
+def worker_number() -> int:
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(name.removeprefix("gw"))
+
+
+def worker_cluster_dir(number: int) -> str:
+    return SUITE_DIR if number == 0 else f"{SUITE_DIR}-gw{number}"
+
+
+CLUSTER_DIR = worker_cluster_dir(worker_number())
+PORT_BASE = SUITE_PORT_BASE + WORKER_PORT_BLOCK * worker_number()
 NODES = 3
 GPUS_PER_NODE = 2
-# The lenient shape (no accounting: sacct answers "accounting storage is disabled", as on many small
-# sites) and a cluster that forgets ended jobs within seconds (MinJobAge 2): each its own folder and
-# ports inside the suite's block (the main cluster takes base..base+3, base+20, base+21).
+# Every cluster's ports lie inside the worker's block: the main cluster takes base..base+3, base+20
+# and base+21 (slurmdbd, MariaDB); scripts/devcluster.py's own tests a 2-node cluster at base+5; the
+# lenient shape (no accounting: sacct answers "accounting storage is disabled", as on many small
+# sites) base+50; a cluster that forgets ended jobs within seconds (MinJobAge 2) base+60.
+DEVCLUSTER_DIR, DEVCLUSTER_PORT_BASE = f"{CLUSTER_DIR}-devcluster", PORT_BASE + 5
 LENIENT_DIR, LENIENT_PORT_BASE = f"{CLUSTER_DIR}-lenient", PORT_BASE + 50
 FORGETFUL_DIR, FORGETFUL_PORT_BASE = f"{CLUSTER_DIR}-forgetful", PORT_BASE + 60
 # A site's limits: MaxArraySize 3 (sweeps split into several arrays) and association limits enforced.
@@ -245,8 +265,9 @@ def train_locally(env: dict[str, str], run_dir: Path, *overrides: str) -> None:
 
 
 def suite_cluster_dirs() -> list[str]:
-    """Every cluster folder the suite may start (tests/test_devcluster.py adds `-devcluster`)."""
-    return [CLUSTER_DIR, f"{CLUSTER_DIR}-devcluster", LENIENT_DIR, FORGETFUL_DIR, LIMITED_DIR]
+    """Every cluster folder the suite may start, for every worker (scripts/test.sh checks none is left)."""
+    kinds = ("", "-devcluster", "-lenient", "-forgetful", "-limited")
+    return [worker_cluster_dir(number) + kind for number in range(MAX_WORKERS) for kind in kinds]
 
 
 def running_daemons() -> dict[str, list[str]]:

@@ -50,6 +50,7 @@ def test_a_count_of_faults_can_be_asked_for() -> None:
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_short_soak_ends_exact_with_nothing_left(tmp_path: Path) -> None:
     # The suite's own cluster, started (and so stopped when the run ends) through slurmtools;
     # chaos.py finds it up and reuses it.

@@ -17,12 +17,11 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from slurmtools import ensure_cluster
+from slurmtools import DEVCLUSTER_DIR, DEVCLUSTER_PORT_BASE, ensure_cluster
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "devcluster.py"
-# Not the developer's default cluster (/tmp/hpctrain-devcluster, ports 16817..).
-TEST_DIR = os.environ.get("HPCTRAIN_TEST_CLUSTER_DIR", "/tmp/hpctrain-devcluster-suite") + "-devcluster"
-TEST_PORT_BASE = int(os.environ.get("HPCTRAIN_TEST_PORT_BASE", "18817")) - 1000
+# Not the developer's default cluster (/tmp/hpctrain-devcluster, ports 16817..): the suite's own.
+TEST_DIR, TEST_PORT_BASE = DEVCLUSTER_DIR, DEVCLUSTER_PORT_BASE
 NODES = 2
 GPUS_PER_NODE = 2
 JOB_TIMEOUT_S = 180.0
