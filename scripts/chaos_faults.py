@@ -154,7 +154,9 @@ def lift_hold(env: dict[str, str], job_id: str) -> None:
     """A requeued job waits ~120 s for its BeginTime: start it now (root on the dev cluster)."""
     state, reason = job_state(env, job_id)
     if state == "PENDING" and reason == "BeginTime":
-        done = slurm(env, "scontrol", "update", f"jobid={job_id}", "StartTime=now", check=False)
+        # now+2, not now: Slurm refuses a start in the same second as the requeue (whole seconds
+        # compared: "Job credential revoked") and the job ends FAILED.
+        done = slurm(env, "scontrol", "update", f"jobid={job_id}", "StartTime=now+2", check=False)
         if done.returncode != 0:  # the job may have started meanwhile: say so, go on waiting
             print(f"chaos: could not lift job {job_id}'s hold: {done.stderr.strip()}", file=sys.stderr)
 

@@ -48,6 +48,10 @@ LENIENT_DIR, LENIENT_PORT_BASE = f"{CLUSTER_DIR}-lenient", PORT_BASE + 50
 FORGETFUL_DIR, FORGETFUL_PORT_BASE = f"{CLUSTER_DIR}-forgetful", PORT_BASE + 60
 # A site's limits: MaxArraySize 3 (sweeps split into several arrays) and association limits enforced.
 LIMITED_DIR, LIMITED_PORT_BASE, LIMITED_MAX_ARRAY_SIZE = f"{CLUSTER_DIR}-limited", PORT_BASE + 70, 3
+# The requeue hold is lifted to two seconds from now, not to now: a start in the same second as the
+# requeue is refused by Slurm ("Killing non-startable batch JobId=67: Job credential revoked", seen on
+# 22.05, which compares whole seconds) and the job ends FAILED with only its first life.
+LIFTED_START = "StartTime=now+2"
 # HPCTRAIN_TEST_KEEP_CLUSTERS=1 leaves the clusters this run started up at its end (to rerun a test fast).
 KEEP_CLUSTERS = os.environ.get("HPCTRAIN_TEST_KEEP_CLUSTERS") == "1"
 # Cluster folders this run started (or restarted in another shape): stopped when the run ends.
@@ -192,7 +196,7 @@ def wait_for_state(
         if state in states:
             return state
         if lift_holds and state == "PENDING" and job_field(env, job_id, "Reason") == "BeginTime":
-            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], env=env, capture_output=True)
+            subprocess.run(["scontrol", "update", f"jobid={job_id}", LIFTED_START], env=env, capture_output=True)
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} still {state} after {timeout_s:.0f} s, wanted {sorted(states)}")
 
@@ -229,7 +233,7 @@ def lift_requeue_hold(env: dict[str, str], job_id: str, timeout_s: float = 120) 
     """A requeued job waits ~120 s (Reason=BeginTime); tests start it at once. The product never
     depends on this (it needs a PENDING job and, on a real site, the right to change it)."""
     wait_for_state(env, job_id, {"PENDING"}, timeout_s)
-    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], env=env, capture_output=True)
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", LIFTED_START], env=env, capture_output=True)
 
 
 def wait_for_step(run_dir: Path, step: int, timeout_s: float = 300) -> None:

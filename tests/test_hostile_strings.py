@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from clitools import assert_refused, describe, run_cli, world_writable
 from omegaconf import OmegaConf
-from slurmtools import job_field, job_output, start_cluster
+from slurmtools import LIFTED_START, job_field, job_output, start_cluster
 
 STRING_FIELDS = ["job_name", "partition", "account", "qos", "constraint", "exclude", "mem", "python", "template"]
 
@@ -139,7 +139,7 @@ def wait_done(env: dict[str, str], job_id: str, timeout_s: float = 400) -> str:
         if state in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}:
             return state
         if state == "PENDING" and job_field(env, job_id, "Reason") == "BeginTime":
-            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], env=env, capture_output=True)
+            subprocess.run(["scontrol", "update", f"jobid={job_id}", LIFTED_START], env=env, capture_output=True)
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} did not end within {timeout_s:.0f} s")
 
