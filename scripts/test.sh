@@ -12,6 +12,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh test
 export OMP_NUM_THREADS=1
+status=0
+# Lint and types first (a few seconds): a failure is reported, the tests still run, the run fails.
+check() { "$@" || { echo "test.sh: \`$*\` failed (above)" >&2; status=1; }; }
+check .venv/bin/ruff check hpctrain hydra_plugins scripts tests
+check .venv/bin/ruff format --check hpctrain hydra_plugins scripts tests
+check .venv/bin/mypy hpctrain hydra_plugins scripts
 workers="${HPCTRAIN_TEST_WORKERS:-3}"
 parallel=()
 if [ "${workers}" != 0 ]; then
@@ -21,7 +27,6 @@ fi
 # are reused and left up, so the check below only holds when none was.
 up_before=0
 .venv/bin/python tests/slurmtools.py >/dev/null || up_before=1
-status=0
 .venv/bin/python -m pytest -q --durations=15 "${parallel[@]}" "$@" || status=$?
 if [ "${up_before}" = 0 ] && [ "${HPCTRAIN_TEST_KEEP_CLUSTERS:-}" != 1 ]; then
   if ! .venv/bin/python tests/slurmtools.py; then
