@@ -4,6 +4,7 @@ stop, then save the final checkpoint and weights."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import socket
@@ -19,6 +20,7 @@ import torch.distributed as dist
 
 from hpctrain.checkpoint import Checkpointer, rng
 from hpctrain.checkpoint.deadline import deadline_s, grace_time_s
+from hpctrain.checkpoint.writer import DiskFull
 from hpctrain.config import Config, fingerprint, identity
 from hpctrain.data.splits import Splits
 from hpctrain.dist import DistContext
@@ -162,7 +164,18 @@ class Trainer:
             record.update(self.evaluate())
             progress.pause(time.perf_counter() - started)
             self.watchdog.beat()  # a long evaluation is progress, not a hang
-        self.metrics.write(record)
+        try:
+            self.metrics.write(record)
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # A background checkpoint write that met the full disk first tells it best (its step,
+            # which checkpoint is intact): wait() raises its DiskFull; else this line's own.
+            self.checkpointer.wait()
+            raise DiskFull(
+                f"{error.filename or 'metrics.jsonl'}: {error.strerror}; free space (or raise the quota), "
+                "then start the run dir again to resume"
+            ) from error
         if self.ctx.is_main:
             progress.log_line(record)
         return record
