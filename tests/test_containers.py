@@ -316,7 +316,9 @@ def test_a_job_trains_and_requeues_through_the_prefix(slurm_env: dict[str, str],
     assert tasks == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], wrapped
     assert {w["srun_mark"] for w in wrapped if w["module"] == "hpctrain.worker"} == {"1"}
     control = [(w["restart"], w["arg"]) for w in wrapped if w["module"] == "hpctrain.slurm.control"]
-    assert control == [("0", "begin"), ("0", "after-step"), ("1", "begin"), ("1", "after-step")], wrapped
+    assert control == [("0", "begin"), ("0", "after-step"), ("0", "requeue"), ("1", "begin"), ("1", "after-step")], (
+        wrapped
+    )
     assert {w["srun_mark"] for w in wrapped if w["module"] == "hpctrain.slurm.control"} == {"unset"}
     # The hostile word arrived whole in the prefix, and nothing in it ran.
     assert {w["word"] for w in wrapped} == {word}

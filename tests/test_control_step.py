@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -146,6 +147,63 @@ def test_a_refusal_once_slurm_answers_goes_on_in_a_new_job(tmp_path: Path, slurm
     assert json.loads((root / "submission.json").read_text())["job_id"] == "99"
     (failure,) = events(root)
     assert failure["new_job_id"] == "99" and "Job is pending execution" in failure["reason"]
+
+
+# ---- the job's own requeue (`control requeue`) ----------------------------------------------------
+
+
+def requeue(root: Path) -> int:
+    env = {**os.environ, "SLURM_JOB_ID": "1", "SLURM_RESTART_COUNT": "0"}
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        code = Controller(root, env=env).requeue("node2")
+        # The requeue sends this step SIGTERM: it must outlive it to set ExcNodeList.
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        return code
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_an_accepted_requeue_then_excludes_the_failed_nodes(tmp_path: Path, slurm: FakeSlurm) -> None:
+    slurm.says("scontrol.requeue", Said()).says("scontrol.update", Said())
+    root = run_dir(tmp_path / "run")
+    assert requeue(root) == exitcodes.BATCH_REQUEUED
+    assert slurm.calls("scontrol") == [
+        ["scontrol", "requeue", "1"],
+        ["scontrol", "update", "jobid=1", "ExcNodeList=node2"],
+    ]
+    assert events(root) == []
+
+
+def test_a_requeue_without_answer_is_looked_at_before_anything_else(tmp_path: Path, slurm: FakeSlurm) -> None:
+    slurm.says("scontrol.requeue", captured("stopped_scontrol_requeue"))
+    slurm.says("scontrol.show", Said(out=REQUEUED)).says("scontrol.update", Said())
+    root = run_dir(tmp_path / "run")
+    assert requeue(root) == exitcodes.BATCH_REQUEUED
+    assert [c[1] for c in slurm.calls("scontrol")] == ["requeue", "show", "update"]
+    assert slurm.calls("sbatch") == []
+
+
+def test_a_refused_requeue_goes_on_in_a_new_job(tmp_path: Path, slurm: FakeSlurm) -> None:
+    pending = (FIXTURES / "scontrol" / "requeue_pending.err").read_text()
+    slurm.says("scontrol.requeue", Said(err=pending, rc=1)).says("scontrol.show", Said(out=RUNNING))
+    slurm.says("sbatch", Said(out="99\n"))
+    root = run_dir(tmp_path / "run")
+    assert requeue(root) == exitcodes.BATCH_RESUBMITTED
+    (failure,) = events(root)
+    assert failure["new_job_id"] == "99" and "Job is pending execution" in failure["reason"]
+
+
+def test_without_scontrol_the_batch_shell_is_asked_to_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))  # an image without Slurm's commands
+    root = run_dir(tmp_path / "run")
+    assert requeue(root) == exitcodes.CONTROL_NO_SLURM
+    assert "scontrol: not found on PATH" in capsys.readouterr().err
+    assert events(root) == []
 
 
 # ---- hpctrain-follow -----------------------------------------------------------------------------

@@ -59,9 +59,38 @@ def test_the_batch_scripts_exit_codes_come_from_the_table() -> None:
     control step's own codes come from too, so the two cannot drift apart."""
     template = (builtin_templates() / "ddp.sbatch.j2").read_text()
     assert not re.findall(r"\bexit [0-9]", template)
-    # `control begin` fails the job, finish, requeued, `control requeue-refused`, stop or fail.
-    table = (exitcodes.BATCH_FINISHED, exitcodes.BATCH_REQUEUED, exitcodes.BATCH_FAILED)
-    assert re.findall(r"\bexit (\S+)", rendered()) == ["$?", *map(str, table[:2]), "$?", str(table[2])]
+    # `control begin` fails the job, finish, `control requeue`'s own code, stop or fail.
+    assert re.findall(r"\bexit (\S+)", rendered()) == ["$?", str(exitcodes.BATCH_FINISHED), '"${rc}"', "1"]
+    assert exitcodes.BATCH_FAILED == 1
+    # Through a container prefix without control_python, the shell's own requeue: requeued, or
+    # `control requeue-refused`'s code.
+    prefixed = rendered("slurm.task_prefix=[apptainer,exec,/images/train.sif]")
+    assert f"= {exitcodes.CONTROL_NO_SLURM} ]" in prefixed
+    assert re.findall(r"\bexit (\S+)", prefixed)[2:4] == [str(exitcodes.BATCH_REQUEUED), '"${rc}"']
+
+
+@pytest.mark.parametrize(
+    "overrides, shell_asks",
+    [
+        ((), False),
+        (("slurm.task_prefix=[apptainer,exec,/images/train.sif]",), True),
+        (("slurm.task_prefix=[apptainer,exec,/images/train.sif]", "slurm.control_python=/opt/venv/bin/python"), False),
+    ],
+)
+def test_slurm_is_asked_by_the_control_step_only_unless_it_runs_in_an_image(
+    overrides: tuple[str, ...], shell_asks: bool
+) -> None:
+    """Every Slurm call of a job goes through hpctrain.slurm.client in the control step (time
+    limits, no-answer handling). The batch shell asks Slurm itself only when the control step
+    runs through a container prefix (which may lack Slurm's commands), and then under `timeout`."""
+    script = rendered(*overrides)
+    commands = ("sbatch", "scontrol", "squeue", "sacct", "sinfo", "scancel", "sacctmgr")
+    code = "\n".join(line.split("#")[0] for line in script.splitlines() if not line.startswith("#"))
+    called = re.findall(rf"(\S*)\s+\b({'|'.join(commands)})\b", code)
+    if not shell_asks:
+        assert called == []
+    else:
+        assert called and all(before == "30" or before == "15" for before, _ in called), called
 
 
 def test_golden_full_site_profile() -> None:

@@ -24,6 +24,9 @@ BATCH_REQUEUED = 0  # scontrol requeue accepted: Slurm starts the job again (sam
 BATCH_FAILED = 1  # the run cannot go on here: a `failure` event and the output say why
 CONTROL_BUDGET_SPENT = 3  # `control begin`: a restart budget is spent; the job ends FAILED
 BATCH_RESUBMITTED = 4  # scontrol refused the requeue; the run goes on in a new job (never COMPLETED)
+# `control requeue` found no scontrol where it runs (through slurm.task_prefix, an image without
+# Slurm's commands): the batch shell, on the node, asks for the requeue itself.
+CONTROL_NO_SLURM = 5
 
 # ---- console scripts ----------------------------------------------------------------------------
 CLI_OK = 0

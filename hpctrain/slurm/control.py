@@ -11,10 +11,16 @@
     python -m hpctrain.slurm.control cancelled RUN_DIR
         from the shell's SIGTERM trap: `cancelled` recorded at once (Slurm kills the shell
         KillWait seconds after scancel, maybe before after-step); once per life.
+    python -m hpctrain.slurm.control requeue RUN_DIR EXCLUDED
+        after `requeue [NODES]`: ask Slurm to requeue this job (same id, restart + 1), then set
+        its ExcNodeList to EXCLUDED (slurm.exclude and the nodes failed now). When Slurm gives no
+        answer, look and ask again (hpctrain.slurm.requeue); when it refuses, submit the run dir's
+        job.sbatch again (same run dir, it resumes) or end FAILED saying why. Exit 0 once
+        requeued, 4 once submitted again, 1 failed, 5 (CONTROL_NO_SLURM) when scontrol cannot run
+        here (an image without Slurm's commands: the batch shell asks on the node itself).
     python -m hpctrain.slurm.control requeue-refused RUN_DIR EXCLUDED MESSAGE
-        scontrol refused the requeue: submit the run dir's job.sbatch again (same run dir, it
-        resumes), or end FAILED saying why. When it got no answer at all, Slurm may requeue the
-        job all the same: look, and ask again (hpctrain.slurm.requeue); exit 0 once requeued.
+        the batch shell's own `scontrol requeue` (the CONTROL_NO_SLURM case) printed MESSAGE and
+        failed: as `requeue` goes on after a refusal or no answer.
 Every Slurm call goes through hpctrain.slurm.client, all of one step within SLURM_BUDGET_S; a
 failed one is said on stderr (the job's output) with what it means for the decision. This module
 imports no torch: it must answer in a moment.
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -44,7 +51,7 @@ from hpctrain.run.paths import RunDir
 from hpctrain.slurm import client
 from hpctrain.slurm.env import parse_node_list
 from hpctrain.slurm.records import JobRecord, parse_job_record
-from hpctrain.slurm.requeue import exclude_nodes, requeue_without_answer
+from hpctrain.slurm.requeue import ask_requeue, exclude_nodes, requeue_without_answer
 
 # All the Slurm calls of one control step: a step ended by SIGTERM (scancel, a preemption's
 # grace) is killed KillWait seconds later (30 by default), and its decision must be written by
@@ -183,10 +190,30 @@ class Controller:
             self._record(decide_cancelled(self.history()))
         return 0
 
+    def requeue(self, excluded: str) -> int:
+        """The decision was `requeue`: Slurm starts this job again, then skips EXCLUDED."""
+        # The requeue ends this life: Slurm sends SIGTERM to every process of the batch step, this
+        # one too, and kills them KillWait seconds later. Ignored, so ExcNodeList is still set
+        # (the batch shell ignores it as well; set here too, whatever wrapper runs this step).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        self.until = time.monotonic() + REQUEUE_WAIT_S
+        asked = ask_requeue(self.job_id, self.until)
+        if asked.ok:
+            self._exclude(excluded)
+            return exitcodes.BATCH_REQUEUED
+        if asked.kind is client.Kind.MISSING:
+            print(f"hpctrain: {asked.why()}; the batch shell asks for the requeue on the node", file=sys.stderr)
+            return exitcodes.CONTROL_NO_SLURM
+        return self._not_requeued(excluded, asked.kind, asked.stderr.strip() or asked.why())
+
     def requeue_refused(self, excluded: str, message: str) -> int:
+        """The batch shell's own `scontrol requeue` failed with MESSAGE (its stderr)."""
+        return self._not_requeued(excluded, client.kind_of(1, message), message)
+
+    def _not_requeued(self, excluded: str, kind: client.Kind, message: str) -> int:
         """scontrol refused the requeue: submit job.sbatch again into the same run dir. When it
         got no answer at all, Slurm may still requeue this job: look and ask again first."""
-        if client.kind_of(1, message) is not client.Kind.ANSWERED:
+        if kind is not client.Kind.ANSWERED:
             self.until = time.monotonic() + REQUEUE_WAIT_S
             settled = requeue_without_answer(self.job_id, self.restart, self.until)
             if settled.requeued:
@@ -317,12 +344,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     if len(args) == 2 and args[0] == "cancelled":
         sys.exit(_controller(args[1]).cancelled())
+    if len(args) == 3 and args[0] == "requeue":
+        sys.exit(_controller(args[1]).requeue(args[2]))
     if len(args) == 4 and args[0] == "requeue-refused":
         sys.exit(_controller(args[1]).requeue_refused(args[2], args[3]))
     sys.exit(
         "usage: python -m hpctrain.slurm.control begin RUN_DIR"
         " | after-step RUN_DIR CODE TERMINATED WARNED EXCLUDED LAUNCHED | cancelled RUN_DIR"
-        " | requeue-refused RUN_DIR EXCLUDED MESSAGE"
+        " | requeue RUN_DIR EXCLUDED | requeue-refused RUN_DIR EXCLUDED MESSAGE"
     )
 
 

@@ -1,6 +1,6 @@
-"""A job's own `scontrol requeue` that got no answer: look first, then ask again.
+"""A job's own `scontrol requeue`, and one that got no answer: look first, then ask again.
 
-The batch script asks for its own requeue (sbatch_templates/ddp.sbatch.j2). When slurmctld does
+The batch script's control step asks for its own job's requeue (`control requeue`). When slurmctld does
 not answer (a restart, a failover), scontrol says "Unexpected message received for job N", on
 Slurm 22.05 for a stopped and for a dead controller alike (tests/fixtures/slurm/no_answer/), and
 the requeue may be carried out all the same: a stopped slurmctld carried it out once it went on.
@@ -19,6 +19,7 @@ from hpctrain.slurm.records import parse_job_record
 
 # Bounded by the caller's `until`: keep asking while there is time.
 _LOOK = client.Policy(timeout_s=15.0, retry_for_s=float("inf"))
+# A requeue is retried only when it was never sent (UNREACHABLE).
 _REQUEUE = client.Policy(timeout_s=15.0, retry_for_s=float("inf"), retry_unsure=False)
 # An ExcNodeList set twice is set once: any failure is retried. Slurm refuses the update for a
 # few seconds after it removed a failed node from the job.
@@ -33,6 +34,12 @@ class Settled:
     # Neither: slurmctld gave no answer before `until`; Slurm may still requeue the job.
 
 
+def ask_requeue(job_id: str, until: float) -> client.Reply:
+    """`scontrol requeue` of this job (`<array>_<task>` in an array: the array's own number
+    would requeue every task). Slurm's reply; an unsure one goes to requeue_without_answer."""
+    return client.run(["scontrol", "requeue", job_id], _REQUEUE, until=until)
+
+
 def requeue_without_answer(job_id: str, restart: int, until: float) -> Settled:
     for _ in range(3):  # a repeated requeue that again gets no answer: look again
         shown = client.run(["scontrol", "show", "job", "-o", job_id], _LOOK, until=until)
@@ -41,7 +48,7 @@ def requeue_without_answer(job_id: str, restart: int, until: float) -> Settled:
             return Settled(False, shown.last_line() if shown.answered else None)
         if (record.restarts or 0) > restart:
             return Settled(True)
-        asked = client.run(["scontrol", "requeue", job_id], _REQUEUE, until=until)
+        asked = ask_requeue(job_id, until)
         if asked.ok:
             return Settled(True)
         if asked.answered:
