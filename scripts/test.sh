@@ -19,9 +19,9 @@ check .venv/bin/ruff check hpctrain hydra_plugins scripts tests
 check .venv/bin/ruff format --check hpctrain hydra_plugins scripts tests
 check .venv/bin/mypy hpctrain hydra_plugins scripts
 workers="${HPCTRAIN_TEST_WORKERS:-3}"
-parallel=()
+parallel=(-n "${workers}")
 if [ "${workers}" != 0 ]; then
-  parallel=(-n "${workers}" --dist loadfile --no-loadscope-reorder)
+  parallel+=(--dist loadfile --no-loadscope-reorder)
 fi
 # The suite stops the dev clusters it starts (tests/conftest.py). Clusters already up before the run
 # are reused and left up, so the check below only holds when none was.

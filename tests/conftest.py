@@ -243,14 +243,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items[:] = suite_order.longest_first(items, suite_order.read_measured())
 
 
-# Seconds each module took in this run (setup, call and teardown of its tests), for
-# HPCTRAIN_TEST_STORE_SECONDS=1, which writes them to tests/module_seconds.json.
-_module_seconds: dict[str, float] = {}
+# Seconds each test took in this run (its setup, call and teardown), for
+# HPCTRAIN_TEST_STORE_SECONDS=1, which writes them to tests/test_seconds.json.
+_test_seconds: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    module = suite_order.module_of(report.nodeid)
-    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+    _test_seconds[report.nodeid] = _test_seconds.get(report.nodeid, 0.0) + report.duration
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -264,4 +263,4 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if stopped:
         session.config.get_terminal_writer().line(f"stopped the dev clusters this run started: {', '.join(stopped)}")
     if os.environ.get("HPCTRAIN_TEST_STORE_SECONDS") == "1" and not os.environ.get("PYTEST_XDIST_WORKER"):
-        suite_order.store_measured(_module_seconds)
+        suite_order.store_measured(_test_seconds)

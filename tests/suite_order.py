@@ -4,9 +4,10 @@ scripts/test.sh runs the suite on several workers with `--dist loadfile --no-loa
 each test module is one unit of work (its module fixtures, such as a set of training runs, are
 built once), and units go to the next idle worker in collection order. Handing out the longest
 modules first keeps a long one from starting last and running alone at the end, while the many
-short modules fill in beside it. How long a module takes comes from tests/module_seconds.json
-(measured by a run with HPCTRAIN_TEST_STORE_SECONDS=1); a module not measured yet is guessed
-from its tests' markers.
+short modules fill in beside it. A module takes the sum of its selected tests' times, so a run of
+a subset (`-m "not slurm"`) is ordered by what it runs: each test's time comes from
+tests/test_seconds.json (measured by a run with HPCTRAIN_TEST_STORE_SECONDS=1), and a test not
+measured yet is guessed from its markers.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-SECONDS_FILE = Path(__file__).with_name("module_seconds.json")
-# A guess per test for a module never measured: a Slurm test waits on the cluster for a minute or
+SECONDS_FILE = Path(__file__).with_name("test_seconds.json")
+# A guess for a test never measured: a Slurm test waits on the cluster for a minute or
 # so, a `slow` one trains for a while, the rest take well under a second.
 GUESS_S = {"slurm": 60.0, "slow": 20.0}
 OTHER_GUESS_S = 0.5
@@ -43,16 +44,17 @@ def guess_seconds(marker_names: Iterable[str]) -> float:
 
 
 def longest_first(items: Sequence[Item], measured: Mapping[str, float]) -> list[Item]:
-    """The items with whole modules ordered by their time, longest first (measured, else the sum
-    of the guesses); a module's own tests keep their order, and equal modules their collection order."""
-    guessed: dict[str, float] = {}
+    """The items with whole modules ordered by the time of their items, longest first (each test
+    measured, else guessed); a module's own tests keep their order, and equal modules their
+    collection order."""
+    seconds: dict[str, float] = {}
     first_seen: dict[str, int] = {}
     for index, item in enumerate(items):
         module = module_of(item.nodeid)
         first_seen.setdefault(module, index)
         names = (getattr(mark, "name", "") for mark in item.iter_markers())
-        guessed[module] = guessed.get(module, 0.0) + guess_seconds(names)
-    seconds = {module: measured.get(module, guess) for module, guess in guessed.items()}
+        taken = measured[item.nodeid] if item.nodeid in measured else guess_seconds(names)
+        seconds[module] = seconds.get(module, 0.0) + taken
     rank = {module: (-seconds[module], first_seen[module]) for module in seconds}
     order = sorted(range(len(items)), key=lambda i: (rank[module_of(items[i].nodeid)], i))
     return [items[i] for i in order]
@@ -66,6 +68,6 @@ def read_measured(path: Path = SECONDS_FILE) -> dict[str, float]:
 
 
 def store_measured(measured: Mapping[str, float], path: Path = SECONDS_FILE) -> None:
-    """Merge a run's module times into the file: modules this run ran are replaced, others kept."""
-    merged = {**read_measured(path), **{module: round(s, 1) for module, s in measured.items()}}
+    """Merge a run's test times into the file: tests this run ran are replaced, others kept."""
+    merged = {**read_measured(path), **{nodeid: round(s, 2) for nodeid, s in measured.items()}}
     path.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from dataclasses import FrozenInstanceError
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from hpctrain.data.digits import digits
+from hpctrain.data.digits import digits, load_digits_arrays
 from hpctrain.data.splits import Splits
 from hpctrain.data.tokens import synthetic_tokens
 from hpctrain.models.gpt import GPT
@@ -45,6 +48,20 @@ def test_digits_split_disjoint_and_complete() -> None:
         tuple((img / 16.0).astype("float32").flatten().tolist()) + (int(t),) for img, t in zip(raw.images, raw.target)
     )
     assert sorted(rows(s.train) + rows(s.eval)) == everything
+
+
+def test_digits_are_read_as_load_digits_gives_them_without_importing_sklearn() -> None:
+    """The shipped file, read directly, gives load_digits()'s arrays exactly, and a training
+    process that reads it never imports sklearn (about a second of CPU at every start)."""
+    from sklearn.datasets import load_digits
+
+    pixels, targets = load_digits_arrays()
+    want = load_digits()
+    assert np.array_equal(pixels, want.data) and pixels.dtype == want.data.dtype
+    assert np.array_equal(targets, want.target)
+    probe = "import sys; from hpctrain.data.digits import digits; digits(); print('sklearn' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
 
 
 def test_digits_deterministic_and_seeded() -> None:

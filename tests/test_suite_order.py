@@ -59,15 +59,20 @@ ITEMS = [
             ["tests/test_b.py::test_1", "tests/test_b.py::test_2", "tests/test_c.py::test_1"]
             + ["tests/test_a.py::test_1", "tests/test_a.py::test_2"],
         ),
-        # Measured times win over guesses; a module not measured is still guessed.
+        # Measured times win over guesses; a test not measured is still guessed (b: 5 s + 0.5 s).
         (
-            {"tests/test_a.py": 300.0, "tests/test_b.py": 5.0},
+            {"tests/test_a.py::test_1": 299.0, "tests/test_a.py::test_2": 1.0, "tests/test_b.py::test_1": 5.0},
             ["tests/test_a.py::test_1", "tests/test_a.py::test_2", "tests/test_c.py::test_1"]
             + ["tests/test_b.py::test_1", "tests/test_b.py::test_2"],
         ),
         # Equal times keep the collection order of the modules.
         (
-            {"tests/test_a.py": 10.0, "tests/test_b.py": 10.0, "tests/test_c.py": 10.0},
+            {
+                "tests/test_a.py::test_1": 5.0,
+                "tests/test_a.py::test_2": 5.0,
+                "tests/test_b.py::test_1": 9.5,
+                "tests/test_c.py::test_1": 10.0,
+            },
             ["tests/test_a.py::test_1", "tests/test_a.py::test_2", "tests/test_b.py::test_1"]
             + ["tests/test_b.py::test_2", "tests/test_c.py::test_1"],
         ),
@@ -83,10 +88,10 @@ def test_a_parametrized_id_belongs_to_its_file() -> None:
 
 
 def test_stored_times_merge_and_a_damaged_file_reads_as_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "module_seconds.json"
+    path = tmp_path / "test_seconds.json"
     assert suite_order.read_measured(path) == {}
-    suite_order.store_measured({"tests/test_a.py": 12.34, "tests/test_b.py": 1.0}, path)
-    suite_order.store_measured({"tests/test_b.py": 2.0}, path)
-    assert suite_order.read_measured(path) == {"tests/test_a.py": 12.3, "tests/test_b.py": 2.0}
+    suite_order.store_measured({"tests/test_a.py::test_1": 12.344, "tests/test_b.py::test_1": 1.0}, path)
+    suite_order.store_measured({"tests/test_b.py::test_1": 2.0}, path)
+    assert suite_order.read_measured(path) == {"tests/test_a.py::test_1": 12.34, "tests/test_b.py::test_1": 2.0}
     path.write_text("[1, 2]")
     assert suite_order.read_measured(path) == {}

@@ -11,9 +11,13 @@ kept as in-memory tensors, so fetching a batch costs nothing beyond indexing.
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import logging
 import math
+from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
@@ -24,6 +28,28 @@ log = logging.getLogger(__name__)
 
 # load_digits() pixel values are counts of "on" pixels in 4x4 blocks of the original scan: 0..16.
 _MAX_PIXEL = 16.0
+
+
+def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(pixels [1797, 64] float64, targets [1797] int): what `load_digits()` returns, read from the
+    file scikit-learn ships (datasets/data/digits.csv.gz: 64 pixels then the label per line).
+
+    Importing sklearn costs a training process about a second of CPU at every start (every rank,
+    every life of a job), for a 1,797-line file: it is read directly, found without importing
+    sklearn; load_digits() itself only where that file is not there."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None:  # Only this dataset needs sklearn; keep it an optional dependency.
+        raise ImportError("the digits dataset needs scikit-learn: pip install scikit-learn")
+    shipped = [Path(folder) / "datasets" / "data" / "digits.csv.gz" for folder in spec.submodule_search_locations or ()]
+    for path in shipped:
+        if path.is_file():
+            with gzip.open(path, "rt") as lines:
+                data = np.loadtxt(lines, delimiter=",")
+            return data[:, :-1], data[:, -1].astype(int)
+    from sklearn.datasets import load_digits
+
+    flat, target = load_digits(return_X_y=True)
+    return flat, target
 
 
 def _num_test(n: int, test_fraction: float) -> int:
@@ -49,14 +75,9 @@ def digits(test_fraction: float = 0.2, split_seed: int = 0, noise_std: float = 0
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction (got {test_fraction}) must be in (0, 1)")
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:  # Only this dataset needs sklearn; keep it an optional dependency.
-        raise ImportError("the digits dataset needs scikit-learn: pip install scikit-learn") from e
-
-    raw = load_digits()
-    images = torch.as_tensor(raw.images, dtype=torch.float32).div_(_MAX_PIXEL).unsqueeze(1)
-    labels = torch.as_tensor(raw.target, dtype=torch.int64)
+    pixels, targets = load_digits_arrays()
+    images = torch.as_tensor(pixels, dtype=torch.float32).reshape(-1, 8, 8).div_(_MAX_PIXEL).unsqueeze(1)
+    labels = torch.as_tensor(targets, dtype=torch.int64)
     n = images.shape[0]
 
     # A private generator: the split must not consume or depend on the global RNG state.
