@@ -103,6 +103,35 @@ def test_a_bad_value_raises_valueerror_naming_the_key(compose_config: Compose, o
     assert override.split("=", 1)[1] in str(error.value)
 
 
+@pytest.mark.parametrize(
+    "hang_s, collective_s, refused",
+    [
+        (None, None, False),  # the defaults: a hang is seen before any collective fails
+        (0, 60, False),  # no watchdog: nothing to order
+        (59, 60, False),
+        (60, 60, True),
+        (1800, 600, True),  # the old defaults: every hang was charged as a crash
+    ],
+)
+def test_a_hang_is_seen_before_a_collective_times_out(
+    compose_config: Compose, hang_s: int | None, collective_s: int | None, refused: bool
+) -> None:
+    overrides = tuple(
+        f"trainer.{key}={value}"
+        for key, value in (("hang_timeout_s", hang_s), ("collective_timeout_s", collective_s))
+        if value is not None
+    )
+    if not refused:
+        typed, _ = to_typed(compose_config(*overrides), list(overrides))
+        assert typed.trainer.hang_timeout_s < typed.trainer.collective_timeout_s or typed.trainer.hang_timeout_s == 0
+        return
+    with pytest.raises(ValueError) as error:
+        to_typed(compose_config(*overrides), list(overrides))
+    message = str(error.value)
+    assert "trainer.hang_timeout_s" in message and "trainer.collective_timeout_s" in message
+    assert f"got {hang_s} and {collective_s}" in message
+
+
 def test_neither_steps_nor_epochs_is_refused(compose_config: Compose) -> None:
     overrides = ("trainer.max_steps=0", "trainer.epochs=0")
     with pytest.raises(ValueError, match="trainer.max_steps"):

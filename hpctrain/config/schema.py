@@ -78,8 +78,9 @@ class TrainerConfig:
     bucket_cap_mb: float = 25.0
     # Let gradients live in DDP's buckets (saves one copy and memory).
     gradient_as_bucket_view: bool = True
-    # Seconds a collective may wait before the process group reports a hang.
-    collective_timeout_s: int = 600
+    # Seconds a collective (and the rendezvous) may wait before the process group fails it. Above
+    # hang_timeout_s, so a stuck peer is reported as the hang it is, not as a crash.
+    collective_timeout_s: int = 1800
     # Save a checkpoint every N steps (and always at the end and on a stop signal); 0: only those.
     ckpt_every: int = 100
     # Newest checkpoints kept in the run dir's checkpoints/ (at least 2: a torn newest falls back).
@@ -87,8 +88,9 @@ class TrainerConfig:
     # Write periodic checkpoints in a background thread; training waits only for an in-memory copy.
     async_checkpoint: bool = True
     # End a process when no step finishes for this many seconds (a hang), so the job recovers
-    # instead of idling to its time limit; 0 disables. Covers start-up and the first step too.
-    hang_timeout_s: int = 1800
+    # instead of idling to its time limit; 0 disables. Covers start-up and the first step too
+    # (torch.compile included). Must be below collective_timeout_s.
+    hang_timeout_s: int = 900
     # A progress bar on rank 0's stderr: auto shows it only when stderr is a terminal (never in
     # a Slurm .out file), on always, off never. The log lines are written either way.
     progress_bar: str = "auto"
@@ -100,6 +102,13 @@ class TrainerConfig:
         for key in ("log_every", "nprocs", "threads", "grad_accum", "collective_timeout_s"):
             value = getattr(self, key)
             require(value >= 1, f"trainer.{key}", f"must be >= 1 (got {value})")
+        require(
+            self.hang_timeout_s == 0 or self.hang_timeout_s < self.collective_timeout_s,
+            "trainer.hang_timeout_s",
+            f"must be below trainer.collective_timeout_s (got {self.hang_timeout_s} and "
+            f"{self.collective_timeout_s}): a peer that stops would fail its collectives first, and the "
+            "hang would be charged as a crash; lower trainer.hang_timeout_s or raise trainer.collective_timeout_s",
+        )
         require(
             self.max_steps > 0 or self.epochs > 0,
             "trainer.max_steps",
