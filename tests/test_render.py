@@ -175,6 +175,20 @@ def test_bad_slurm_values_name_the_key(override: str, key: str) -> None:
         make_config(override)
 
 
+@pytest.mark.parametrize("name", ["TERM", "INT"])
+def test_a_stop_signal_is_refused_as_the_time_limit_warning(name: str) -> None:
+    """The batch shell traps TERM as a stop (scancel, preemption) and the worker saves on INT
+    without a deadline: either as slurm.signal would turn every warning into a cancel."""
+    with pytest.raises(ValueError) as error:
+        make_config(f"slurm.signal={name}")
+    assert "slurm.signal" in str(error.value) and "could not be told from a stop" in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["USR1", "USR2", "HUP", "URG"])
+def test_a_signal_the_traps_tell_apart_is_taken(name: str) -> None:
+    assert f"--signal=B:{name}@" in render(make_config(f"slurm.signal={name}"), Path("/r"), Path("/s")).script
+
+
 def test_hostile_values_never_run_in_bash(tmp_path: Path) -> None:
     """Every string field and the run dir hostile; run the script's shell part (a stand-in
     srun on PATH, no Slurm needed) and prove no injected command ran."""

@@ -142,7 +142,10 @@ class TrainerConfig:
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$", re.I)
 # Slurm's --mem: a whole number, megabytes unless a K, M, G or T follows; 0 is all of it.
 _SLURM_MEM = re.compile(r"^\d+[KMGT]?$", re.I)
-_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
+# The time-limit warning must be a signal the batch shell and the worker can tell from a stop:
+# TERM is what scancel and a preemption send, INT is Ctrl-C (and has no deadline).
+_SIGNALS = ("USR1", "USR2", "HUP", "URG")
+_STOP_SIGNALS = {"TERM": "scancel and a preemption send it", "INT": "Ctrl-C sends it"}
 
 
 @dataclass
@@ -249,7 +252,13 @@ class SlurmConfig:
             "slurm.time",
             f"{self.time!r} is not a Slurm time limit; use minutes, HH:MM:SS or D-HH:MM:SS",
         )
-        require(self.signal in _SIGNALS, "slurm.signal", f"must be one of {', '.join(_SIGNALS)} (got {self.signal!r})")
+        stop = _STOP_SIGNALS.get(self.signal)
+        require(
+            self.signal in _SIGNALS,
+            "slurm.signal",
+            f"must be one of {', '.join(_SIGNALS)} (got {self.signal!r})"
+            + (f": {stop}, so the time-limit warning could not be told from a stop" if stop else ""),
+        )
         for key in ("mem", "partition", "account", "qos", "constraint", "exclude", "job_name", "template", "python"):
             single_line(f"slurm.{key}", getattr(self, key))
         for index, flag in enumerate(self.extra):
