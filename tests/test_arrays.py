@@ -12,7 +12,7 @@ from hpctrain.run.paths import SweepArrays
 from hpctrain.slurm import arrays, limits
 from hpctrain.slurm.jobid import expand, job_of, sort_key, split, tasks_in
 from hpctrain.slurm.limits import Limit, Limits, check
-from hpctrain.slurm.records import parse_job_records
+from hpctrain.slurm.records import parse_config, parse_job_records
 from hpctrain.status import slurm_query
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm" / "arrays"
@@ -152,7 +152,7 @@ def test_limits_table(
 
 
 def test_limits_parsed_from_slurms_answers() -> None:
-    config = limits.parse_config(fixture("config.txt"))
+    config = parse_config(fixture("config.txt"))
     assert config["MaxArraySize"] == "3" and config["ClusterName"] == "hpctrain-dev"
     assert limits.enforces_limits(config) and not limits.enforces_limits({"AccountingStorageEnforce": "none"})
     submit, running, qos = limits.assoc_limits(fixture("assoc.txt"), "hpctrain-dev", None)

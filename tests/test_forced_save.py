@@ -22,16 +22,22 @@ from typing import Any
 import pytest
 import torch
 from conftest import train_command, train_env
+from fakeslurm import FIXTURES, Said, captured, install
 from helpers.held_save import HOLD_ENV
 from helpers.paced import PAUSE_ENV
 
 from hpctrain.checkpoint import Checkpointer, CheckpointTooNew, store
 from hpctrain.checkpoint.deadline import (
     DEFAULT_GRACE_S,
+    DEFAULT_KILL_WAIT_S,
     ForcedSavePlan,
+    SigtermTimes,
     deadline_s,
     grace_time_s,
     plan_forced_save,
+    preempted_now,
+    sigterm_s,
+    sigterm_times,
     usable_s,
 )
 from hpctrain.checkpoint.format import FORMAT_VERSION
@@ -40,7 +46,7 @@ from hpctrain.run.causes import CheckpointReason, StopReason
 from hpctrain.run.decide import History, lineage
 from hpctrain.run.events import Checkpoint, Event, ForcedSave, Start, Stop, read_events
 from hpctrain.run.jsonlines import read_jsonl
-from hpctrain.slurm.records import parse_partition
+from hpctrain.slurm.records import parse_job_record, parse_partition
 
 TESTS = Path(__file__).parent
 GOLDEN_V1 = TESTS / "golden" / "checkpoint_v1"
@@ -94,7 +100,83 @@ def test_the_margin_keeps_time_for_the_exit() -> None:
     [("timelimit", 3.0, 117.0), ("preempt", 3.0, 17.0), ("preempt", 25.0, 0.0), ("interrupt", 3.0, None)],
 )
 def test_deadline_counts_from_the_signal(reason: str, since: float, expected: float | None) -> None:
-    assert deadline_s(reason, since, signal_delay_s=120, grace_s=20) == expected
+    assert deadline_s(reason, since, signal_delay_s=120, sigterm_given=20) == expected
+
+
+# ---- what a SIGTERM gives: GraceTime for a preemption, KillWait otherwise ---------------------
+
+SITE = SigtermTimes(grace_s=20.0, kill_wait_s=5.0)  # the dev cluster's batch partition
+ZERO_GRACE = SigtermTimes(grace_s=0.0, kill_wait_s=30.0)  # Slurm's defaults, as on many sites
+LONG_KILL_WAIT = SigtermTimes(grace_s=10.0, kill_wait_s=60.0)
+
+
+@pytest.mark.parametrize(
+    ("times", "preempted", "expected"),
+    [
+        (SITE, True, 20.0),  # a preemption: its grace
+        (SITE, False, 5.0),  # scancel, an admin's requeue: KillWait, not the grace (it used to be 20)
+        (SITE, None, 5.0),  # Slurm did not say: never more than either could give
+        (ZERO_GRACE, True, 30.0),  # a zero-grace preemption still leaves KillWait (it used to be 0: no save)
+        (ZERO_GRACE, False, 30.0),
+        (ZERO_GRACE, None, 30.0),
+        (LONG_KILL_WAIT, True, 10.0),
+        (LONG_KILL_WAIT, None, 10.0),
+        (LONG_KILL_WAIT, False, 60.0),
+    ],
+)
+def test_a_sigterm_gives_the_grace_of_a_preemption_and_killwait_otherwise(
+    times: SigtermTimes, preempted: bool | None, expected: float
+) -> None:
+    assert sigterm_s(times, preempted) == expected
+    # Slurm is asked only when its answer changes the deadline.
+    assert times.preemption_differs == (times is not ZERO_GRACE)
+
+
+@pytest.mark.parametrize(
+    ("record", "preempted"),
+    [("stop_preempted", True), ("stop_running", False), ("stop_cancelled", False), ("stop_admin_requeued", False)],
+)
+def test_a_preemption_is_told_by_the_jobs_preempt_time(
+    record: str, preempted: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records scontrol printed on the dev cluster during each kind of SIGTERM."""
+    line = (FIXTURES / "scontrol" / f"{record}.txt").read_text()
+    assert (parse_job_record(line).preempt_time is not None) == preempted
+    slurm = install(tmp_path, monkeypatch).says("scontrol", Said(out=line))
+    assert preempted_now({**os.environ, "SLURM_JOB_ID": "25817000"}) is preempted
+    assert slurm.calls("scontrol") == [["scontrol", "show", "job", "-o", "25817000"]]
+
+
+def test_no_answer_or_no_job_is_not_known(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install(tmp_path, monkeypatch).says("scontrol", captured("stopped_scontrol_show_job"))
+    assert preempted_now({**os.environ, "SLURM_JOB_ID": "7"}) is None
+    assert preempted_now({"PATH": os.environ["PATH"]}) is None  # not a Slurm job
+
+
+def test_killwait_and_grace_from_the_environment_then_slurm_then_the_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = (FIXTURES / "scontrol" / "stop_running.txt").read_text()  # Partition=batch
+    config = (FIXTURES / "scontrol" / "show_config.txt").read_text()  # KillWait = 5 sec
+    slurm = install(tmp_path, monkeypatch)
+    # In a job: its partition's GraceTime, then KillWait, each as scontrol printed them.
+    slurm.says("scontrol", Said(out=job), Said(out=PARTITION_LINE), Said(out=config))
+    in_job = {**os.environ, "SLURM_JOB_ID": "25817000"}
+    assert sigterm_times(in_job) == SigtermTimes(grace_s=20.0, kill_wait_s=5.0)
+    assert [c[:3] for c in slurm.calls("scontrol")] == [
+        ["scontrol", "show", "job"],
+        ["scontrol", "show", "partition"],
+        ["scontrol", "show", "config"],
+    ]
+    # The environment wins; outside Slurm, Slurm's defaults and no grace, nothing asked.
+    overridden = {**in_job, "HPCTRAIN_KILL_WAIT_S": "12", "HPCTRAIN_GRACE_TIME_S": "0"}
+    assert sigterm_times(overridden) == SigtermTimes(0.0, 12.0)
+    assert sigterm_times({"PATH": os.environ["PATH"]}) == SigtermTimes(0.0, DEFAULT_KILL_WAIT_S)
+    assert len(slurm.calls("scontrol")) == 3
+    # A config without KillWait (or no scontrol): the default, said with the variable to set.
+    with caplog.at_level(logging.WARNING):
+        assert sigterm_times({"SLURM_JOB_ID": "7", "PATH": str(tmp_path / "none")}).kill_wait_s == DEFAULT_KILL_WAIT_S
+    assert "could not read KillWait" in caplog.text and "HPCTRAIN_KILL_WAIT_S" in caplog.text
 
 
 # Printed by `scontrol show partition --oneliner batch` and `scontrol show job --oneliner ID`

@@ -27,6 +27,23 @@ RECORDS = {
     "completed.txt": JobRecord("5", "COMPLETED", None, 0, partition="urgent", node_list="node1", batch_host="node1"),
     # JobName holds `JobState=COMPLETED Reason=None`, Account `$(id)`, Comment `JobState=FAILED Restarts=9`.
     "hostile_held.txt": JobRecord("6", "PENDING", "JobHeldUser", 0, partition="batch"),
+    # A SIGTERM's records (README_stop.md): only a preemption shows a PreemptTime.
+    "stop_preempted.txt": JobRecord(
+        "25817000",
+        "RUNNING",
+        None,
+        0,
+        partition="batch",
+        node_list="node[1-2]",
+        batch_host="node1",
+        preempt_time="2026-11-24T11:16:56",
+    ),
+    "stop_cancelled.txt": JobRecord(
+        "25817002", "COMPLETING", None, 0, partition="batch", node_list="node2", batch_host="node2"
+    ),
+    "stop_admin_requeued.txt": JobRecord(
+        "25817003", "COMPLETING", None, 1, partition="batch", node_list="node1", batch_host="node1"
+    ),
 }
 
 
@@ -51,6 +68,16 @@ def test_a_shrunken_allocation_and_excluded_nodes() -> None:
     line = line.replace("ExcNodeList=(null) NodeList=node1", "ExcNodeList=node2 NodeList=node[1,3]")
     parsed = parse_job_record(line)
     assert parsed is not None and (parsed.node_list, parsed.exc_node_list) == ("node[1,3]", "node2")
+
+
+def test_a_job_name_that_imitates_a_preemption_is_not_one() -> None:
+    line = (FIXTURES / "scontrol" / "stop_running.txt").read_text()
+    line = line.replace(
+        "JobName=low.sh",
+        "JobName=x Deadline=N/A PreemptEligibleTime=N/A PreemptTime=2026-01-01T00:00:00 SuspendTime=None",
+    )
+    parsed = parse_job_record(line)
+    assert parsed is not None and parsed.preempt_time is None and parsed.job_id == "25817000"
 
 
 def test_another_order_of_fields_is_read_loosely_and_other_lines_are_not_records() -> None:

@@ -1,7 +1,9 @@
 """How long a signal-forced save may take, and what to do when a write cannot fit.
 
 A stop signal gives the job a fixed time before Slurm kills it: `slurm.signal_delay_s` before
-the time limit, the partition's GraceTime after a preemption's SIGTERM. A forced save that
+the time limit; after a SIGTERM, the partition's GraceTime when Slurm chose the job for
+preemption (and GraceTime is not 0), KillWait otherwise (scancel, an admin's `scontrol requeue`,
+a preemption without grace): see `sigterm_s`. A forced save that
 outlasts it is killed half-way and the job loses everything since its last checkpoint (after a
 time limit it is not even requeued). `plan_forced_save` is the decision, a pure function:
 
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from hpctrain.run.causes import StopReason
 from hpctrain.run.life import LifeStamp
 from hpctrain.slurm import client
-from hpctrain.slurm.records import parse_job_record, parse_partition
+from hpctrain.slurm.records import parse_config, parse_job_record, parse_partition
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,12 @@ MARGIN_FRACTION = 0.15
 # SIGTERM and the SIGKILL of a job that is cancelled without a grace time.
 DEFAULT_GRACE_S = 30.0
 GRACE_ENV = "HPCTRAIN_GRACE_TIME_S"
+# KillWait when it cannot be read: Slurm's default.
+DEFAULT_KILL_WAIT_S = 30.0
+KILL_WAIT_ENV = "HPCTRAIN_KILL_WAIT_S"
+# Asking Slurm, after a SIGTERM, whether it was a preemption: the answer is worth this much of
+# the time the signal gives, no more.
+PREEMPTED_LOOK = client.Policy(timeout_s=3.0)
 
 # What a forced save did: the plan's choices, and "overran" when a write it chose was still under
 # way at the deadline (the estimate was wrong) and was cancelled so that the job exits in time.
@@ -111,11 +119,94 @@ def _skipped(stop_step: int, complete_step: int | None, why: str) -> ForcedSaveP
     return ForcedSavePlan("skipped", f"{why}; {kept}", stop_step - (complete_step or 0))
 
 
-def deadline_s(reason: StopReason, since_signal_s: float, signal_delay_s: float, grace_s: float) -> float | None:
-    """Seconds left for a forced save: the time-limit warning's head start, the preemption's grace
-    (both less the time since the signal), or None for an interrupt (the user waits)."""
-    given = {StopReason.TIMELIMIT: signal_delay_s, StopReason.PREEMPT: grace_s}.get(reason)
+def deadline_s(reason: StopReason, since_signal_s: float, signal_delay_s: float, sigterm_given: float) -> float | None:
+    """Seconds left for a forced save: the time-limit warning's head start, what a SIGTERM gives
+    (`sigterm_s`; both less the time since the signal), or None for an interrupt (the user waits)."""
+    given = {StopReason.TIMELIMIT: signal_delay_s, StopReason.PREEMPT: sigterm_given}.get(reason)
     return None if given is None else max(0.0, given - since_signal_s)
+
+
+@dataclass(frozen=True)
+class SigtermTimes:
+    """What Slurm gives between a SIGTERM and its SIGKILL, read once at start-up."""
+
+    grace_s: float  # the partition's GraceTime: a preemption's (0: Slurm's default, none)
+    kill_wait_s: float  # KillWait: after scancel, `scontrol requeue`, or the end of a grace
+
+    @property
+    def preemption_differs(self) -> bool:
+        """Whether the answer to "was it a preemption?" changes the deadline."""
+        return self.grace_s > 0 and self.grace_s != self.kill_wait_s
+
+
+def sigterm_s(times: SigtermTimes, preempted: bool | None) -> float:
+    """Seconds from a SIGTERM to Slurm's SIGKILL (slurm.conf(5), GraceTime and KillWait):
+
+    the SIGTERM                                   gives
+    a preemption, GraceTime > 0                   GraceTime: at its end the tasks and the batch
+                                                  shell get SIGTERM again, and KillWait after
+                                                  that is the control step's
+    a preemption, GraceTime 0                     KillWait
+    scancel, `scontrol requeue`, a node set down  KillWait
+    not known (Slurm did not answer)              the smaller of the two: never more than
+                                                  either could give
+    """
+    if preempted is None and times.grace_s > 0:
+        return min(times.grace_s, times.kill_wait_s)
+    if preempted and times.grace_s > 0:
+        return times.grace_s
+    return times.kill_wait_s
+
+
+def preempted_now(environ: Mapping[str, str] | None = None) -> bool | None:
+    """After a SIGTERM: whether Slurm chose this job for preemption (its record shows a
+    PreemptTime); None without an answer within PREEMPTED_LOOK, or outside a Slurm job."""
+    env = os.environ if environ is None else environ
+    job_id = LifeStamp.from_env(env).job_id
+    if not job_id:
+        return None
+    done = client.run(["scontrol", "show", "job", "-o", job_id], PREEMPTED_LOOK, env=env)
+    record = parse_job_record(done.stdout) if done.ok else None
+    return None if record is None else record.preempt_time is not None
+
+
+def sigterm_times(environ: Mapping[str, str] | None = None) -> SigtermTimes:
+    """GraceTime (`grace_time_s`) and KillWait: each from its environment variable when set, else
+    from Slurm inside a job (`scontrol show partition`, `scontrol show config`), else Slurm's
+    defaults (outside Slurm a SIGTERM comes from a user or an init system: no grace)."""
+    env = os.environ if environ is None else environ
+    in_job = bool(LifeStamp.from_env(env).job_id)
+    grace = grace_time_s(env) if in_job or GRACE_ENV in env else 0.0
+    kill_wait = _seconds_from(env, KILL_WAIT_ENV)
+    if kill_wait is None:
+        kill_wait = _read_kill_wait(env) if in_job else DEFAULT_KILL_WAIT_S
+    return SigtermTimes(grace, kill_wait)
+
+
+def _read_kill_wait(environ: Mapping[str, str]) -> float:
+    try:
+        value = parse_config(_scontrol(environ, "show", "config")).get("KillWait", "")
+        return float(value.split()[0])  # "5 sec"
+    except (ValueError, IndexError) as error:
+        log.warning(
+            "could not read KillWait (%s); a forced save after scancel or a requeue assumes %.0f s "
+            "(set %s to override)",
+            error or "scontrol show config printed no KillWait",
+            DEFAULT_KILL_WAIT_S,
+            KILL_WAIT_ENV,
+        )
+        return DEFAULT_KILL_WAIT_S
+
+
+def _seconds_from(environ: Mapping[str, str], name: str) -> float | None:
+    given = environ.get(name)
+    if given is None:
+        return None
+    try:
+        return float(given)
+    except ValueError:
+        log.warning("%s=%r is not a number of seconds; ignored", name, given)
+        return None
 
 
 def grace_time_s(environ: Mapping[str, str] | None = None) -> float:

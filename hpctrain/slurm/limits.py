@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 
 from hpctrain.slurm import client
+from hpctrain.slurm.records import parse_config
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +68,6 @@ def check(points: int, limits: Limits, parallelism: int | None = None) -> Verdic
 
 
 # ---- Slurm's answers, parsed (fixtures captured from the dev cluster in tests) -----------------
-
-
-def parse_config(text: str) -> dict[str, str]:
-    """`scontrol show config`: `Name = value` lines."""
-    found = {}
-    for line in text.splitlines():
-        name, sep, value = line.partition("=")
-        if sep and name.strip() and " " not in name.strip():
-            found[name.strip()] = value.strip()
-    return found
 
 
 def enforces_limits(config: dict[str, str]) -> bool:

@@ -29,6 +29,8 @@ _HEAD = re.compile(r"^(?:scontrol: )?JobId=(\d+) (?:ArrayJobId=(\d+) ArrayTaskId
 # Reason may hold spaces but never another ` JobState=`: a name holding `JobState=X Reason=Y` is
 # passed over (the real run follows it).
 _STATE = re.compile(r" JobState=(\S+) Reason=((?:(?! JobState=).)*?) Dependency=\S* Requeue=\d+ Restarts=(\d+) ")
+# After the times that follow Restarts (their values are dates, N/A or None: no spaces).
+_PREEMPT = re.compile(r" Deadline=\S+ PreemptEligibleTime=\S+ PreemptTime=(\S+) SuspendTime=")
 _PLACE = re.compile(
     r" Partition=(\S+) AllocNode:Sid=\S* ReqNodeList=\S* ExcNodeList=(\S*) NodeList=(\S*)"
     r"(?: SchedNodeList=\S*)?(?: BatchHost=(\S+))? "
@@ -52,6 +54,8 @@ class JobRecord:
     node_list: str | None = None  # the nodes it holds now (with --no-kill a failed one leaves)
     batch_host: str | None = None
     exc_node_list: str | None = None
+    # When Slurm chose this job for preemption (its grace runs from then); None when it did not.
+    preempt_time: str | None = None
 
     @property
     def names(self) -> list[str]:
@@ -71,12 +75,15 @@ def parse_job_record(line: str) -> JobRecord | None:
     restarts: int | None
     if state is not None:
         state_word, reason, restarts = state.group(1), reason_of(state.group(2)), int(state.group(3))
+        preempted = _PREEMPT.search(line, state.end() - 1)
+        preempt_time = preempted.group(1) if preempted else None
         place = _PLACE.search(line, state.end() - 1)
     else:
         word, count = _loose("JobState", line), _loose("Restarts", line)
         if not word:
             return None
         state_word, reason, restarts = word, None, int(count) if count and count.isdigit() else None
+        preempt_time = _loose("PreemptTime", line)
         place = None
     if place is not None:
         partition, excluded, nodes, batch_host = place.groups()
@@ -95,6 +102,7 @@ def parse_job_record(line: str) -> JobRecord | None:
         node_list=_value(nodes),
         batch_host=_value(batch_host),
         exc_node_list=_value(excluded),
+        preempt_time=None if _value(preempt_time) in (None, "None") else preempt_time,
     )
 
 
@@ -121,3 +129,13 @@ def reason_of(text: str) -> str | None:
     """A job's Reason (scontrol) or %r (squeue); None for Slurm's ways of saying there is none."""
     text = text.strip()
     return None if text in ("", "None", "(None)", "(null)") else text
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """`scontrol show config`: `Name = value` lines."""
+    found = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() and " " not in name.strip():
+            found[name.strip()] = value.strip()
+    return found

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.checkpoint import Checkpointer, rng
-from hpctrain.checkpoint.deadline import deadline_s, grace_time_s
+from hpctrain.checkpoint.deadline import deadline_s, preempted_now, sigterm_s, sigterm_times
 from hpctrain.checkpoint.writer import DiskFull
 from hpctrain.config import Config, fingerprint, identity
 from hpctrain.data.splits import Splits
@@ -87,8 +87,8 @@ class Trainer:
         )
         # A trial of hpctrain-tune with a pruner: asked at evaluation steps (None otherwise).
         self.pruner = TrialPruner.for_run(self.run, config, ctx)
-        # Read once at start-up: a preemption's SIGTERM gives this long for the forced save.
-        self.grace_s = grace_time_s() if ctx.is_main else 0.0
+        # Read once at start-up: what a SIGTERM gives for the forced save (GraceTime, KillWait).
+        self.sigterm_times = sigterm_times() if ctx.is_main else None
 
     # ---- the run -------------------------------------------------------------------------
 
@@ -242,8 +242,13 @@ class Trainer:
     def _forced_save(self, reason: StopReason) -> None:
         """The ranks agreed to stop: the `stop` record, then the save the stop forces, bounded by
         the time the signal gives (rank 0's view)."""
+        sigterm_given_s = 0.0
+        if reason is StopReason.PREEMPT and self.sigterm_times is not None:
+            # A preemption's grace or KillWait: asked of Slurm only when the two differ.
+            times = self.sigterm_times
+            sigterm_given_s = sigterm_s(times, preempted_now() if times.preemption_differs else False)
         since_signal_s = time.monotonic() - (self.stop.requested_at or time.monotonic())
-        deadline = deadline_s(reason, since_signal_s, self.config.slurm.signal_delay_s, self.grace_s)
+        deadline = deadline_s(reason, since_signal_s, self.config.slurm.signal_delay_s, sigterm_given_s)
         # Before the save: a save killed half-way (a deadline missed, SIGKILL) writes nothing, and
         # the control step must still learn that the ranks had agreed to stop, and why.
         self.journal.write_event(
