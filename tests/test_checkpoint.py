@@ -9,8 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import pickle
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -21,6 +25,7 @@ import numpy as np
 import pytest
 import torch
 
+from hpctrain import faults
 from hpctrain.checkpoint import Checkpointer, NoUsableCheckpoint, rng, store
 from hpctrain.checkpoint.snapshot import Snapshotter
 from hpctrain.checkpoint.writer import BackgroundWriter
@@ -236,13 +241,62 @@ def test_when_every_checkpoint_is_bad_load_refuses_to_start_over(tmp_path: Path)
     assert "step_00000010.pt" in message and "step_00000020.pt" in message
 
 
-def test_a_lone_data_file_is_no_checkpoint_but_still_blocks_a_silent_fresh_start(tmp_path: Path) -> None:
+CUT_WRITE = """
+import sys, torch
+from hpctrain.checkpoint import store
+folder, steps = sys.argv[1], [int(s) for s in sys.argv[2:]]
+for step in steps:
+    torch.manual_seed(step)
+    store.write(__import__("pathlib").Path(folder), step, {"w": torch.randn(64)}, {"reason": "periodic"})
+"""
+
+
+def _write_then_cut(folder: Path, *steps: int) -> subprocess.CompletedProcess[str]:
+    """Write `steps` in a process SIGKILLed between the last one's two renames (a fault point)."""
+    env = {**os.environ, faults.ENV: f"checkpoint.between_renames=kill@{len(steps)}"}
+    command = [sys.executable, "-c", CUT_WRITE, str(folder), *map(str, steps)]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("older", [(), (10,)], ids=["alone", "after-another"])
+def test_a_write_killed_between_its_two_renames_is_resumed_from(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, older: tuple[int, ...]
+) -> None:
+    """Its .pt is whole (renamed after fsync), its .json never landed: the run resumes from it,
+    whether or not an older checkpoint exists (alone, it used to fail the run as a user error)."""
+    folder = tmp_path / "checkpoints"
+    cut = _write_then_cut(folder, *older, 20)
+    assert cut.returncode == -signal.SIGKILL, cut.stderr
+    assert (folder / "step_00000020.pt").is_file() and not (folder / "step_00000020.json").exists()
+    with caplog.at_level(logging.WARNING, logger=STORE_LOG):
+        found = store.load_newest(folder)
+    assert found is not None and found[0].step == 20
+    torch.manual_seed(20)
+    assert torch.equal(found[1]["w"], torch.randn(64))
+    assert "step_00000020.pt has no step_00000020.json" in caplog.text
+
+
+def test_a_lone_data_file_that_does_not_load_blocks_a_silent_fresh_start(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    torch.save(make_state(3), folder / "step_00000003.pt")  # its .json never landed
+    (folder / "step_00000003.pt").write_bytes(b"not a checkpoint")
     assert store.entries(folder) == []
     with pytest.raises(NoUsableCheckpoint, match="Refusing to start over"):
         store.load_newest(folder)
+
+
+def test_prune_removes_unpublished_data_older_than_what_it_keeps(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    assert _write_then_cut(folder, 10, 20).returncode == -signal.SIGKILL  # 20 left without its .json
+    for step in (30, 40, 50):
+        write(folder, step)
+    store.prune(folder, keep=2)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "step_00000040.json",
+        "step_00000040.pt",
+        "step_00000050.json",
+        "step_00000050.pt",
+    ]
 
 
 def test_an_empty_or_missing_folder_means_a_fresh_run(tmp_path: Path) -> None:
@@ -269,7 +323,7 @@ def test_prune_keeps_the_newest_n(tmp_path: Path) -> None:
     assert found is not None and found[0].step == 50
 
 
-def test_a_data_file_without_its_json_does_not_count_as_a_checkpoint(tmp_path: Path) -> None:
+def test_a_data_file_without_its_json_is_not_counted_by_prune_but_is_loaded(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoints"
     for step in (10, 20, 30):
         write(folder, step)
@@ -278,12 +332,15 @@ def test_a_data_file_without_its_json_does_not_count_as_a_checkpoint(tmp_path: P
     assert [e.step for e in store.entries(folder)] == [30, 20, 10]
     store.prune(folder, keep=2)
 
-    # The stray .pt neither counted as one of the two kept nor pushed a complete one out.
+    # The stray .pt neither counted as one of the two kept nor pushed a complete one out, and
+    # prune left it (newer than the kept ones: it may be a write under way).
     assert [e.step for e in store.entries(folder)] == [30, 20]
     assert (folder / "step_00000030.pt").exists() and (folder / "step_00000020.pt").exists()
     assert not (folder / "step_00000010.pt").exists() and not (folder / "step_00000010.json").exists()
+    assert (folder / "step_00000040.pt").exists()
+    # At a start nothing is under way: it is whole (renamed after fsync), and the newest.
     found = store.load_newest(folder)
-    assert found is not None and found[0].step == 30
+    assert found is not None and found[0].step == 40
 
 
 # ---- snapshots -----------------------------------------------------------------------------

@@ -6,6 +6,11 @@ A checkpoint is two files:
 Each is written to a temporary name and renamed into place, so a checkpoint counts only when
 its .json exists, and the .json is checked against the .pt before use. A torn or corrupt newest
 checkpoint is skipped with a warning and the one before it is used.
+
+A .pt without its .json is a write cut between its two renames (a kill, a node lost), or a
+prune cut between its two unlinks. Either way the .pt is whole: it is renamed into place only
+after it was written and fsynced. When no published checkpoint is newer and usable, it is
+loaded (said in the log) rather than failing the run or starting it over.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ from typing import Any, BinaryIO
 
 import torch
 
+from hpctrain import faults
 from hpctrain.checkpoint.format import check_readable
 from hpctrain.run.paths import CheckpointFiles as Entry
 from hpctrain.run.paths import checkpoint_files as paths_for
 from hpctrain.run.paths import checkpoints_in as entries
+from hpctrain.run.paths import unpublished_checkpoints_in
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +144,7 @@ def write(
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp_data, entry.data)
+        faults.point("checkpoint.between_renames")
         meta = {"step": step, "size": writer.size, "sha256": writer.digest.hexdigest(), **info}
         tmp_meta.write_text(json.dumps(meta))
         os.replace(tmp_meta, entry.meta)
@@ -179,14 +187,24 @@ def load_newest(folder: Path) -> tuple[Entry, dict[str, Any]] | None:
 
     Raises NoUsableCheckpoint when checkpoints exist but none passes the checks."""
     problems: list[str] = []
-    for entry in entries(folder):
-        try:
-            meta = verify(entry)
-        except Exception as error:  # a bad file of any kind: try the one before
-            _unusable(problems, entry, error)
-            continue
-        # A newer format is refused, not skipped: falling back would silently drop its steps.
-        check_readable(meta, str(entry.meta))
+    published = entries(folder)
+    unpublished = unpublished_checkpoints_in(folder)
+    for entry in sorted([*published, *unpublished], key=lambda e: e.step, reverse=True):
+        if entry in published:
+            try:
+                meta = verify(entry)
+            except Exception as error:  # a bad file of any kind: try the one before
+                _unusable(problems, entry, error)
+                continue
+            # A newer format is refused, not skipped: falling back would silently drop its steps.
+            check_readable(meta, str(entry.meta))
+        else:
+            log.warning(
+                "checkpoint %s has no %s (its write or prune was cut between two renames); "
+                "the .pt is whole (renamed only after it was synced): loading it",
+                entry.data.name,
+                entry.meta.name,
+            )
         try:
             state = torch.load(entry.data, map_location="cpu", weights_only=True)
         except Exception as error:
@@ -209,9 +227,17 @@ def _unusable(problems: list[str], entry: Entry, error: Exception) -> None:
 
 
 def prune(folder: Path, keep: int) -> None:
-    """Delete all but the newest `keep` complete checkpoints (and stray temporary files)."""
-    for entry in entries(folder)[keep:]:
+    """Delete all but the newest `keep` complete checkpoints, the unpublished .pt files older than
+    the ones kept, and stray temporary files. Called by the one writer after its write: no other
+    write is under way (one would be newer than every published checkpoint)."""
+    published = entries(folder)
+    for entry in published[keep:]:
         entry.meta.unlink(missing_ok=True)  # the marker first: a half-deleted checkpoint never counts
         entry.data.unlink(missing_ok=True)
+    kept = published[:keep]
+    if kept:
+        for entry in unpublished_checkpoints_in(folder):
+            if entry.step < kept[-1].step:
+                entry.data.unlink(missing_ok=True)
     for tmp in folder.glob("*.tmp"):
         tmp.unlink(missing_ok=True)

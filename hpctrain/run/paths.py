@@ -190,6 +190,7 @@ class SweepArrays:
 # from the moment its .json exists. Here, not in hpctrain.checkpoint, so that tools reading run
 # dirs (hpctrain-status, the submit checks) need no torch.
 _CHECKPOINT_META = re.compile(r"^step_(\d{8,})\.json$")
+_CHECKPOINT_DATA = re.compile(r"^step_(\d{8,})\.pt$")
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,16 @@ def checkpoints_in(folder: Path) -> list[CheckpointFiles]:
         return []
     steps = [int(m.group(1)) for m in map(_CHECKPOINT_META.match, os.listdir(folder)) if m]
     return [checkpoint_files(folder, step) for step in sorted(steps, reverse=True)]
+
+
+def unpublished_checkpoints_in(folder: Path) -> list[CheckpointFiles]:
+    """Data files without their .json (a write or a prune cut between two renames), newest first."""
+    if not folder.is_dir():
+        return []
+    names = set(os.listdir(folder))
+    steps = [int(m.group(1)) for m in map(_CHECKPOINT_DATA.match, names) if m]
+    found = [checkpoint_files(folder, step) for step in sorted(steps, reverse=True)]
+    return [entry for entry in found if entry.meta.name not in names]
 
 
 def restrict_umask() -> int:

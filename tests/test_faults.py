@@ -1,0 +1,108 @@
+"""Fault points (hpctrain.faults): armed by HPCTRAIN_FAULT_POINTS, inert and free without it."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain import faults
+from hpctrain.faults import Armed
+
+PACKAGE = Path(faults.__file__).parent
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", {}),
+        ("checkpoint.between_renames=kill", {"checkpoint.between_renames": Armed("kill")}),
+        ("checkpoint.between_renames=sleep:2.5", {"checkpoint.between_renames": Armed("sleep", 2.5)}),
+        ("checkpoint.between_renames=exit:3@2", {"checkpoint.between_renames": Armed("exit", 3.0, 2)}),
+        (" checkpoint.between_renames=stop , ", {"checkpoint.between_renames": Armed("stop")}),
+    ],
+)
+def test_armed_points_are_read_from_their_words(text: str, expected: dict[str, Armed]) -> None:
+    assert faults.parse(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("nowhere=kill", "not NAME=ACTION with a known point (checkpoint.between_renames"),
+        ("checkpoint.between_renames", "not NAME=ACTION"),
+        ("checkpoint.between_renames=explode", "the action is kill, stop, term"),
+        ("checkpoint.between_renames=sleep", "the action is kill, stop, term"),
+        ("checkpoint.between_renames=kill:3", "the action is kill, stop, term"),
+        ("checkpoint.between_renames=sleep:soon", "are numbers"),
+        ("checkpoint.between_renames=kill@x", "are numbers"),
+    ],
+)
+def test_a_wrong_arming_is_refused_naming_it(text: str, words: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(words)):
+        faults.parse(text)
+
+
+def test_every_listed_point_is_in_the_code_and_every_point_in_the_code_is_listed() -> None:
+    used = set()
+    for path in PACKAGE.rglob("*.py"):
+        used.update(re.findall(r"faults\.point\(\"([a-z_.]+)\"\)", path.read_text()))
+    assert used == set(faults.POINTS)
+
+
+def _hit(point: str, arming: str, times: int = 1) -> subprocess.CompletedProcess[str]:
+    code = f"from hpctrain import faults\nfor _ in range({times}): faults.point({point!r})\nprint('after')"
+    env = {"PATH": "/usr/bin:/bin", faults.ENV: arming}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("arming", "times", "returncode", "printed"),
+    [
+        ("", 1, 0, "after\n"),  # unarmed: nothing happens
+        ("checkpoint.between_renames=kill", 1, -signal.SIGKILL, ""),
+        ("checkpoint.between_renames=term", 1, -signal.SIGTERM, ""),
+        ("checkpoint.between_renames=exit:7", 1, 7, ""),
+        ("checkpoint.between_renames=kill@3", 2, 0, "after\n"),  # reached twice: not yet
+        ("checkpoint.between_renames=kill@3", 3, -signal.SIGKILL, ""),
+    ],
+)
+def test_an_armed_point_acts_in_its_process(arming: str, times: int, returncode: int, printed: str) -> None:
+    done = _hit("checkpoint.between_renames", arming, times)
+    assert (done.returncode, done.stdout) == (returncode, printed), done.stderr
+
+
+def test_a_wrong_arming_stops_the_process_at_import_saying_why() -> None:
+    done = _hit("checkpoint.between_renames", "checkpoint.between_rename=kill")
+    assert done.returncode == 1 and "HPCTRAIN_FAULT_POINTS" in done.stderr and "after" not in done.stdout
+
+
+def test_stop_leaves_the_process_alive_and_silent() -> None:
+    code = "from hpctrain import faults\nfaults.point('checkpoint.between_renames')\nprint('after', flush=True)"
+    env = {"PATH": "/usr/bin:/bin", faults.ENV: "checkpoint.between_renames=stop"}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _state(proc.pid) != "T":
+            time.sleep(0.05)
+        assert _state(proc.pid) == "T"  # stopped, not exited
+        proc.send_signal(signal.SIGCONT)
+        assert proc.communicate(timeout=30)[0] == "after\n"
+    finally:
+        proc.kill()
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_an_unarmed_point_costs_a_lookup() -> None:
+    started = time.perf_counter()
+    for _ in range(100_000):
+        faults.point("checkpoint.between_renames")
+    assert (time.perf_counter() - started) / 100_000 < 5e-6  # well under a microsecond here
