@@ -119,6 +119,17 @@ ROWS = {
         action=Action.STOP,
     ),
     "crash": Row(EARLIER, (start("node1", "node2"),), out(1), events=["failure:crash", "requeue:crash"]),
+    # The ranks agreed to stop, then the save was killed (OOM, a rank SIGKILLed): no checkpoint,
+    # no forced_save, only the `stop`; srun passes the kill on. Before: charged as a crash.
+    "preemption whose save was killed": Row(
+        EARLIER, (start("node1", "node2", t=100.0), stop(55, "preempt", 159.0)), out(137), events=["requeue:preempt"]
+    ),
+    "time limit whose save was killed": Row(
+        EARLIER, (start("node1", "node2", t=100.0), stop(55, "timelimit", 159.0)), out(9), events=["requeue:timelimit"]
+    ),
+    # A signal before the tasks' handlers (torch still importing): the worker records it, writes
+    # the `stop` and leaves before the rendezvous (hpctrain.worker); the other tasks are killed.
+    "preemption before any start": Row(EARLIER, (stop(40, "preempt", 101.0),), out(137), events=["requeue:preempt"]),
     "hang (srun passes the watchdog's 77 on as another code)": Row(
         EARLIER, (start("node1", "node2"), failure("hang", rank=1)), out(137), events=["requeue:hang"]
     ),

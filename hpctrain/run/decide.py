@@ -263,9 +263,10 @@ def _last_life(events: Sequence[Event]) -> Sequence[Event]:
 
 
 def _saved_for(event: Event) -> StopReason | None:
-    """The stop signal a forced save answered: its checkpoint, or the forced_save record, which is
-    written whatever was chosen (a save skipped for lack of time writes no checkpoint)."""
-    return stop_reason(event.reason) if isinstance(event, (Checkpoint, ForcedSave)) else None
+    """The stop signal a forced save answered: its checkpoint, the forced_save record (written
+    whatever was chosen: a save skipped for lack of time writes no checkpoint), or the `stop` the
+    ranks agreed on before the save (all that is left when the save was killed)."""
+    return stop_reason(event.reason) if isinstance(event, (Checkpoint, ForcedSave, Stop)) else None
 
 
 def _is(event: Event, cause: Cause) -> bool:
