@@ -11,6 +11,7 @@ environment variable HPCTRAIN_FAULT_POINTS arms it:
     kill        SIGKILL this process: nothing after it runs (no handler, no `finally`)
     stop        SIGSTOP this process: it stops answering without exiting (a silent node)
     term        SIGTERM this process (a signal at exactly this moment)
+    signal:NAME that signal to this process (signal:USR2: the time-limit warning)
     sleep:S     wait S seconds, then go on
     exit:N      leave at once with exit code N (os._exit: no cleanup)
 
@@ -32,14 +33,17 @@ ENV = "HPCTRAIN_FAULT_POINTS"
 
 # Every point in the code, and the moment it marks.
 POINTS = {
+    "worker.before_imports": "`python -m hpctrain.worker` started, torch not imported yet",
+    "worker.after_imports": "torch and the trainer imported, the config not read yet",
+    "worker.before_rendezvous": "the stop handlers installed, the process group not joined yet",
     "checkpoint.between_renames": "a checkpoint's .pt renamed into place, its .json not yet",
 }
 
 
 @dataclass(frozen=True)
 class Armed:
-    action: str  # kill, stop, term, sleep, exit
-    value: float = 0.0  # sleep's seconds, exit's code
+    action: str  # kill, stop, term, signal, sleep, exit
+    value: float = 0.0  # sleep's seconds, exit's code, signal's number
     on_hit: int = 1  # fire the K-th time the point is reached
 
 
@@ -53,8 +57,16 @@ def parse(text: str) -> dict[str, Armed]:
             raise ValueError(f"{ENV}: {item!r} is not NAME=ACTION with a known point ({known})")
         spec, _, hit = spec.partition("@")
         action, _, value = spec.partition(":")
-        if action not in ("kill", "stop", "term", "sleep", "exit") or (action in ("sleep", "exit")) != bool(value):
-            raise ValueError(f"{ENV}: {item!r}: the action is kill, stop, term, sleep:SECONDS or exit:CODE")
+        valued = ("sleep", "exit", "signal")
+        if action not in ("kill", "stop", "term", *valued) or (action in valued) != bool(value):
+            raise ValueError(
+                f"{ENV}: {item!r}: the action is kill, stop, term, signal:NAME, sleep:SECONDS or exit:CODE"
+            )
+        if action == "signal":
+            number = getattr(signal, f"SIG{value}", None)
+            if not isinstance(number, signal.Signals):
+                raise ValueError(f"{ENV}: {item!r}: {value!r} is not a signal name (TERM, USR2, ...)")
+            value = str(int(number))
         try:
             armed[name] = Armed(action, float(value or 0), int(hit or 1))
         except ValueError:
@@ -84,5 +96,5 @@ def point(name: str) -> None:
     elif armed.action == "exit":
         os._exit(int(armed.value))
     else:
-        sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}[armed.action]
-        os.kill(os.getpid(), sig)
+        named = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
+        os.kill(os.getpid(), named.get(armed.action) or int(armed.value))

@@ -38,9 +38,18 @@ class StopFlag:
             signal.signal(signum, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.note(signum, time.monotonic())
+
+    def note(self, signum: int, arrived_at: float) -> None:
+        """A stop signal that arrived at `arrived_at` (time.monotonic()); also one held before
+        the handlers were installed (hpctrain.early_signals)."""
         self.requested = max(self.requested, self.signal_names[signum].urgency)
-        if self.requested_at is None:
-            self.requested_at = time.monotonic()
+        if self.requested_at is None or arrived_at < self.requested_at:
+            self.requested_at = arrived_at
+
+    def agreed_alone(self) -> StopReason | None:
+        """This process's own request, before there is a group to agree with."""
+        return self.reason_for(self.requested)
 
     def agreed(self, ctx: DistContext) -> StopReason | None:
         """Collective: the stop reason every rank agrees on, or None to go on."""

@@ -1,117 +1,53 @@
-"""What every training process runs: join the group, train, always clean up.
+"""What every training process runs: `python -m hpctrain.worker RUN_DIR` is the command srun or
+torchrun starts on every task; the local launcher starts `spawned` in each process it spawns.
+Both read the run dir's config.yaml; the life itself is hpctrain.train_process.
 
-`python -m hpctrain.worker RUN_DIR` is the command srun or torchrun starts on every task; the
-local launcher calls `run` in each spawned process. Both read the run dir's config.yaml.
-Exit codes (hpctrain.run.exitcodes): WORKER_FINISHED; WORKER_SAVED_FOR_TIMELIMIT /
-WORKER_SAVED_AND_STOPPED after a signal-forced checkpoint; WORKER_USER_ERROR after a user's
-mistake (checkpoints of another model, a missing data file), told as one `error:` line and a
-`failure` event (cause `user_error`), which the batch script does not retry.
+This module imports nothing heavy on purpose: its first act is to hold the stop signals
+(hpctrain.early_signals), so a preemption or a time-limit warning that lands while torch is
+still importing is honoured (no step trained, nothing lost) instead of killing the process as
+a crash.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
-import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from hpctrain import faults
+from hpctrain.early_signals import EarlySignals
 
-from hpctrain import dist as hdist
-from hpctrain import logs
-from hpctrain.checkpoint import NoUsableCheckpoint
-from hpctrain.config import load_run_config
-from hpctrain.dist import DistContext
-from hpctrain.errors import UserError
-from hpctrain.run.causes import Cause, StopReason
-from hpctrain.run.events import Failure, Journal
-from hpctrain.run.exitcodes import WORKER_FINISHED, WORKER_USER_ERROR
-from hpctrain.run.paths import RunDir
-from hpctrain.signals import StopFlag, exit_code
-from hpctrain.slurm.env import SlurmEnvError
-from hpctrain.trainer.trainer import StopTraining, Trainer
-
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from hpctrain.dist import DistContext
+    from hpctrain.run.causes import StopReason
 
 
-def run(run_dir: Path, ctx: DistContext) -> StopReason | None:
-    """Train; returns None when finished, or the stop reason after a signal-forced save.
-    A user's mistake is reported here and raised again as UserError."""
-    logs.setup(ctx.rank)
-    try:
-        return _run(run_dir, ctx)
-    except (UserError, NoUsableCheckpoint) as error:
-        _report(error, run_dir, ctx)
-        if isinstance(error, UserError):
-            raise
-        raise UserError(str(error)) from error
+def run(run_dir: Path, ctx: DistContext, early: EarlySignals | None = None) -> StopReason | None:
+    """Train in this process (hpctrain-train under srun or torchrun, or a single process)."""
+    from hpctrain import train_process
 
-
-def _report(error: Exception, run_dir: Path, ctx: DistContext) -> None:
-    if not ctx.is_main:  # every rank fails alike; rank 0 tells it
-        log.error("%s", error)
-        return
-    print(f"error: {error}", file=sys.stderr, flush=True)
-    Journal(RunDir(run_dir).events).write_event(
-        Failure(
-            job_id=ctx.life.job_id,
-            restart=ctx.life.restart,
-            cause=Cause.USER_ERROR,
-            message=str(error),
-        )
-    )
-
-
-def _run(run_dir: Path, ctx: DistContext) -> StopReason | None:
-    config = load_run_config(run_dir)
-    # Handlers first: a signal from here on is honoured at the first step boundary.
-    stop = StopFlag(config.slurm.signal)
-    stop.install()
-    # Threads before any work: the count is part of what makes a run bit-reproducible.
-    torch.set_num_threads(config.trainer.threads)
-    hdist.init_process_group(
-        ctx, config.trainer.backend, config.trainer.collective_timeout_s, run_dir, config.slurm.network
-    )
-    trainer = None
-    try:
-        log.info("rank %d/%d on %s (%s), run dir %s", ctx.rank, ctx.world_size, ctx.device, ctx.source, run_dir)
-        trainer = Trainer(config, ctx, run_dir, stop)
-        trainer.train()
-        return None
-    except StopTraining as stopped:
-        log.info("%s; checkpoint saved, resume by starting the run dir again", stopped)
-        return stopped.reason
-    finally:
-        # A DDP model still alive at interpreter shutdown can abort the process ("terminate
-        # called without an active exception"): free it before the process group goes.
-        del trainer
-        gc.collect()
-        hdist.destroy_process_group()
+    return train_process.run(run_dir, ctx, early)
 
 
 def spawned(local_rank: int, nprocs: int, store_path: str, run_dir: str) -> None:
     """Entry of a process started by the local launcher (torch.multiprocessing)."""
-    try:
-        run(Path(run_dir), DistContext.for_spawn(local_rank, nprocs, store_path))
-    except UserError:  # told already; the exit code says so to the launcher
-        sys.exit(WORKER_USER_ERROR)
+    early = EarlySignals().hold()
+    from hpctrain import train_process
+
+    train_process.spawned(local_rank, nprocs, store_path, run_dir, early)
 
 
 def main(argv: list[str] | None = None) -> None:
+    early = EarlySignals().hold()
+    faults.point("worker.before_imports")
     parser = argparse.ArgumentParser(description="Run one training process of a run directory.")
     parser.add_argument("run_dir", type=Path, help="a run directory holding config.yaml")
-    args = parser.parse_args(argv)
-    try:
-        ctx = DistContext.from_env()
-    except SlurmEnvError as error:  # a task layout hpctrain cannot train in: no retry helps
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        sys.exit(WORKER_USER_ERROR)
-    try:
-        reason = run(args.run_dir, ctx)
-    except UserError:
-        sys.exit(WORKER_USER_ERROR)
-    sys.exit(exit_code(reason) if reason else WORKER_FINISHED)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    from hpctrain import train_process  # torch, the trainer: seconds at every start
+
+    faults.point("worker.after_imports")
+    train_process.main(args.run_dir, early)
 
 
 if __name__ == "__main__":

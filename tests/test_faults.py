@@ -25,6 +25,7 @@ PACKAGE = Path(faults.__file__).parent
         ("checkpoint.between_renames=sleep:2.5", {"checkpoint.between_renames": Armed("sleep", 2.5)}),
         ("checkpoint.between_renames=exit:3@2", {"checkpoint.between_renames": Armed("exit", 3.0, 2)}),
         (" checkpoint.between_renames=stop , ", {"checkpoint.between_renames": Armed("stop")}),
+        ("worker.before_imports=signal:USR2", {"worker.before_imports": Armed("signal", float(signal.SIGUSR2))}),
     ],
 )
 def test_armed_points_are_read_from_their_words(text: str, expected: dict[str, Armed]) -> None:
@@ -41,6 +42,8 @@ def test_armed_points_are_read_from_their_words(text: str, expected: dict[str, A
         ("checkpoint.between_renames=kill:3", "the action is kill, stop, term"),
         ("checkpoint.between_renames=sleep:soon", "are numbers"),
         ("checkpoint.between_renames=kill@x", "are numbers"),
+        ("checkpoint.between_renames=signal:NOPE", "'NOPE' is not a signal name"),
+        ("checkpoint.between_renames=signal", "the action is kill, stop, term, signal:NAME"),
     ],
 )
 def test_a_wrong_arming_is_refused_naming_it(text: str, words: str) -> None:
@@ -68,6 +71,7 @@ def _hit(point: str, arming: str, times: int = 1) -> subprocess.CompletedProcess
         ("checkpoint.between_renames=kill", 1, -signal.SIGKILL, ""),
         ("checkpoint.between_renames=term", 1, -signal.SIGTERM, ""),
         ("checkpoint.between_renames=exit:7", 1, 7, ""),
+        ("checkpoint.between_renames=signal:USR2", 1, -signal.SIGUSR2, ""),
         ("checkpoint.between_renames=kill@3", 2, 0, "after\n"),  # reached twice: not yet
         ("checkpoint.between_renames=kill@3", 3, -signal.SIGKILL, ""),
     ],

@@ -1,0 +1,140 @@
+"""One training process's life: join the group, train, always clean up (hpctrain.worker starts it).
+
+Exit codes (hpctrain.run.exitcodes): WORKER_FINISHED; WORKER_SAVED_FOR_TIMELIMIT /
+WORKER_SAVED_AND_STOPPED after a signal-forced checkpoint (or a stop that came before training
+started: nothing to save); WORKER_USER_ERROR after a user's mistake (checkpoints of another
+model, a missing data file), told as one `error:` line and a `failure` event (cause
+`user_error`), which the batch script does not retry.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hpctrain import dist as hdist
+from hpctrain import faults, logs
+from hpctrain.checkpoint import NoUsableCheckpoint
+from hpctrain.config import load_run_config
+from hpctrain.dist import DistContext
+from hpctrain.early_signals import EarlySignals
+from hpctrain.errors import UserError
+from hpctrain.run.causes import Cause, StopReason
+from hpctrain.run.events import Failure, Journal, Stop
+from hpctrain.run.exitcodes import WORKER_FINISHED, WORKER_USER_ERROR
+from hpctrain.run.paths import RunDir, checkpoints_in
+from hpctrain.signals import StopFlag, exit_code
+from hpctrain.slurm.env import SlurmEnvError
+from hpctrain.trainer.trainer import StopTraining, Trainer
+
+log = logging.getLogger(__name__)
+
+
+def run(run_dir: Path, ctx: DistContext, early: EarlySignals | None = None) -> StopReason | None:
+    """Train; returns None when finished, or the stop reason after a signal-forced save (or a
+    stop signal held in `early`, which came before this process could train). A user's mistake
+    is reported here and raised again as UserError."""
+    logs.setup(ctx.rank)
+    try:
+        return _run(run_dir, ctx, early)
+    except (UserError, NoUsableCheckpoint) as error:
+        _report(error, run_dir, ctx)
+        if isinstance(error, UserError):
+            raise
+        raise UserError(str(error)) from error
+
+
+def _report(error: Exception, run_dir: Path, ctx: DistContext) -> None:
+    if not ctx.is_main:  # every rank fails alike; rank 0 tells it
+        log.error("%s", error)
+        return
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    Journal(RunDir(run_dir).events).write_event(
+        Failure(
+            job_id=ctx.life.job_id,
+            restart=ctx.life.restart,
+            cause=Cause.USER_ERROR,
+            message=str(error),
+        )
+    )
+
+
+def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopReason | None:
+    config = load_run_config(run_dir)
+    # Handlers first: a signal from here on is honoured at the first step boundary.
+    stop = StopFlag(config.slurm.signal)
+    stop.install()
+    if early is not None:
+        early.hand_over(set(stop.signal_names), stop.note)
+        came_early = stop.agreed_alone()
+        if came_early is not None:
+            return _stop_before_training(run_dir, ctx, came_early, stop)
+    faults.point("worker.before_rendezvous")
+    # Threads before any work: the count is part of what makes a run bit-reproducible.
+    torch.set_num_threads(config.trainer.threads)
+    hdist.init_process_group(
+        ctx, config.trainer.backend, config.trainer.collective_timeout_s, run_dir, config.slurm.network
+    )
+    trainer = None
+    try:
+        log.info("rank %d/%d on %s (%s), run dir %s", ctx.rank, ctx.world_size, ctx.device, ctx.source, run_dir)
+        trainer = Trainer(config, ctx, run_dir, stop)
+        trainer.train()
+        return None
+    except StopTraining as stopped:
+        log.info("%s; checkpoint saved, resume by starting the run dir again", stopped)
+        return stopped.reason
+    finally:
+        # A DDP model still alive at interpreter shutdown can abort the process ("terminate
+        # called without an active exception"): free it before the process group goes.
+        del trainer
+        gc.collect()
+        hdist.destroy_process_group()
+
+
+def _stop_before_training(run_dir: Path, ctx: DistContext, reason: StopReason, stop: StopFlag) -> StopReason:
+    """A stop signal came while this process was still starting (importing torch, loading the
+    config): nothing was trained in this life, the newest checkpoint stands. Say so in a `stop`
+    record (any rank that saw it early: the others may be waiting in the rendezvous, and srun
+    kills them when this one leaves) and leave before the rendezvous, within any deadline."""
+    newest = checkpoints_in(RunDir(run_dir).checkpoints)
+    since = time.monotonic() - (stop.requested_at or time.monotonic())
+    Journal(RunDir(run_dir).events).write_event(
+        Stop(
+            job_id=ctx.life.job_id,
+            restart=ctx.life.restart,
+            step=newest[0].step if newest else 0,
+            reason=reason,
+            deadline_s=0.0,  # no save: nothing new to keep
+            since_signal_s=round(since, 3),
+        )
+    )
+    log.info("rank %d: %s signal before training started; nothing to save, leaving", ctx.rank, reason.value)
+    return reason
+
+
+def spawned(local_rank: int, nprocs: int, store_path: str, run_dir: str, early: EarlySignals | None = None) -> None:
+    """A process started by the local launcher (torch.multiprocessing), through hpctrain.worker."""
+    try:
+        run(Path(run_dir), DistContext.for_spawn(local_rank, nprocs, store_path), early)
+    except UserError:  # told already; the exit code says so to the launcher
+        sys.exit(WORKER_USER_ERROR)
+
+
+def main(run_dir: Path, early: EarlySignals) -> None:
+    """`python -m hpctrain.worker RUN_DIR`, once hpctrain.worker holds the early signals."""
+    try:
+        ctx = DistContext.from_env()
+    except SlurmEnvError as error:  # a task layout hpctrain cannot train in: no retry helps
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(WORKER_USER_ERROR)
+    try:
+        reason = run(run_dir, ctx, early)
+    except UserError:
+        sys.exit(WORKER_USER_ERROR)
+    sys.exit(exit_code(reason) if reason else WORKER_FINISHED)
