@@ -55,18 +55,23 @@ def set_node(env: dict[str, str], node: str, state: str) -> None:
 def test_array_tasks_requeue_alone_and_resume_exactly_in_their_own_run_dirs(tmp_path: Path) -> None:
     env = start_cluster()
     sweep = tmp_path / "sweep"
-    config = [*RUN, "trainer.max_steps=200"]
+    # 400 steps, about 6 s of training a task: the faults below must land while each trains, and
+    # the tasks may start seconds apart (each needs a whole node).
+    config = [*RUN, "trainer.max_steps=400"]
     (array,), out = submit(env, sweep, *config, f"optim.lr={','.join(LRS)}", multirun=True)
     ids = {Path(d).name: j for d, j in point_jobs(out).items()}
     assert sorted(ids) == ["0", "1", "2"] and set(ids.values()) == {f"{array}_{t}" for t in range(3)}, out
+    # Every task started (until then a pending task answers with the array's own record).
     for name in ids:
-        wait_for_step(sweep / name, 40)
+        wait_for_step(sweep / name, 5)
     # The task whose own number is the array's id: its batch script's `scontrol requeue` must
     # requeue it alone (by `<array>_<task>`), not every task of the array.
     holder = next(n for n, j in ids.items() if job_field(env, j, "JobId") == array)
     failing = next(n for n in ids if n != holder)
     calm = next(n for n in ids if n not in (holder, failing))
-    subprocess.run(["scancel", "--batch", "--signal=USR2", ids[holder]], env=env, check=True)  # the time-limit warning
+    # The time-limit warning at once: the holder must still be training when it lands.
+    subprocess.run(["scancel", "--batch", "--signal=USR2", ids[holder]], env=env, check=True)
+    wait_for_step(sweep / failing, 40)  # a checkpoint or two behind it
     victim = of("start", sweep / failing)[0]["nodes"][0]
     set_node(env, victim, "down")  # the batch node of the failing task: Slurm requeues it
     try:
