@@ -206,6 +206,35 @@ def test_without_scontrol_the_batch_shell_is_asked_to_requeue(
     assert events(root) == []
 
 
+# ---- the batch shell's SIGTERM: a scancel, or Slurm requeuing the job ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("record", "written"),
+    [
+        ("stop_cancelled", ["cancelled"]),  # scancel: Restarts=0, as this life's
+        ("stop_admin_requeued", []),  # `scontrol requeue` by an admin: Restarts=1, the run comes back
+    ],
+)
+def test_the_sigterm_trap_tells_a_scancel_from_a_requeue_by_the_jobs_record(
+    tmp_path: Path, slurm: FakeSlurm, record: str, written: list[str]
+) -> None:
+    """Records printed by `scontrol show job -o` on the dev cluster during each (README_stop.md)."""
+    slurm.says("scontrol", Said(out=(FIXTURES / "scontrol" / f"{record}.txt").read_text()))
+    root = run_dir(tmp_path / "run")
+    env = {**os.environ, "SLURM_JOB_ID": "25817002", "SLURM_RESTART_COUNT": "0"}
+    assert Controller(root, env=env).cancelled() == 0
+    assert [e["event"] for e in events(root)] == written
+
+
+def test_without_an_answer_the_sigterm_counts_as_a_scancel(tmp_path: Path, slurm: FakeSlurm) -> None:
+    slurm.says("scontrol", captured("stopped_scontrol_show_job"))
+    root = run_dir(tmp_path / "run")
+    env = {**os.environ, "SLURM_JOB_ID": "1", "SLURM_RESTART_COUNT": "0"}
+    assert Controller(root, env=env).cancelled() == 0
+    assert [e["event"] for e in events(root)] == ["cancelled"]
+
+
 # ---- hpctrain-follow -----------------------------------------------------------------------------
 
 

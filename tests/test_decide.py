@@ -85,10 +85,12 @@ class Row:
     time_left_s: float | None = 3000.0
     budgets: dict = field(default_factory=lambda: dict(DEFAULTS))
     max_restarts: int | None = None
+    requeued_by_slurm: bool = False  # the job's record counts a restart past this life's
     # expected:
     action: Action = Action.REQUEUE
     events: list[str] = field(default_factory=list)
     excluded: tuple[str, ...] = ()
+    ends_run: bool | None = None  # None: as the action says (finish, fail, stop end it)
 
 
 def out(code: int | None, **fields) -> Outcome:
@@ -111,6 +113,17 @@ ROWS = {
     "preemption": Row(EARLIER, PREEMPT_SAVE, out(WORKER_SAVED_AND_STOPPED), events=["requeue:preempt"]),
     "scancel": Row(
         EARLIER, PREEMPT_SAVE, out(WORKER_SAVED_AND_STOPPED, terminated=True), action=Action.STOP, events=["cancelled"]
+    ),
+    # The batch shell's SIGTERM while the job's record shows Slurm requeuing it (an admin's
+    # `scontrol requeue`, tests/fixtures/slurm/scontrol/stop_admin_requeued.txt: Restarts=1; a
+    # preemption's grace ended): no cancel, and a study's trial is not told it ended.
+    "SIGTERM to the shell while Slurm requeues the job": Row(
+        EARLIER,
+        PREEMPT_SAVE,
+        out(WORKER_SAVED_AND_STOPPED, terminated=True),
+        requeued_by_slurm=True,
+        action=Action.STOP,
+        ends_run=False,
     ),
     "scancel already recorded by the shell's trap: nothing written twice": Row(
         EARLIER,
@@ -351,11 +364,13 @@ ROWS = {
 
 @pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
 def test_decide(row: Row) -> None:
-    cluster = ClusterView(sinfo(row.nodes), row.allocated, row.original, row.time_left_s)
+    cluster = ClusterView(sinfo(row.nodes), row.allocated, row.original, row.time_left_s, row.requeued_by_slurm)
     history = History(JOB, 0, (*row.before, *row.since), row.since)
     decision = decide(history, row.outcome, cluster, Budgets(row.budgets, row.max_restarts))
     assert decision.action is row.action, decision.message
     assert [_named(e) for e in decision.events] == row.events
+    ends = row.action in (Action.FINISH, Action.FAIL, Action.STOP) if row.ends_run is None else row.ends_run
+    assert decision.ends_run is ends
     assert decision.excluded == row.excluded
     for event in decision.events:
         assert (event.job_id, event.restart) == (JOB, 0)

@@ -56,6 +56,12 @@ class Decision:
     events: tuple[Event, ...] = ()  # for the journal, in order
     excluded: tuple[str, ...] = ()  # requeue: the job's ExcNodeList; relaunch: srun --exclude
     message: str = ""  # one line for the job's output
+    comes_back: bool = False  # STOP: this life ends, but Slurm requeues the job (no cancel)
+
+    @property
+    def ends_run(self) -> bool:
+        """This job ends and the run with it: an hpctrain-tune trial is told so."""
+        return self.action in (Action.FINISH, Action.FAIL, Action.STOP) and not self.comes_back
 
 
 def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Budgets) -> Decision:
@@ -69,7 +75,7 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
     if outcome.terminated:
         # scancel signals this shell (a preemption does not, until its grace ends): stop. Slurm
         # requeues a preempted job whose grace ran out on its own; decide_begin then tells so.
-        return decide_cancelled(history)
+        return decide_cancelled(history, cluster.requeued_by_slurm)
     lost = lost_nodes(since, outcome, cluster)
     cause = classify(since, outcome, lost)
     written: list[Event] = []
@@ -96,10 +102,14 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
     return Decision(Action.REQUEUE, tuple(written), tuple(excluded), f"requeue ({cause.value})")
 
 
-def decide_cancelled(history: History) -> Decision:
+def decide_cancelled(history: History, requeued_by_slurm: bool = False) -> Decision:
     """This shell got SIGTERM (scancel, or a preemption's grace ending): `cancelled`, written once
     per life. The batch shell's trap writes it at once, since Slurm kills the shell KillWait
-    seconds later, often before the step has ended and after-step could run."""
+    seconds later, often before the step has ended and after-step could run. When the job's
+    record shows Slurm requeuing it (an admin's `scontrol requeue`, a preemption's grace ended),
+    it is no cancel: nothing is written now, and the next life's start records the restart."""
+    if requeued_by_slurm:
+        return Decision(Action.STOP, message="Slurm is requeuing this job: the run comes back", comes_back=True)
     names = {history.job_id, *history.aliases}
     told = any(
         isinstance(e, Cancelled)

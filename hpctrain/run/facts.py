@@ -98,6 +98,10 @@ class ClusterView:
     allocated: tuple[str, ...] = ()  # the job's nodes now (with --no-kill a failed one leaves)
     original: tuple[str, ...] = ()  # the job's nodes when this life began
     time_left_s: float | None = None  # None: unknown (a relaunch is then not risked)
+    # The job's record counts a restart past this life's: Slurm is requeuing it (an admin's
+    # `scontrol requeue`, a preemption's grace ended with PreemptMode=REQUEUE). Its SIGTERM to
+    # the batch shell is then no scancel: the run comes back.
+    requeued_by_slurm: bool = False
 
     def service(self, node: str) -> Service:
         """A node sinfo does not list was removed: not in service. Without sinfo's answer at

@@ -59,6 +59,8 @@ from hpctrain.slurm.requeue import ask_requeue, exclude_nodes, requeue_without_a
 SLURM_BUDGET_S = 20.0
 # `requeue-refused` when scontrol got no answer: how long to wait for slurmctld to come back.
 REQUEUE_WAIT_S = 60.0
+# The SIGTERM trap's look at the job record: within KillWait (5 s on some sites), with the rest.
+TRAP_LOOK = client.Policy(timeout_s=3.0)
 # sbatch from inside the job: retried only when Slurm says the request never left.
 RESUBMIT = client.Policy(timeout_s=30.0, retry_for_s=REQUEUE_WAIT_S, retry_unsure=False)
 
@@ -108,12 +110,24 @@ class Controller:
 
     def cluster(self) -> ClusterView:
         original = self.env.get("SLURM_JOB_NODELIST", "")
+        record = self._job_record(meaning="using SLURM_JOB_NODELIST")
         return ClusterView(
             nodes=self._node_states(),
-            allocated=tuple(self._allocated_nodes()),
+            allocated=tuple(self._allocated_nodes(record)),
             original=tuple(parse_node_list(original)) if original else (),
             time_left_s=self._time_left(),
+            requeued_by_slurm=self._restarted_past_me(record),
         )
+
+    def _restarted_past_me(self, record: JobRecord | None) -> bool:
+        """Slurm counts a restart past this life's: it is requeuing the job (its own doing, an
+        admin's, a preemption's), whatever this step decides."""
+        return record is not None and record.restarts is not None and record.restarts > self.restart
+
+    def _requeued_by_slurm(self) -> bool:
+        """For the SIGTERM trap: Slurm kills the shell KillWait seconds after its SIGTERM, so one
+        short look; without an answer the SIGTERM counts as the scancel it usually is."""
+        return self._restarted_past_me(self._job_record(meaning="taking the SIGTERM as a scancel", policy=TRAP_LOOK))
 
     def _node_states(self) -> dict:
         done = self._ask("sinfo", "-N", "-h", "-a", "-o", "%N|%T|%E", meaning="node failures go unseen")
@@ -123,9 +137,8 @@ class Controller:
             print(f"hpctrain: {error}; node failures go unseen", file=sys.stderr)
             return {}
 
-    def _allocated_nodes(self) -> list[str]:
+    def _allocated_nodes(self, record: JobRecord | None) -> list[str]:
         """The job's nodes now: with --no-kill a failed node leaves the allocation."""
-        record = self._job_record(meaning="using SLURM_JOB_NODELIST")
         if record is None or record.node_list is None:
             listed = self.env.get("SLURM_JOB_NODELIST", "")
             return parse_node_list(listed) if listed else []
@@ -179,7 +192,7 @@ class Controller:
         outcome = self.outcome(exit_code, terminated, warned, excluded)
         decision = decide(self.history(launched_at), outcome, self.cluster(), self.budgets())
         self._record(decision)
-        if decision.action.value in ("finish", "fail", "stop"):
+        if decision.ends_run:
             self._trial_ended(decision.action.value)
         return " ".join([decision.action.value, ",".join(decision.excluded)]).strip()
 
@@ -187,7 +200,7 @@ class Controller:
         """The shell's SIGTERM trap: record `cancelled` now, once per life. Under the journal's
         lock, as hpctrain-cancel records it: whichever comes second sees the other's record."""
         with locked(self.run.events):
-            self._record(decide_cancelled(self.history()))
+            self._record(decide_cancelled(self.history(), self._requeued_by_slurm()))
         return 0
 
     def requeue(self, excluded: str) -> int:
@@ -265,8 +278,7 @@ class Controller:
         return exitcodes.BATCH_FAILED
 
     def _requeued_anyway(self) -> bool:
-        record = self._job_record(meaning="taking the requeue as refused")
-        return record is not None and record.restarts is not None and record.restarts > self.restart
+        return self._restarted_past_me(self._job_record(meaning="taking the requeue as refused"))
 
     def _exclude(self, excluded: str) -> None:
         done = exclude_nodes(self.job_id, excluded, self.until)
