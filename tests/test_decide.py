@@ -86,6 +86,7 @@ class Row:
     budgets: dict = field(default_factory=lambda: dict(DEFAULTS))
     max_restarts: int | None = None
     requeued_by_slurm: bool = False  # the job's record counts a restart past this life's
+    preempting: bool = False  # the job's record shows a PreemptTime
     # expected:
     action: Action = Action.REQUEUE
     events: list[str] = field(default_factory=list)
@@ -167,6 +168,17 @@ ROWS = {
         action=Action.RELAUNCH,
         events=["failure:node_failure", "relaunch:node_failure"],
         excluded=("node2",),
+    ),
+    # A node failed, and the job's record shows a PreemptTime (a preemption's grace runs): a step
+    # relaunched now would never be warned, only killed at the grace's end. Requeue instead.
+    "node failure inside a preemption's grace, spare up: requeue, not relaunch": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(137),
+        nodes="node_down_while_held",
+        **{**SPARE, "allocated": ("node1", "node3")},
+        preempting=True,
+        events=["failure:node_failure", "requeue:node_failure"],  # 3 nodes held, 3 listed: none kept out
     ),
     # ---- the cases of the issue ----
     "drained spare + time limit: requeue, not relaunch": Row(
@@ -364,7 +376,9 @@ ROWS = {
 
 @pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
 def test_decide(row: Row) -> None:
-    cluster = ClusterView(sinfo(row.nodes), row.allocated, row.original, row.time_left_s, row.requeued_by_slurm)
+    cluster = ClusterView(
+        sinfo(row.nodes), row.allocated, row.original, row.time_left_s, row.requeued_by_slurm, row.preempting
+    )
     history = History(JOB, 0, (*row.before, *row.since), row.since)
     decision = decide(history, row.outcome, cluster, Budgets(row.budgets, row.max_restarts))
     assert decision.action is row.action, decision.message

@@ -231,8 +231,9 @@ def _relaunch(
     history: History, outcome: Outcome, cluster: ClusterView, keep_out: set[str], lost: list[str]
 ) -> Relaunch | None:
     """A relaunch on the nodes left, when enough of them are in service (a drained spare is
-    not) and the allocation has time for at least one checkpoint interval before its warning."""
-    if outcome.warned or cluster.time_left_s is None:
+    not) and the allocation has time for at least one checkpoint interval before its warning,
+    and no preemption's grace is running (Slurm would not warn the new step again)."""
+    if outcome.warned or cluster.time_left_s is None or cluster.preempting:
         return None
     survivors = [n for n in cluster.allocated if n not in keep_out and cluster.service(n) is Service.UP]
     interval = checkpoint_interval_s(history.events) or outcome.signal_delay_s

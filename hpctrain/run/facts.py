@@ -102,6 +102,9 @@ class ClusterView:
     # `scontrol requeue`, a preemption's grace ended with PreemptMode=REQUEUE). Its SIGTERM to
     # the batch shell is then no scancel: the run comes back.
     requeued_by_slurm: bool = False
+    # The job's record shows a PreemptTime: Slurm chose it for preemption and its grace runs. A
+    # step launched now would never be warned (the tasks' SIGTERM was the warning), only killed.
+    preempting: bool = False
 
     def service(self, node: str) -> Service:
         """A node sinfo does not list was removed: not in service. Without sinfo's answer at

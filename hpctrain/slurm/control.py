@@ -117,6 +117,7 @@ class Controller:
             original=tuple(parse_node_list(original)) if original else (),
             time_left_s=self._time_left(),
             requeued_by_slurm=self._restarted_past_me(record),
+            preempting=record is not None and record.preempt_time is not None,
         )
 
     def _restarted_past_me(self, record: JobRecord | None) -> bool:
