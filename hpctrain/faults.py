@@ -19,12 +19,18 @@ A point fires once per process, the first time it is reached, unless its action 
 (`kill@3`: the third time). Unarmed (the variable unset, as in every normal run) a point is one
 dictionary lookup. The points are listed in POINTS; arming an unknown name is refused, so a
 test cannot arm a point that no longer exists and pass without its fault.
+
+The batch script's own points (`batch.*`) are reached through `python -m hpctrain.faults NAME
+PID` (only when the variable is set), which acts on the batch shell (PID) instead of itself;
+there `@K` means the job's K-th life (SLURM_RESTART_COUNT K-1), the first by default, since a
+requeued job runs its script again.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +39,11 @@ ENV = "HPCTRAIN_FAULT_POINTS"
 
 # Every point in the code, and the moment it marks.
 POINTS = {
+    "batch.before_begin": "the batch script started, its `control begin` not run yet",
+    "batch.setup": "the batch script about to run slurm.setup's lines",
+    "batch.before_requeue": "the step ended and `requeue` was decided, not asked of Slurm yet",
+    "control.after_step": "the control step judging an ended step, nothing decided yet",
+    "control.requeue_asked": "`scontrol requeue` accepted, ExcNodeList not set yet",
     "worker.before_imports": "`python -m hpctrain.worker` started, torch not imported yet",
     "worker.after_imports": "torch and the trainer imported, the config not read yet",
     "worker.before_rendezvous": "the stop handlers installed, the process group not joined yet",
@@ -83,8 +94,9 @@ _armed = _from_env(os.environ)
 _hits: dict[str, int] = {}
 
 
-def point(name: str) -> None:
-    """The moment `name` (one of POINTS): act if armed, else nothing."""
+def point(name: str, target: int | None = None) -> None:
+    """The moment `name` (one of POINTS): act if armed, else nothing. `target`: the process a
+    signal goes to (the batch shell for `python -m hpctrain.faults`), else this one."""
     armed = _armed.get(name)
     if armed is None:
         return
@@ -97,4 +109,22 @@ def point(name: str) -> None:
         os._exit(int(armed.value))
     else:
         named = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
-        os.kill(os.getpid(), named.get(armed.action) or int(armed.value))
+        os.kill(os.getpid() if target is None else target, named.get(armed.action) or int(armed.value))
+
+
+def main(argv: list[str]) -> int:
+    """`python -m hpctrain.faults NAME PID`: the batch shell's point NAME, acting on PID."""
+    name, target = argv[0], int(argv[1])
+    if name not in POINTS:
+        print(f"hpctrain.faults: {name!r} is not a fault point", file=sys.stderr)
+        return 2
+    armed = _armed.get(name)
+    life = int(os.environ.get("SLURM_RESTART_COUNT") or 0) + 1
+    if armed is not None and life == armed.on_hit:
+        _hits[name] = armed.on_hit - 1  # this call is the hit that fires
+        point(name, target)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -35,7 +35,7 @@ def test_armed_points_are_read_from_their_words(text: str, expected: dict[str, A
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("nowhere=kill", "not NAME=ACTION with a known point (checkpoint.between_renames"),
+        ("nowhere=kill", "not NAME=ACTION with a known point (batch.before_begin, batch.before_requeue"),
         ("checkpoint.between_renames", "not NAME=ACTION"),
         ("checkpoint.between_renames=explode", "the action is kill, stop, term"),
         ("checkpoint.between_renames=sleep", "the action is kill, stop, term"),
@@ -55,7 +55,36 @@ def test_every_listed_point_is_in_the_code_and_every_point_in_the_code_is_listed
     used = set()
     for path in PACKAGE.rglob("*.py"):
         used.update(re.findall(r"faults\.point\(\"([a-z_.]+)\"\)", path.read_text()))
+    template = (PACKAGE.parent / "sbatch_templates" / "ddp.sbatch.j2").read_text()
+    used.update(re.findall(r"^\s*fault_point ([a-z_.]+)$", template, re.MULTILINE))
     assert used == set(faults.POINTS)
+
+
+@pytest.mark.parametrize(
+    ("arming", "restart", "fires"),
+    [
+        ("batch.before_begin=exit:9", "0", False),  # exit: the helper process, not the shell
+        ("batch.before_begin=term", "0", True),
+        ("batch.before_begin=term", "1", False),  # a requeued life runs the script again: not armed there
+        ("batch.before_begin=term@2", "1", True),
+        ("", "0", False),
+    ],
+)
+def test_a_batch_point_signals_the_shell_in_the_life_it_names(arming: str, restart: str, fires: bool) -> None:
+    """`python -m hpctrain.faults NAME PID`, as the batch script runs it, on a stand-in shell."""
+    shell = subprocess.Popen(["sleep", "60"])
+    try:
+        env = {"PATH": "/usr/bin:/bin", faults.ENV: arming, "SLURM_RESTART_COUNT": restart}
+        command = [sys.executable, "-m", "hpctrain.faults", "batch.before_begin", str(shell.pid)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == (9 if "exit" in arming else 0), done.stderr
+        try:
+            ended = shell.wait(timeout=2 if fires else 0.5)
+        except subprocess.TimeoutExpired:
+            ended = None
+        assert ended == (-signal.SIGTERM if fires else None)
+    finally:
+        shell.kill()
 
 
 def _hit(point: str, arming: str, times: int = 1) -> subprocess.CompletedProcess[str]:

@@ -39,6 +39,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hpctrain import faults
 from hpctrain.config.schema import SlurmConfig
 from hpctrain.run import exitcodes
 from hpctrain.run.causes import Cause
@@ -190,6 +191,7 @@ class Controller:
         launched_at: float = 0.0,
     ) -> str:
         """The action line for the batch shell (exit_code None: no step was launched)."""
+        faults.point("control.after_step")
         outcome = self.outcome(exit_code, terminated, warned, excluded)
         decision = decide(self.history(launched_at), outcome, self.cluster(), self.budgets())
         self._record(decision)
@@ -213,6 +215,7 @@ class Controller:
         self.until = time.monotonic() + REQUEUE_WAIT_S
         asked = ask_requeue(self.job_id, self.until)
         if asked.ok:
+            faults.point("control.requeue_asked")
             self._exclude(excluded)
             return exitcodes.BATCH_REQUEUED
         if asked.kind is client.Kind.MISSING:
