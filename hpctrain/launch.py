@@ -39,8 +39,10 @@ def launch_local(run_dir: Path, nprocs: int, timelimit_signal: str = "USR2") -> 
     with tempfile.TemporaryDirectory(prefix="hpctrain-rdzv-") as rendezvous:
         store = os.path.join(rendezvous, "store")
         log.info("spawning %d processes", nprocs)
+        # Forked from a server that imported torch and the trainer once (hpctrain.rank_server).
+        mp.set_forkserver_preload(["hpctrain.rank_server"])
         context = mp.start_processes(
-            worker.spawned, args=(nprocs, store, str(run_dir)), nprocs=nprocs, join=False, start_method="spawn"
+            worker.spawned, args=(nprocs, store, str(run_dir)), nprocs=nprocs, join=False, start_method="forkserver"
         )
         received: list[int] = []
 

@@ -11,12 +11,13 @@ a crash.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain import faults
-from hpctrain.early_signals import EarlySignals
+from hpctrain.early_signals import HELD, EarlySignals
 
 if TYPE_CHECKING:
     from hpctrain.dist import DistContext
@@ -33,6 +34,8 @@ def run(run_dir: Path, ctx: DistContext, early: EarlySignals | None = None) -> S
 def spawned(local_rank: int, nprocs: int, store_path: str, run_dir: str) -> None:
     """Entry of a process started by the local launcher (torch.multiprocessing)."""
     early = EarlySignals().hold()
+    # Forked from hpctrain.rank_server, the stop signals come blocked: held now, let them in.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
     from hpctrain import train_process
 
     train_process.spawned(local_rank, nprocs, store_path, run_dir, early)

@@ -66,6 +66,7 @@ class Proc:
     state: str
     pgrp: int
     cmdline: str
+    ppid: int = 0
 
 
 def _proc(pid: int) -> Proc | None:
@@ -75,7 +76,7 @@ def _proc(pid: int) -> Proc | None:
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()  # the name may hold spaces and parentheses
-    return Proc(pid, int(fields[19]), fields[0], int(fields[2]), cmdline.strip())
+    return Proc(pid, int(fields[19]), fields[0], int(fields[2]), cmdline.strip(), ppid=int(fields[1]))
 
 
 def _group(pgid: int) -> list[Proc]:
@@ -153,7 +154,10 @@ def run_and_signal(
             if time.monotonic() > deadline:
                 pytest.fail(f"no step {after} within {START_TIMEOUT_S}s:\n{log_path.read_text()[-4000:]}")
             time.sleep(0.05)
-        workers = [p for p in _group(pgid) if p.pid != launcher.pid and "spawn_main" in p.cmdline]
+        # The ranks: forked by the launcher's rank server (hpctrain.rank_server), its children.
+        group = _group(pgid)
+        servers = {p.pid for p in group if p.ppid == launcher.pid and "forkserver" in p.cmdline}
+        workers = [p for p in group if p.ppid in servers]
         if whole_group:
             os.killpg(pgid, signum)
         else:
