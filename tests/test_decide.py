@@ -87,6 +87,7 @@ class Row:
     max_restarts: int | None = None
     requeued_by_slurm: bool = False  # the job's record counts a restart past this life's
     preempting: bool = False  # the job's record shows a PreemptTime
+    partition_nodes: tuple[str, ...] = ()  # the job's partition's nodes (empty: not known)
     # expected:
     action: Action = Action.REQUEUE
     events: list[str] = field(default_factory=list)
@@ -158,6 +159,39 @@ ROWS = {
         allocated=("node1",),
         events=["failure:node_failure", "requeue:node_failure"],
         excluded=("node2",),
+    ),
+    # Only the job's partition counts (node3 is in another one): excluding node2 would leave the
+    # 2-node job one node it may run on, and it would wait for ever (BadConstraints), even once
+    # node2 is back. Before: every node sinfo lists counted, node2 was kept out.
+    "node failure, the partition has no node to spare: keep none out": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(137),
+        nodes="node_down_while_held",
+        allocated=("node1",),
+        partition_nodes=("node1", "node2"),
+        events=["failure:node_failure", "requeue:node_failure"],
+    ),
+    "node failure, the partition has a node to spare: keep it out": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(137),
+        nodes="node_down_while_held",
+        allocated=("node1",),
+        partition_nodes=("node1", "node2", "node3"),
+        events=["failure:node_failure", "requeue:node_failure"],
+        excluded=("node2",),
+    ),
+    # A drained node (node2, an administrator's maintenance) runs no job: it does not count.
+    "node failure, the only other node drained: keep none out": Row(
+        EARLIER,
+        (start("node1", "node3"),),
+        out(137),
+        nodes="drain_down_while_held",
+        allocated=("node1",),
+        original=("node1", "node3"),
+        partition_nodes=("node1", "node2", "node3"),
+        events=["failure:node_failure", "requeue:node_failure"],
     ),
     "node failure, spare up: relaunch at once": Row(
         EARLIER,
@@ -377,7 +411,13 @@ ROWS = {
 @pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
 def test_decide(row: Row) -> None:
     cluster = ClusterView(
-        sinfo(row.nodes), row.allocated, row.original, row.time_left_s, row.requeued_by_slurm, row.preempting
+        sinfo(row.nodes),
+        row.allocated,
+        row.original,
+        row.time_left_s,
+        row.requeued_by_slurm,
+        row.preempting,
+        row.partition_nodes,
     )
     history = History(JOB, 0, (*row.before, *row.since), row.since)
     decision = decide(history, row.outcome, cluster, Budgets(row.budgets, row.max_restarts))

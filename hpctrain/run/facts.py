@@ -105,6 +105,9 @@ class ClusterView:
     # The job's record shows a PreemptTime: Slurm chose it for preemption and its grace runs. A
     # step launched now would never be warned (the tasks' SIGTERM was the warning), only killed.
     preempting: bool = False
+    # The nodes of the job's partition (`scontrol show partition` Nodes=): the only ones that can
+    # ever run it. Empty: not known (every node sinfo lists counts).
+    partition_nodes: tuple[str, ...] = ()
 
     def service(self, node: str) -> Service:
         """A node sinfo does not list was removed: not in service. Without sinfo's answer at

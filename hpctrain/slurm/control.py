@@ -51,7 +51,7 @@ from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm import client
 from hpctrain.slurm.env import parse_node_list
-from hpctrain.slurm.records import JobRecord, parse_job_record
+from hpctrain.slurm.records import JobRecord, parse_job_record, parse_partition
 from hpctrain.slurm.requeue import ask_requeue, exclude_nodes, requeue_without_answer
 
 # All the Slurm calls of one control step: a step ended by SIGTERM (scancel, a preemption's
@@ -119,7 +119,20 @@ class Controller:
             time_left_s=self._time_left(),
             requeued_by_slurm=self._restarted_past_me(record),
             preempting=record is not None and record.preempt_time is not None,
+            partition_nodes=tuple(self._partition_nodes(record)),
         )
+
+    def _partition_nodes(self, record: JobRecord | None) -> list[str]:
+        if record is None or record.partition is None:
+            return []
+        meaning = "every node sinfo lists counts for a requeue's exclusion"
+        done = self._ask("scontrol", "show", "partition", "-o", record.partition, meaning=meaning)
+        nodes = parse_partition(done.stdout).get("Nodes") if done.ok else None
+        try:
+            return parse_node_list(nodes) if nodes and nodes != "(null)" else []
+        except ValueError as error:
+            print(f"hpctrain: {error}; {meaning}", file=sys.stderr)
+            return []
 
     def _restarted_past_me(self, record: JobRecord | None) -> bool:
         """Slurm counts a restart past this life's: it is requeuing the job (its own doing, an
