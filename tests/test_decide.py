@@ -479,6 +479,22 @@ def test_a_preemption_whose_grace_ran_out_is_counted_as_preemption() -> None:
     assert decision is not None and [_named(e) for e in decision.events] == ["requeue:preempt"]
 
 
+def test_a_life_that_wrote_nothing_is_not_judged_by_the_life_before() -> None:
+    """Life 0 was preempted (saved, requeued by its batch script); life 1's batch node died while
+    torch imported, before any record; Slurm restarted it. Life 2 must see a node failure, not
+    life 0's preemption (before: judged by the last `start`, life 0's)."""
+    life0 = (*PREEMPT_SAVE, Requeue(time=170.0, job_id=JOB, restart=0, cause=Cause.PREEMPT))
+    decision = decide_begin(History(JOB, 2, (*EARLIER, *life0)), ClusterView(sinfo("idle")), Budgets(DEFAULTS))
+    assert decision is not None and [_named(e) for e in decision.events] == [
+        "failure:node_failure",
+        "requeue:node_failure",
+    ]
+    # A life 1 that did write its stop (a preemption before its start: hpctrain.worker) is a preemption.
+    early = Stop(time=200.0, job_id=JOB, restart=1, step=55, reason=StopReason.PREEMPT, deadline_s=0.0)
+    decision = decide_begin(History(JOB, 2, (*EARLIER, *life0, early)), ClusterView(sinfo("idle")), Budgets(DEFAULTS))
+    assert decision is not None and [_named(e) for e in decision.events] == ["requeue:preempt"]
+
+
 def test_slurms_own_requeue_past_the_budget_fails() -> None:
     history = History(JOB, 2, (*EARLIER, Requeue(time=41.0, job_id=JOB, cause=Cause.NODE_FAILURE, by=BY_SLURM)))
     decision = decide_begin(history, ClusterView(sinfo("idle")), Budgets({**DEFAULTS, "node_failure": 1}))

@@ -132,7 +132,7 @@ def decide_begin(history: History, cluster: ClusterView, budgets: Budgets) -> De
     if history.restart <= ours:
         return None
     mark = _marks(history)
-    previous = _last_life(history.events)
+    previous = _previous_life(history)
     written: list[Event] = []
     if any(isinstance(e, Cancelled) or _saved_for(e) is StopReason.PREEMPT for e in previous):
         cause = Cause.PREEMPT  # the tasks saved for SIGTERM, then Slurm requeued: a preemption
@@ -271,6 +271,18 @@ def _requeue_exclusion(keep_out: set[str], outcome: Outcome, cluster: ClusterVie
     if len(usable) >= needed:
         return keep_out
     return set(outcome.user_exclude)
+
+
+def _previous_life(history: History) -> Sequence[Event]:
+    """What the life before this one (restart - 1) wrote, from its first record of its own on.
+    A life that wrote nothing (its batch node died while torch imported) is judged by nothing,
+    never by an earlier life's stop. A journal without restart numbers: since the last start."""
+    names = {history.job_id, *history.aliases}
+    own = [i for i, e in enumerate(history.events) if e.job_id in names and e.restart is not None]
+    if not own:
+        return _last_life(history.events)
+    previous = [i for i in own if history.events[i].restart == history.restart - 1]
+    return history.events[previous[0] :] if previous else ()
 
 
 def _last_life(events: Sequence[Event]) -> Sequence[Event]:
