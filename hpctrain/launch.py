@@ -13,7 +13,9 @@ import torch.multiprocessing as mp
 
 from hpctrain import worker
 from hpctrain.dist import DistContext
+from hpctrain.errors import UserError
 from hpctrain.run.causes import StopReason
+from hpctrain.run.exitcodes import WORKER_USER_ERROR
 from hpctrain.steprun import world_rank
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,10 @@ def launch_local(run_dir: Path, nprocs: int, timelimit_signal: str = "USR2") -> 
         try:
             while not context.join(timeout=1):
                 pass
+        except mp.ProcessExitedException as ended:
+            if ended.exit_code == WORKER_USER_ERROR:  # the rank told why, as one error line
+                raise UserError(f"training process {ended.error_index} refused the run") from ended
+            raise
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)

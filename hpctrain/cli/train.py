@@ -13,16 +13,14 @@ from typing import Any, cast
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from torch.multiprocessing import ProcessExitedException
 
 from hpctrain import config as hconfig
 from hpctrain import logs, steprun
 from hpctrain.cli.common import fail, prepare_run_dir
 from hpctrain.config import Config, differences, to_typed
 from hpctrain.errors import UserError
-from hpctrain.launch import launch_local
 from hpctrain.run.events import Finish, read_events
-from hpctrain.run.exitcodes import CLI_USER_ERROR, WORKER_USER_ERROR
+from hpctrain.run.exitcodes import CLI_USER_ERROR
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir, restrict_umask
 from hpctrain.slurm.env import SlurmEnvError
@@ -91,17 +89,16 @@ def _train(cfg: DictConfig, life: LifeStamp) -> None:
             config, run = prepare_as_rank0(cfg, life)
         else:
             config, run = follow_rank0(cfg, rank, life)
+        # torch only now: a config refused above costs its user no import of it (a second or more).
+        from hpctrain.launch import launch_local
+
         stopped_by = launch_local(run.root, config.trainer.nprocs, config.slurm.signal)
     except SlurmEnvError as error:  # Slurm's environment, not the config: nothing was started
         fail(str(error))
-    except UserError as error:  # the worker told it already, unless it never started
+    except UserError as error:  # the worker (or a spawned rank) told it already, unless it never started
         if isinstance(error, steprun.StepError):
             fail(str(error))
         sys.exit(CLI_USER_ERROR)
-    except ProcessExitedException as ended:
-        if ended.exit_code != WORKER_USER_ERROR:
-            raise
-        sys.exit(CLI_USER_ERROR)  # a spawned rank told it already
     if stopped_by is not None:
         log.info(
             "stopped by signal %d after a checkpoint; run the same command with hydra.run.dir=%s to resume",
