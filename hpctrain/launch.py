@@ -1,24 +1,47 @@
-"""Start the training processes of a run on this machine."""
+"""Start the training processes of a run on this machine.
+
+With trainer.nprocs > 1 the ranks are forked from a forkserver that imported torch and the
+trainer once (hpctrain.rank_server). This launcher itself never imports torch: it only starts,
+watches and signals processes (the standard library does that), and a second of CPU per run
+is a second less between a job's start and its first step.
+"""
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import tempfile
+import time
+from collections.abc import Sequence
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
-import torch.multiprocessing as mp
-
 from hpctrain import worker
-from hpctrain.dist import DistContext
 from hpctrain.errors import UserError
 from hpctrain.run.causes import StopReason
 from hpctrain.run.exitcodes import WORKER_USER_ERROR
 from hpctrain.steprun import world_rank
 
 log = logging.getLogger(__name__)
+
+# After one rank failed, how long the others get to leave on their own SIGTERM (a save of what
+# they hold is not wanted here: the run crashed) before they are killed.
+FAILED_RANK_GRACE_S = 30.0
+
+
+class RankFailed(RuntimeError):
+    """A spawned rank ended with a non-zero exit code: the run crashed (its traceback, if it
+    raised, is on stderr above this error)."""
+
+    def __init__(self, index: int, exit_code: int) -> None:
+        self.index = index
+        self.exit_code = exit_code
+        how = f"was killed by {signal.Signals(-exit_code).name}" if exit_code < 0 else f"exited with code {exit_code}"
+        super().__init__(f"training process {index} {how}")
 
 
 def launch_local(run_dir: Path, nprocs: int, timelimit_signal: str = "USR2") -> int | None:
@@ -34,38 +57,78 @@ def launch_local(run_dir: Path, nprocs: int, timelimit_signal: str = "USR2") -> 
         StopReason.TIMELIMIT: timelimit,
     }
     if world_rank(os.environ) is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        from hpctrain.dist import DistContext
+
         return signal_of[worker.run(run_dir, DistContext.from_env())]
     if nprocs == 1:
+        from hpctrain.dist import DistContext
+
         return signal_of[worker.run(run_dir, DistContext.single())]
     # A file:// rendezvous in a fresh private folder: no port to pick, none to collide.
     with tempfile.TemporaryDirectory(prefix="hpctrain-rdzv-") as rendezvous:
         store = os.path.join(rendezvous, "store")
         log.info("spawning %d processes", nprocs)
-        # Forked from a server that imported torch and the trainer once (hpctrain.rank_server).
-        mp.set_forkserver_preload(["hpctrain.rank_server"])
-        context = mp.start_processes(
-            worker.spawned, args=(nprocs, store, str(run_dir)), nprocs=nprocs, join=False, start_method="forkserver"
-        )
-        received: list[int] = []
+        return _run_ranks(nprocs, store, run_dir, (signal.SIGTERM, signal.SIGINT, timelimit))
 
-        def forward(signum: int, frame: FrameType | None) -> None:
-            # Ctrl-C reaches every process of the terminal; a `kill` reaches only this one.
-            received.append(signum)
-            for process in context.processes:
-                if process.is_alive() and process.pid is not None:
-                    os.kill(process.pid, signum)
 
-        # Every signal the ranks act on, or the one this launcher dies of would reach them only
-        # as torch's parent-death SIGINT, saved under the wrong reason.
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, timelimit)}
-        try:
-            while not context.join(timeout=1):
-                pass
-        except mp.ProcessExitedException as ended:
-            if ended.exit_code == WORKER_USER_ERROR:  # the rank told why, as one error line
-                raise UserError(f"training process {ended.error_index} refused the run") from ended
-            raise
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-        return received[0] if received else None
+def _run_ranks(nprocs: int, store: str, run_dir: Path, forwarded: tuple[int, ...]) -> int | None:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["hpctrain.rank_server"])
+    ranks = [
+        context.Process(target=worker.spawned, args=(i, nprocs, store, str(run_dir), os.getpid()), name=f"rank-{i}")
+        for i in range(nprocs)
+    ]
+    received: list[int] = []
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        # Ctrl-C reaches every process of the terminal; a `kill` reaches only this one.
+        received.append(signum)
+        for rank in ranks:
+            if rank.pid is not None and rank.is_alive():
+                os.kill(rank.pid, signum)
+
+    # Every signal the ranks act on, or the one this launcher dies of would reach them only as
+    # the SIGINT a rank sends itself once the launcher is gone (hpctrain.worker.spawned), saved under the wrong reason.
+    previous = {s: signal.signal(s, forward) for s in forwarded}
+    try:
+        for rank in ranks:
+            rank.start()
+        failed = _wait_all(ranks)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if failed is not None:
+        index, exit_code = failed
+        if exit_code == WORKER_USER_ERROR:  # the rank told why, as one error line
+            raise UserError(f"training process {index} refused the run")
+        raise RankFailed(index, exit_code)
+    return received[0] if received else None
+
+
+def _wait_all(ranks: Sequence[BaseProcess]) -> tuple[int, int] | None:
+    """Wait for every rank; at the first that fails, end the others. Returns (index, exit code)
+    of the first failure, or None when all ended with 0."""
+    waiting = {rank.sentinel: i for i, rank in enumerate(ranks)}
+    while waiting:
+        # A timeout, so a signal's handler runs within a second whatever the platform does.
+        for sentinel in multiprocessing.connection.wait(list(waiting), timeout=1.0):
+            index = waiting.pop(sentinel)  # type: ignore[arg-type]
+            ranks[index].join()
+            exit_code = ranks[index].exitcode or 0
+            if exit_code != 0:
+                _end_the_others(ranks)
+                return index, exit_code
+    return None
+
+
+def _end_the_others(ranks: Sequence[BaseProcess]) -> None:
+    alive = [rank for rank in ranks if rank.is_alive()]
+    for rank in alive:
+        log.warning("ending training process %s (pid %s): another one failed", rank.name, rank.pid)
+        rank.terminate()
+    deadline = time.monotonic() + FAILED_RANK_GRACE_S
+    for rank in alive:
+        rank.join(max(0.0, deadline - time.monotonic()))
+        if rank.is_alive():
+            rank.kill()
+            rank.join()

@@ -6,10 +6,10 @@ torch and the trainer once, and each rank is forked from it ready to train. With
 rank imported them again: about 2 s of CPU and 1 s of waiting per rank at every start.
 
 The stop signals are blocked here, so they never kill the server when they reach the whole
-process group (a preemption, `kill -TERM -PGID`): its ranks would take its death for their
-parent's and stop for the wrong reason (torch's parent-death SIGINT). Each forked rank inherits
-the mask: a signal sent to it stays pending until hpctrain.worker.spawned holds the signals and
-unblocks them, so none is lost between the fork and the handlers. (SIGINT the server ignores on
+process group (a preemption, `kill -TERM -PGID`): the launcher learns each rank's exit code
+through the server, and with the server dead it would read every rank as ended. Each forked
+rank inherits the mask: a signal sent to it stays pending until hpctrain.worker.spawned holds
+the signals and unblocks them, so none is lost between the fork and the handlers. (SIGINT the server ignores on
 its own, and each rank gets its handler back.)
 """
 

@@ -119,7 +119,7 @@ def _stop_before_training(run_dir: Path, ctx: DistContext, reason: StopReason, s
 
 
 def spawned(local_rank: int, nprocs: int, store_path: str, run_dir: str, early: EarlySignals | None = None) -> None:
-    """A process started by the local launcher (torch.multiprocessing), through hpctrain.worker."""
+    """A process started by the local launcher (hpctrain.launch), through hpctrain.worker."""
     try:
         run(Path(run_dir), DistContext.for_spawn(local_rank, nprocs, store_path), early)
     except UserError:  # told already; the exit code says so to the launcher

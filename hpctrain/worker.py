@@ -11,8 +11,10 @@ a crash.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,14 +33,53 @@ def run(run_dir: Path, ctx: DistContext, early: EarlySignals | None = None) -> S
     return train_process.run(run_dir, ctx, early)
 
 
-def spawned(local_rank: int, nprocs: int, store_path: str, run_dir: str) -> None:
-    """Entry of a process started by the local launcher (torch.multiprocessing)."""
+def spawned(local_rank: int, nprocs: int, store_path: str, run_dir: str, launcher_pid: int) -> None:
+    """Entry of a process started by the local launcher (hpctrain.launch)."""
     early = EarlySignals().hold()
+    # The launcher gone (killed, its terminal closed): SIGINT, so this rank saves as an
+    # interrupt and leaves instead of training on alone.
+    _stop_when_gone(launcher_pid, signal.SIGINT)
     # Forked from hpctrain.rank_server, the stop signals come blocked: held now, let them in.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
     from hpctrain import train_process
 
     train_process.spawned(local_rank, nprocs, store_path, run_dir, early)
+
+
+def _stop_when_gone(launcher_pid: int, signum: int) -> None:
+    """Send this process `signum` once the launcher has ended. Its parent is the rank server,
+    which outlives the launcher while any rank lives (each holds the server's keep-alive pipe),
+    so a parent-death signal would never come: a thread waits on the launcher itself instead."""
+    import select
+    import threading
+
+    try:
+        launcher = os.pidfd_open(launcher_pid)  # readable once that process has ended
+    except ProcessLookupError:  # gone already
+        os.kill(os.getpid(), signum)
+        return
+    except (AttributeError, OSError):  # no pidfd (kernel before 5.3): look once a second
+        launcher = None
+
+    def wait() -> None:
+        if launcher is not None:
+            select.select([launcher], [], [])
+        else:
+            while _alive(launcher_pid):
+                time.sleep(1.0)
+        os.kill(os.getpid(), signum)
+
+    threading.Thread(target=wait, name="launcher-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -364,6 +364,20 @@ def test_ctrl_c_saves_as_interrupt_and_leaves_no_process(twice: Twice) -> None:
     assert [e["resumed_from_step"] for e in starts] == [twice.first]
 
 
+def test_a_killed_launcher_takes_its_ranks_down_saving_as_an_interrupt(tmp_path: Path) -> None:
+    """SIGKILL to the launcher alone (an OOM kill, a closed terminal's last resort): nobody
+    forwards anything, yet no rank trains on orphaned. Its rank server sees the launcher gone and
+    leaves, and each rank's parent-death signal (SIGINT) makes it save as an interrupt."""
+    stopped = run_and_signal(tmp_path / "run", TWO_PROCS, signal.SIGKILL, after=STOP_AFTER)
+    assert stopped.returncode == -signal.SIGKILL, stopped.describe()
+    assert not stopped.leftovers, f"processes outlived the launcher: {stopped.leftovers}"
+    assert len(stopped.workers) == 2, stopped.workers
+    forced = [c for c in stopped.checkpoints() if c["reason"] != "periodic"]
+    assert [c["reason"] for c in forced] == ["interrupt"], stopped.new_events
+    assert stopped.signalled_at_step < forced[0]["step"] < MAX_STEPS
+    assert stopped.checkpoint_steps[:1] == [forced[0]["step"]] and stopped.newest_ranks == 2, stopped.describe()
+
+
 # ---- SIGUSR2: the time limit ---------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -127,7 +128,7 @@ def test_the_trainer_prunes_a_trial_at_an_evaluation_step(tmp_path: Path) -> Non
         filled = fill(StudySetup.read(tune), submit=queued)
     run = filled.points[0].run
     assert run.root.name == "1"
-    mp.spawn(worker.spawned, args=(2, str(tmp_path / "store"), str(run.root)), nprocs=2, join=True)
+    mp.spawn(worker.spawned, args=(2, str(tmp_path / "store"), str(run.root), os.getpid()), nprocs=2, join=True)
     events = read_jsonl(run.events)
     pruned = [e for e in events if e["event"] == "pruned"]
     assert len(pruned) == 1 and pruned[0]["step"] == 5 and pruned[0]["metric"] == "eval_accuracy"
