@@ -11,6 +11,7 @@ a crash.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import signal
 import sys
@@ -39,6 +40,10 @@ def spawned(local_rank: int, nprocs: int, store_path: str, run_dir: str, launche
     # The launcher gone (killed, its terminal closed): SIGINT, so this rank saves as an
     # interrupt and leaves instead of training on alone.
     _stop_when_gone(launcher_pid, signal.SIGINT)
+    # Started by a forkserver, this process inherited "forkserver" as its default start method:
+    # its DataLoader workers would each import torch again (seconds per worker, at every epoch
+    # without persistent workers). Back to Python's default, as a rank under srun or torchrun has.
+    multiprocessing.set_start_method(None, force=True)
     # Forked from hpctrain.rank_server, the stop signals come blocked: held now, let them in.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
     from hpctrain import train_process

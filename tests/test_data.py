@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
 from dataclasses import FrozenInstanceError
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_ok, run_train
 
 from hpctrain.data.digits import digits, load_digits_arrays
 from hpctrain.data.splits import Splits
@@ -189,3 +192,30 @@ def test_tiny_gpt_loss_decreases_on_tokens() -> None:
 def test_tokens_bad_args(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         synthetic_tokens(**kwargs)
+
+
+# ---- DataLoader workers of local ranks --------------------------------------------------------
+
+
+def test_local_ranks_fork_their_dataloader_workers_as_ranks_under_srun_do(tmp_path: Path) -> None:
+    """Ranks come from a forkserver, whose start method they would inherit: each DataLoader
+    worker then imported torch again (8 of a 12-CPU-second run went there). A rank's workers
+    are its own forked children, as under srun or torchrun."""
+    notes = tmp_path / "workers"
+    notes.mkdir()
+    overrides = (
+        "model=mlp",
+        "trainer.nprocs=2",
+        "trainer.max_steps=3",
+        "trainer.eval_every=0",
+        "data.num_workers=2",
+        "data.persistent_workers=false",
+        "data.dataset._target_=helpers.worker_parents.digits_noting_worker_parents",
+        f"+data.dataset.out_dir={notes}",
+        "~data.dataset.test_fraction",
+        "~data.dataset.split_seed",
+    )
+    assert_ok(run_train(tmp_path / "run", overrides, pythonpath=Path(__file__).parent))
+    seen = [json.loads(p.read_text()) for p in notes.glob("*.json")]
+    assert len(seen) == 4, seen  # 2 workers in each of 2 ranks
+    assert all(note["os_parent"] == note["asked_by"] for note in seen), seen
