@@ -25,47 +25,48 @@ COMPILED = (*BASE, "trainer.compile=true", "trainer.grad_accum=2")
 # ---- no_sync under torch.compile (2 gloo processes) ---------------------------------------------
 
 
-def _all_reduces_per_micro_batch(rank: int, store: str, compile_model: bool, out: str) -> None:
+def _all_reduces_per_micro_batch(rank: int, store: str, out: str) -> None:
+    """Eager then compiled, in one process group: four micro-batches each, the last synced."""
     ctx = _ctx(rank, 2, f"file://{store}")
     dist.init_process_group("gloo", init_method=ctx.init_method, rank=rank, world_size=2)
-    torch.manual_seed(0)
-    model, ddp = components.wrap(MLP(hidden=(16,)), TrainerConfig(compile=compile_model), ctx)
-    assert ddp is not None
-    calls: list[int] = []
+    records = {}
+    for compile_model in (False, True):
+        torch.manual_seed(0)
+        model, ddp = components.wrap(MLP(hidden=(16,)), TrainerConfig(compile=compile_model), ctx)
+        assert ddp is not None
+        calls: list[int] = []
 
-    # No annotations: DDP checks them against dist.GradBucket, and postponed ones are strings.
-    def counting_all_reduce(state, bucket):  # type: ignore[no-untyped-def]
-        calls.append(bucket.index())
-        work = dist.all_reduce(bucket.buffer().div_(2), async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
+        # No annotations: DDP checks them against dist.GradBucket, and postponed ones are strings.
+        def counting_all_reduce(state, bucket, calls=calls):  # type: ignore[no-untyped-def]
+            calls.append(bucket.index())
+            work = dist.all_reduce(bucket.buffer().div_(2), async_op=True)
+            return work.get_future().then(lambda fut: fut.value()[0])
 
-    ddp.register_comm_hook(None, counting_all_reduce)
-    torch.manual_seed(100 + rank)  # every rank its own micro-batches
-    record = []
-    for micro in range(4):
-        with components.grad_sync(ddp, last=micro == 3):
-            model(torch.randn(8, 1, 8, 8)).square().mean().backward()
-        grads = torch.cat([p.grad.flatten() for p in ddp.module.parameters()])
-        everyone = [torch.empty_like(grads) for _ in range(2)]
-        dist.all_gather(everyone, grads)
-        record.append({"all_reduces": len(calls), "ranks_agree": torch.equal(everyone[0], everyone[1])})
+        ddp.register_comm_hook(None, counting_all_reduce)
+        torch.manual_seed(100 + rank)  # every rank its own micro-batches
+        record = []
+        for micro in range(4):
+            with components.grad_sync(ddp, last=micro == 3):
+                model(torch.randn(8, 1, 8, 8)).square().mean().backward()
+            grads = torch.cat([p.grad.flatten() for p in ddp.module.parameters()])
+            everyone = [torch.empty_like(grads) for _ in range(2)]
+            dist.all_gather(everyone, grads)
+            record.append({"all_reduces": len(calls), "ranks_agree": torch.equal(everyone[0], everyone[1])})
+        records[compile_model] = record
+        # A DDP model still alive when its process group goes can abort the process at exit
+        # ("terminate called without an active exception"): the trainer frees it first, and so here.
+        del model, ddp, counting_all_reduce
+        gc.collect()
     if rank == 0:
-        torch.save(record, out)
-    # A DDP model still alive when its process group goes can abort the process at exit
-    # ("terminate called without an active exception"): the trainer frees it first, and so here.
-    del model, ddp, counting_all_reduce
-    gc.collect()
+        torch.save(records, out)
     dist.destroy_process_group()
 
 
 @pytest.mark.slow
 def test_compiled_ddp_all_reduces_on_the_last_micro_batch_only(tmp_path: Path) -> None:
-    results = {}
-    for compiled in (False, True):
-        out = tmp_path / f"compile-{compiled}.pt"
-        store = tmp_path / f"store-{compiled}"
-        mp.spawn(_all_reduces_per_micro_batch, args=(str(store), compiled, str(out)), nprocs=2)
-        results[compiled] = torch.load(out, weights_only=True)
+    out = tmp_path / "records.pt"
+    mp.spawn(_all_reduces_per_micro_batch, args=(str(tmp_path / "store"), str(out)), nprocs=2)
+    results = torch.load(out, weights_only=True)
     for compiled, record in results.items():
         # Three micro-batches under no_sync: no communication, each rank's own gradients.
         assert [r["all_reduces"] for r in record[:3]] == [0, 0, 0], (compiled, record)
