@@ -9,6 +9,7 @@ spends importing and spawning; the results do not depend on it (one thread per p
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -116,11 +117,14 @@ class Spec:
 
 
 class TrainRuns:
-    """`runs(label, *overrides)` -> (CompletedProcess, run_dir), trained once per session.
+    """`runs(label, *overrides)` -> (CompletedProcess, run_dir), trained once per test run.
 
     The label names the run: two labels with the same overrides train twice (the determinism
     test needs that); a label asked for again returns the first result. Asking for a label with
-    other overrides than the first time is a test bug and fails."""
+    other overrides than the first time is a test bug and fails. Under pytest-xdist a run is
+    shared by the workers too (tests only read a run they did not train): the first worker to
+    claim its label trains it, the others wait for its result. A run with a PYTHONPATH of its
+    own (a folder of one worker) stays that worker's."""
 
     def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
         self.tmp_path_factory = tmp_path_factory
@@ -141,6 +145,9 @@ class TrainRuns:
             assert known == spec, f"run {spec.label!r} was first asked for as {known}, now {spec}"
             if spec.label not in self.results and spec not in todo:
                 todo.append(spec)
+        # Another worker's claim: wait for its result instead of training the run again.
+        elsewhere = [spec for spec in todo if not self._claim(spec)]
+        todo = [spec for spec in todo if spec not in elsewhere]
         running: list[tuple[Spec, subprocess.Popen[str], Path, float]] = []
         while todo or running:
             busy = sum(spec.nprocs for spec, *_ in running)
@@ -158,9 +165,58 @@ class TrainRuns:
                     popen.wait()
                 running.remove(entry)
                 self.results[spec.label] = (self._collect(spec, popen, run_dir), run_dir)
+                self._publish(spec)
+        for spec in elsewhere:
+            self.results[spec.label] = self._await(spec)
+
+    def _shared(self, spec: Spec) -> Path | None:
+        """Where workers share `spec`'s run, or None when it is this process's own."""
+        if "PYTEST_XDIST_WORKER" not in os.environ or spec.pythonpath is not None:
+            return None
+        return self.tmp_path_factory.getbasetemp().parent / "shared-train-runs" / spec.label
+
+    def _claim(self, spec: Spec) -> bool:
+        """True when this process is to train `spec` (no other worker claimed it first)."""
+        shared = self._shared(spec)
+        if shared is None:
+            return True
+        shared.parent.mkdir(exist_ok=True)
+        try:
+            self._claims(shared).mkdir()  # atomic: exactly one worker makes it
+        except FileExistsError:
+            return False
+        (self._claims(shared) / "overrides.json").write_text(json.dumps(list(spec.overrides)))
+        shared.mkdir()
+        return True
+
+    @staticmethod
+    def _claims(shared: Path) -> Path:
+        """The claim and result of a shared run, beside its folder (which holds what a test reads)."""
+        return shared.with_name(f"{shared.name}.claim")
+
+    def _publish(self, spec: Spec) -> None:
+        shared = self._shared(spec)
+        if shared is not None:
+            proc, _ = self.results[spec.label]
+            claims = self._claims(shared)
+            (claims / "result.tmp").write_text(json.dumps({"args": proc.args, "returncode": proc.returncode}))
+            (claims / "result.tmp").replace(claims / "result.json")
+
+    def _await(self, spec: Spec) -> tuple[subprocess.CompletedProcess[str], Path]:
+        shared = self._shared(spec)
+        assert shared is not None
+        result = self._claims(shared) / "result.json"
+        deadline = time.monotonic() + RUN_TIMEOUT_S + 60  # its training, begun before we asked
+        while not result.exists():
+            assert time.monotonic() < deadline, f"no worker finished the shared run {spec.label!r} in time"
+            time.sleep(0.2)
+        claimed = json.loads((self._claims(shared) / "overrides.json").read_text())
+        assert claimed == list(spec.overrides), f"run {spec.label!r} was claimed as {claimed}, now {spec}"
+        done = json.loads(result.read_text())
+        return self._collect_in(shared, done["args"], done["returncode"]), shared / "run"
 
     def _start(self, spec: Spec) -> tuple[subprocess.Popen[str], Path]:
-        root = self.tmp_path_factory.mktemp(spec.label)
+        root = self._shared(spec) or self.tmp_path_factory.mktemp(spec.label)
         run_dir = root / "run"
         with open(root / "stdout.txt", "w") as out, open(root / "stderr.txt", "w") as err:
             popen = subprocess.Popen(
@@ -174,11 +230,14 @@ class TrainRuns:
             )
         return popen, run_dir
 
+    @classmethod
+    def _collect(cls, spec: Spec, popen: subprocess.Popen[str], run_dir: Path) -> subprocess.CompletedProcess[str]:
+        return cls._collect_in(run_dir.parent, popen.args, popen.returncode)
+
     @staticmethod
-    def _collect(spec: Spec, popen: subprocess.Popen[str], run_dir: Path) -> subprocess.CompletedProcess[str]:
-        root = run_dir.parent
+    def _collect_in(root: Path, args: object, returncode: int) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(
-            popen.args, popen.returncode, (root / "stdout.txt").read_text(), (root / "stderr.txt").read_text()
+            args, returncode, (root / "stdout.txt").read_text(), (root / "stderr.txt").read_text()
         )
 
 
