@@ -154,8 +154,9 @@ def _stop_resume_compare(run_dir: Path, overrides: tuple[str, ...], reference: P
     assert stopped.newest_train is not None, stopped.describe()
     saved = stopped.newest_train
     # Mid-epoch about 88 times in 89 (the stop lands on whatever step the ranks agree on); on an
-    # epoch boundary the position and the bit-identical end are checked all the same.
-    assert 0 <= saved["batch_in_epoch"] < BATCHES_PER_EPOCH, saved
+    # epoch boundary the position and the bit-identical end are checked all the same. A stop on
+    # an epoch's last batch saves (epoch, 89): the epoch is done, the next has not begun.
+    assert 0 <= saved["batch_in_epoch"] <= BATCHES_PER_EPOCH, saved
     consumed = saved["epoch"] * BATCHES_PER_EPOCH + saved["batch_in_epoch"]
     assert consumed == saved["step"] * grad_accum and saved["step"] < MAX_STEPS, saved
     resumed = run_train(run_dir, overrides)
