@@ -31,7 +31,11 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def start_worker(trained: Path, tmp_path: Path, arming: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def start_worker(
+    trained: Path, tmp_path: Path, arming: str, hup: signal.Handlers = signal.SIG_DFL
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`python -m hpctrain.worker` on a copy of `trained`, armed; SIGHUP's disposition set to
+    `hup` before the exec (whatever the suite inherited: under nohup it is ignored)."""
     run_dir = tmp_path / "run"
     shutil.copytree(trained, run_dir)
     env = {**train_env(), faults.ENV: arming}
@@ -42,6 +46,7 @@ def start_worker(trained: Path, tmp_path: Path, arming: str) -> tuple[subprocess
         capture_output=True,
         text=True,
         timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, hup),  # kept across exec: SIG_DFL or SIG_IGN
     )
     return done, run_dir
 
@@ -71,11 +76,19 @@ def test_a_stop_at_start_up_leaves_at_once_saying_why(
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
 
 
-def test_a_held_signal_that_is_no_stop_acts_as_it_would_have(trained: Path, tmp_path: Path) -> None:
-    """HUP is not this run's time-limit signal (USR2): given back its default action, it ends the
-    process as it always would; nothing is recorded as a stop."""
-    done, run_dir = start_worker(trained, tmp_path, "worker.before_imports=signal:HUP")
-    assert done.returncode == -signal.SIGHUP, done.stderr[-3000:]
+@pytest.mark.parametrize("hup", [signal.SIG_DFL, signal.SIG_IGN], ids=["hup-default", "hup-ignored"])
+def test_a_held_signal_that_is_no_stop_acts_as_it_would_have(
+    trained: Path, tmp_path: Path, hup: signal.Handlers
+) -> None:
+    """HUP is not this run's time-limit signal (USR2): given back the disposition the process
+    started with, it acts as it always would. By default it ends the process; ignored (as under
+    nohup) the run trains on. Either way nothing is recorded as a stop."""
+    done, run_dir = start_worker(trained, tmp_path, "worker.before_imports=signal:HUP", hup)
+    if hup == signal.SIG_DFL:
+        assert done.returncode == -signal.SIGHUP, done.stderr[-3000:]
+    else:
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert events(run_dir, "start")[-1]["resumed_from_step"] == 20
     assert events(run_dir, "stop") == []
 
 
