@@ -44,6 +44,7 @@ POINTS = {
     "batch.before_requeue": "the step ended and `requeue` was decided, not asked of Slurm yet",
     "control.after_step": "the control step judging an ended step, nothing decided yet",
     "control.requeue_asked": "`scontrol requeue` accepted, ExcNodeList not set yet",
+    "train.before_launch": "`hpctrain-train` has its config, its ranks (or its own training) not started",
     "worker.before_imports": "`python -m hpctrain.worker` started, torch not imported yet",
     "worker.after_imports": "torch and the trainer imported, the config not read yet",
     "worker.before_rendezvous": "the stop handlers installed, the process group not joined yet",

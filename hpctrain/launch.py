@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 
 from hpctrain import worker
+from hpctrain.early_signals import EarlySignals
 from hpctrain.errors import UserError
 from hpctrain.run.causes import StopReason
 from hpctrain.run.exitcodes import WORKER_USER_ERROR
@@ -44,11 +45,15 @@ class RankFailed(RuntimeError):
         super().__init__(f"training process {index} {how}")
 
 
-def launch_local(run_dir: Path, nprocs: int, timelimit_signal: str = "USR2") -> int | None:
+def launch_local(
+    run_dir: Path, nprocs: int, timelimit_signal: str = "USR2", early: EarlySignals | None = None
+) -> int | None:
     """Under torchrun, or as a task of a multi-task srun step, this process is already one rank;
     otherwise spawn `nprocs` ranks.
     `timelimit_signal` is slurm.signal without "SIG": the warning a scheduler sends before the
-    time limit. Returns the signal number that stopped the run early, or None when it finished."""
+    time limit. `early` holds the signals that came while this process was starting: the
+    training honours them (or the ranks, which are sent them). Returns the signal number that
+    stopped the run early, or None when it finished."""
     timelimit = getattr(signal, f"SIG{timelimit_signal}")
     signal_of = {
         None: None,
@@ -59,19 +64,21 @@ def launch_local(run_dir: Path, nprocs: int, timelimit_signal: str = "USR2") -> 
     if world_rank(os.environ) is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         from hpctrain.dist import DistContext
 
-        return signal_of[worker.run(run_dir, DistContext.from_env())]
+        return signal_of[worker.run(run_dir, DistContext.from_env(), early)]
     if nprocs == 1:
         from hpctrain.dist import DistContext
 
-        return signal_of[worker.run(run_dir, DistContext.single())]
+        return signal_of[worker.run(run_dir, DistContext.single(), early)]
     # A file:// rendezvous in a fresh private folder: no port to pick, none to collide.
     with tempfile.TemporaryDirectory(prefix="hpctrain-rdzv-") as rendezvous:
         store = os.path.join(rendezvous, "store")
         log.info("spawning %d processes", nprocs)
-        return _run_ranks(nprocs, store, run_dir, (signal.SIGTERM, signal.SIGINT, timelimit))
+        return _run_ranks(nprocs, store, run_dir, (signal.SIGTERM, signal.SIGINT, timelimit), early)
 
 
-def _run_ranks(nprocs: int, store: str, run_dir: Path, forwarded: tuple[int, ...]) -> int | None:
+def _run_ranks(
+    nprocs: int, store: str, run_dir: Path, forwarded: tuple[int, ...], early: EarlySignals | None
+) -> int | None:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["hpctrain.rank_server"])
     ranks = [
@@ -80,12 +87,15 @@ def _run_ranks(nprocs: int, store: str, run_dir: Path, forwarded: tuple[int, ...
     ]
     received: list[int] = []
 
-    def forward(signum: int, frame: FrameType | None) -> None:
-        # Ctrl-C reaches every process of the terminal; a `kill` reaches only this one.
-        received.append(signum)
+    def send(signum: int) -> None:
         for rank in ranks:
             if rank.pid is not None and rank.is_alive():
                 os.kill(rank.pid, signum)
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        # Ctrl-C reaches every process of the terminal; a `kill` reaches only this one.
+        received.append(signum)
+        send(signum)
 
     # Every signal the ranks act on, or the one this launcher dies of would reach them only as
     # the SIGINT a rank sends itself once the launcher is gone (hpctrain.worker.spawned), saved under the wrong reason.
@@ -93,6 +103,13 @@ def _run_ranks(nprocs: int, store: str, run_dir: Path, forwarded: tuple[int, ...
     try:
         for rank in ranks:
             rank.start()
+        # What came while the ranks were being started, and what came before this launcher could
+        # forward anything: every rank holds its stop signals from its first instruction, so a
+        # signal sent now is honoured before it trains.
+        for signum in received:
+            send(signum)
+        if early is not None:
+            early.hand_over(set(forwarded), lambda signum, arrived_at: forward(signum, None))
         failed = _wait_all(ranks)
     finally:
         for signum, handler in previous.items():

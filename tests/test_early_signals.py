@@ -120,3 +120,26 @@ print(json.dumps({"handed": [s for s, _ in handed], "ordered": handed[0][1] <= h
     got = json.loads(done.stdout)
     assert got == {"handed": [signal.SIGUSR2, signal.SIGTERM], "ordered": True, "raised": [signal.SIGURG]}
     assert EarlySignals().received == []
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_hpctrain_train_holds_a_stop_that_comes_while_it_composes_its_config(tmp_path: Path, nprocs: int) -> None:
+    """`hpctrain-train` itself (what `srun hpctrain-train` runs on every task, or a terminal):
+    a SIGTERM once the config is composed, before any training process exists, is held and
+    honoured as the preemption it is (before: Python's default action, 143 with nothing said).
+    With 2 processes the launcher sends it on to its ranks, which stop before the rendezvous."""
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "hpctrain.cli.train",
+        *TRAINED,
+        f"trainer.nprocs={nprocs}",
+        f"hydra.run.dir={run_dir}",
+    ]
+    env = {**train_env(), faults.ENV: "train.before_launch=term"}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
+    stops = events(run_dir, "stop")
+    assert stops and {(s["reason"], s["step"], s["deadline_s"]) for s in stops} == {("preempt", 0, 0.0)}, stops
+    assert events(run_dir, "start") == [] and not list((run_dir / "checkpoints").glob("*.pt"))

@@ -15,9 +15,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from hpctrain import config as hconfig
-from hpctrain import logs, steprun
+from hpctrain import faults, logs, steprun
 from hpctrain.cli.common import fail, prepare_run_dir
 from hpctrain.config import Config, differences, to_typed
+from hpctrain.early_signals import EarlySignals
 from hpctrain.errors import UserError
 from hpctrain.run.events import Finish, read_events
 from hpctrain.run.exitcodes import CLI_USER_ERROR
@@ -77,7 +78,7 @@ def follow_rank0(cfg: DictConfig, rank: int, life: LifeStamp) -> tuple[Config, R
     return config, run
 
 
-def _train(cfg: DictConfig, life: LifeStamp) -> None:
+def _train(cfg: DictConfig, life: LifeStamp, early: EarlySignals) -> None:
     rank = steprun.world_rank(os.environ)
     logs.setup(rank=rank or 0)
     if rank is not None and cfg.trainer.nprocs != 1:
@@ -89,10 +90,10 @@ def _train(cfg: DictConfig, life: LifeStamp) -> None:
             config, run = prepare_as_rank0(cfg, life)
         else:
             config, run = follow_rank0(cfg, rank, life)
-        # torch only now: a config refused above costs its user no import of it (a second or more).
-        from hpctrain.launch import launch_local
+        faults.point("train.before_launch")
+        from hpctrain.launch import launch_local  # torch is imported by the training itself
 
-        stopped_by = launch_local(run.root, config.trainer.nprocs, config.slurm.signal)
+        stopped_by = launch_local(run.root, config.trainer.nprocs, config.slurm.signal, early)
     except SlurmEnvError as error:  # Slurm's environment, not the config: nothing was started
         fail(str(error))
     except UserError as error:  # the worker (or a spawned rank) told it already, unless it never started
@@ -111,6 +112,9 @@ def _train(cfg: DictConfig, life: LifeStamp) -> None:
 
 
 def main() -> None:
+    # First: a stop signal while Hydra composes or torch imports (`srun hpctrain-train` right
+    # after a backfill start) is held, and honoured once the training can say what it was.
+    early = EarlySignals().hold()
     restrict_umask()  # before Hydra makes the run dir
     life = LifeStamp.from_env()  # this process's job and restart, for the run dir and the verdict
     try:
@@ -121,7 +125,7 @@ def main() -> None:
 
     @hydra.main(version_base="1.3", config_path="pkg://hpctrain.conf", config_name="config")
     def train(cfg: DictConfig) -> None:
-        _train(cfg, life)
+        _train(cfg, life, early)
 
     train()
 
