@@ -14,6 +14,7 @@ Python 3.11, standard library only.
 import os
 import secrets
 import shlex
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -133,17 +134,31 @@ def _tail(path: Path, lines: int = 25) -> str:
         return f"(cannot read {path}: {error})"
 
 
+# Written into a data dir once mariadb-install-db finished it; a dir without it is half made.
+INITIALISED = ".hpctrain-initialised"
+
+
 def init_database(paths: AccountingPaths, env: dict[str, str]) -> None:
-    """Create the data dir once; later `up`s reuse it (drop_job_records forgets old jobs)."""
-    if (paths.datadir / "mysql").is_dir():
+    """Create the data dir once; later `up`s reuse it (drop_job_records forgets old jobs).
+
+    Made beside its place and renamed into it when complete: an `up` killed during the
+    initialisation (a test run interrupted at its start) leaves no half-made dir that every
+    later `up` would fail on ("InnoDB: Header page consists of zero bytes"). A dir without the
+    marker is made again."""
+    if (paths.datadir / INITIALISED).is_file():
         return
-    paths.datadir.mkdir(parents=True, exist_ok=True)
+    building = paths.datadir.with_name(f"{paths.datadir.name}.building")
+    for stale in (building, paths.datadir):
+        shutil.rmtree(stale, ignore_errors=True)
+    building.mkdir(parents=True)
     # --no-defaults: the machine's /etc/mysql settings (socket, port, datadir) are not ours.
     _run(
-        ["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={paths.datadir}", "--skip-test-db"],
+        ["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={building}", "--skip-test-db"],
         env,
         "initialising the MariaDB data dir",
     )
+    (building / INITIALISED).write_text("mariadb-install-db completed\n")
+    building.rename(paths.datadir)
 
 
 def start_database(paths: AccountingPaths, port_base: int, env: dict[str, str]) -> None:

@@ -204,6 +204,25 @@ def test_a_database_that_cannot_start_shows_its_log(tmp_path: Path) -> None:
         devcluster.accounting.start_database(paths, port - 21, env)
 
 
+@pytest.mark.slurm
+@needs_cluster
+def test_a_half_made_data_dir_is_made_again(tmp_path: Path) -> None:
+    """An `up` killed while mariadb-install-db ran left `mysql/` and a zero-byte ibdata1; every
+    later `up` failed on it ("Header page consists of zero bytes"). Such a dir is made again,
+    and a finished one is kept as it is."""
+    paths = devcluster.accounting.AccountingPaths(tmp_path)
+    env = devcluster.slurm_env(devcluster.Paths(tmp_path))
+    (paths.datadir / "mysql").mkdir(parents=True)
+    (paths.datadir / "ibdata1").write_bytes(b"")
+    devcluster.accounting.init_database(paths, env)
+    assert (paths.datadir / devcluster.accounting.INITIALISED).is_file()
+    assert (paths.datadir / "ibdata1").stat().st_size > 0 and any((paths.datadir / "mysql").iterdir())
+    assert not paths.datadir.with_name(f"{paths.datadir.name}.building").exists()
+    kept = (paths.datadir / "mysql").stat().st_ino
+    devcluster.accounting.init_database(paths, env)  # complete: nothing done again
+    assert (paths.datadir / "mysql").stat().st_ino == kept
+
+
 def test_env_prints_only_the_export_line() -> None:
     result = run_cli("env", "--dir", TEST_DIR)
     assert result.returncode == 0
