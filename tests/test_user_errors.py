@@ -342,7 +342,11 @@ def test_a_refused_resubmission_keeps_the_run_dir_that_was_there(tmp_path: Path)
     # A dry run, then the real one: the same run (dry_run is no part of it), refused by sbatch.
     assert_refused(done, 1, "Invalid account", "nothing was queued; run dirs that held a run before are kept")
     kept = files(run_dir)
-    assert sorted(name for name in kept if not name.startswith("code/")) == ["config.yaml", "job.sbatch"]
+    assert sorted(name for name in kept if not name.startswith("code/")) == [
+        "config.yaml",
+        "guardian.sbatch",
+        "job.sbatch",
+    ]
     assert "code/snapshot.json" in kept  # the dry run's code snapshot, which its job.sbatch names
 
 

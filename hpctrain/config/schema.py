@@ -210,6 +210,10 @@ class SlurmConfig:
     # Extra nodes allocated beside `nodes` (with --no-kill): when a training node fails, the step
     # is relaunched at once on the survivors from the last checkpoint, without a requeue.
     spare_nodes: int = 0
+    # Queue a one-CPU guardian job beside every training job (--dependency=afternotok): when the
+    # node running the batch script dies, Slurm ends the job FAILED without a requeue, and the
+    # guardian submits the run again (hpctrain.slurm.guardian). false: one job per run, unguarded.
+    guardian: bool = True
     # Requeues and relaunches of the job in all, whatever the cause; null: the sum of the
     # per-cause budgets (108 by default), so every budget below can be reached.
     max_restarts: Optional[int] = None

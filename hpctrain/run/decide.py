@@ -1,8 +1,9 @@
 """Recovery as a pure function: from what happened to what the batch script does next.
 
 `decide(history, outcome, cluster, budgets)` runs when a training step (one srun) has ended;
-`decide_begin(history, cluster, budgets)` when the batch script starts again. Both read and call
-nothing: hpctrain/slurm/control.py gathers the facts, calls them, writes the returned events and
+`decide_begin(history, cluster, budgets)` when the batch script starts again; `decide_guard(history,
+ended, budgets)` in the run's guardian job, once the training job ended without completing. They
+read and call nothing: hpctrain/slurm/control.py gathers the facts, calls them, writes the returned events and
 hands the action to the batch shell. tests/test_decide.py is their table.
 """
 
@@ -11,10 +12,11 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hpctrain.run.causes import Action, Cause, CheckpointReason, StopReason, stop_reason
 from hpctrain.run.events import (
+    BY_GUARDIAN,
     BY_SLURM,
     CANCELLED_BY_COMMAND,
     Cancelled,
@@ -30,7 +32,7 @@ from hpctrain.run.events import (
     Stop,
 )
 from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_SAVED_AND_STOPPED, WORKER_SAVED_FOR_TIMELIMIT
-from hpctrain.run.facts import Budgets, ClusterView, Outcome, Service
+from hpctrain.run.facts import Budgets, ClusterView, JobEnd, Outcome, Service
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,58 @@ def decide_begin(history: History, cluster: ClusterView, budgets: Budgets) -> De
         written.append(Failure(**mark, cause=Cause.BUDGET, reason=spent, action=Action.FAIL.value))
         return Decision(Action.FAIL, tuple(written), message=spent)
     return Decision(Action.REQUEUE, tuple(written), message=f"restarted by Slurm ({cause.value})")
+
+
+def decide_guard(history: History, ended: JobEnd, budgets: Budgets) -> Decision:
+    """The run's guardian job started: the training job (history.job_id, its last life
+    history.restart) ended without completing (`--dependency=afternotok`). When the journal
+    says nothing ended the run on purpose (no finish, no failure that ended it, no cancel, no
+    resubmission), its batch script died before it could decide (the batch node was lost, which
+    Slurm does not requeue under --no-kill): REQUEUE, meaning the guardian submits the run dir's
+    job.sbatch again; the new job resumes from the newest complete checkpoint. Charged to the
+    restart budget of the cause Slurm's state gives."""
+    names = {history.job_id, *history.aliases}
+    # The last life's own words (an earlier life's `cancelled` may have been a preemption Slurm
+    # requeued), and hpctrain-cancel's, which ends the job whatever life it names.
+    mine = [
+        e
+        for e in history.events
+        if e.job_id in names
+        and (e.restart == ended.restarts or (isinstance(e, Cancelled) and e.by == CANCELLED_BY_COMMAND))
+    ]
+    if ended.state == "COMPLETED" or any(isinstance(e, Finish) for e in history.events):
+        return Decision(Action.FINISH, message="the run finished: nothing to do")
+    for event in reversed(mine):
+        if isinstance(event, Failure) and event.new_job_id:
+            return Decision(Action.STOP, message=f"the run already goes on in job {event.new_job_id}")
+        if isinstance(event, Failure) and (event.action == Action.FAIL.value or event.cause == Cause.USER_ERROR):
+            return Decision(Action.STOP, message=f"the run ended on purpose ({event.cause}): nothing to do")
+        if isinstance(event, Cancelled):
+            return Decision(Action.STOP, message="the run was cancelled: nothing to do")
+    if ended.state == "CANCELLED":
+        # scancel'ed while the batch shell could not record it: the user's word stands.
+        return Decision(Action.STOP, message="the job was cancelled (scancel): nothing to do")
+    cause = _GUARDED_CAUSES.get(ended.state or "", Cause.NODE_FAILURE)
+    mark: dict = {"job_id": history.job_id, "restart": ended.restarts}
+    said = f"the job ended {ended.state or 'unseen'}{f' ({ended.reason})' if ended.reason else ''}"
+    lost = [ended.batch_host] if cause is Cause.NODE_FAILURE and ended.batch_host else []
+    failure = Failure(**mark, cause=cause, nodes=lost, reason=f"{said} before its batch script decided", by=BY_GUARDIAN)
+    spent = over_budget(history.events, cause, budgets)
+    if spent:
+        budget = Failure(**mark, cause=Cause.BUDGET, reason=spent, action=Action.FAIL.value, by=BY_GUARDIAN)
+        return Decision(Action.FAIL, (failure, budget), message=spent)
+    written = (replace(failure, action="resubmit"), Requeue(**mark, cause=cause, by=BY_GUARDIAN))
+    return Decision(Action.REQUEUE, written, message=f"{said}: submitting the run again ({cause.value})")
+
+
+# Slurm's end state -> the restart budget a guardian's resubmission is charged to. Any other
+# state (FAILED, NODE_FAIL, BOOT_FAIL, or a record Slurm no longer has): the batch node was lost.
+_GUARDED_CAUSES = {
+    "PREEMPTED": Cause.PREEMPT,  # PreemptMode=CANCEL
+    "TIMEOUT": Cause.TIMELIMIT,
+    "DEADLINE": Cause.TIMELIMIT,
+    "OUT_OF_MEMORY": Cause.CRASH,
+}
 
 
 # ---- the pieces, each a pure function of the facts ------------------------------------------------

@@ -153,6 +153,9 @@ class Cancelled(Event):
 # `by` of `requeue` and `failure`: Slurm restarted the job on its own (its node died, a
 # preemption's grace ran out); the batch script's next start recorded it.
 BY_SLURM = "slurm"
+# `by` of `requeue` and `failure`: the run's guardian job found the job ended with nobody deciding
+# what comes next (its batch node died) and submitted the run again (`new_job_id`).
+BY_GUARDIAN = "guardian"
 # hpctrain-cancel's name in `cancelled` events (`by`).
 CANCELLED_BY_COMMAND = "hpctrain-cancel"
 

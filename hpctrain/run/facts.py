@@ -125,6 +125,16 @@ class ClusterView:
 
 
 @dataclass(frozen=True)
+class JobEnd:
+    """How a training job ended, from Slurm's record of it (the guardian's look)."""
+
+    state: str | None  # JobState: FAILED, NODE_FAIL, CANCELLED, ...; None: Slurm no longer has the job
+    reason: str | None = None  # Reason: JobLaunchFailure when its batch node was lost
+    restarts: int = 0  # Restarts: the life that ended
+    batch_host: str | None = None  # BatchHost: the node its batch script ran on
+
+
+@dataclass(frozen=True)
 class Budgets:
     """slurm.restart_budget per cause, and slurm.max_restarts in all (None: their sum)."""
 

@@ -82,6 +82,11 @@ class RunDir:
         return self.root / "job.sbatch"
 
     @property
+    def guardian_script(self) -> Path:
+        """The guardian's sbatch script (hpctrain.slurm.guardian), absent with slurm.guardian=false."""
+        return self.root / "guardian.sbatch"
+
+    @property
     def trial(self) -> Path:
         """hpctrain-tune: this run is a trial of the study in its parent folder (number, params)."""
         return self.root / "trial.json"

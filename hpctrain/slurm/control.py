@@ -51,6 +51,7 @@ from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm import client
 from hpctrain.slurm.env import parse_node_list
+from hpctrain.slurm.guardian import submit_guardian
 from hpctrain.slurm.records import JobRecord, parse_job_record, parse_partition
 from hpctrain.slurm.requeue import ask_requeue, exclude_nodes, requeue_without_answer
 
@@ -273,6 +274,7 @@ class Controller:
         if not job_id:
             return self._failed(f"{reason}; submitting again failed: {why}")
         self.run.record_resubmission(job_id)
+        submit_guardian(self.run, job_id, client.outside_job_env(self.env))
         self.journal.write_event(
             Failure(
                 job_id=self.job_id,

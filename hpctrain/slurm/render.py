@@ -142,3 +142,27 @@ def render(config: Config, run_dir: Path, submit_dir: Path, code_dir: Path | Non
             "`code_dir`); copy the slurm.code_snapshot lines of ddp.sbatch.j2 or set slurm.code_snapshot=false"
         )
     return Rendered(script=script, template=Path(template.filename or name))
+
+
+# The guardian's time limit: one look at Slurm and two sbatch calls, each retried for a few
+# minutes while slurmctld is away.
+GUARDIAN_TIME = "00:15:00"
+GUARDIAN_OUTPUT = "guardian-%j.out"
+
+
+def render_guardian(config: Config, run_dir: Path, submit_dir: Path, code_dir: Path | None = None) -> str:
+    """The run's guardian.sbatch (hpctrain.slurm.guardian), from guardian.sbatch.j2: hpctrain's
+    own, or one in the folder of a site's slurm.template (searched first)."""
+    slurm = config.slurm
+    _, control_command = launch_commands(slurm, slurm.python or sys.executable)
+    env, _ = _environment(slurm.template)  # the job's environment: one per sweep
+    return env.get_template("guardian.sbatch.j2").render(
+        version=__version__,
+        slurm=slurm,
+        guardian_time=GUARDIAN_TIME,
+        run_dir=str(run_dir),
+        submit_dir=str(submit_dir),
+        code_dir=str(code_dir) if code_dir else "",
+        output=filename_pattern(run_dir) + "/" + GUARDIAN_OUTPUT,
+        control_command=control_command,
+    )

@@ -26,16 +26,20 @@ from hpctrain.run.paths import RunDir, SweepArrays, remove_empty_parents
 from hpctrain.slurm import client, sbatch
 from hpctrain.slurm.arrays import free_number, header_of, plan_arrays, write_array
 from hpctrain.slurm.code_snapshot import CodeSnapshot, summary
+from hpctrain.slurm.guardian import submit_guardian
 from hpctrain.slurm.jobid import JOB_ID, array_id, split
 from hpctrain.slurm.limits import SlurmLimitsError, check, read_limits
-from hpctrain.slurm.render import render
+from hpctrain.slurm.render import render, render_guardian
 from hpctrain.slurm.states import LIVE_STATES
 
 log = logging.getLogger(__name__)
 
 # What hpctrain-submit writes in a fresh run dir (besides Hydra's .hydra/): removable on failure.
 _NAMES = RunDir(Path("."))
-_OURS = {".hydra", *(p.name for p in (_NAMES.config, _NAMES.job_script, _NAMES.submission, _NAMES.code))}
+_OURS = {
+    ".hydra",
+    *(p.name for p in (_NAMES.config, _NAMES.job_script, _NAMES.guardian_script, _NAMES.submission, _NAMES.code)),
+}
 # What Hydra writes in a fresh sweep dir besides the points' run dirs (and the shared code/).
 _SWEEP_FILES = {"multirun.yaml", _NAMES.code.name}
 
@@ -58,12 +62,20 @@ class Point:
 
 
 def write_script(point: Point, submit_dir: Path) -> str:
-    rendered = render(point.config, point.run.root, submit_dir, point.code.folder if point.code else None)
-    tmp = point.script.with_name(point.script.name + ".tmp")
-    tmp.write_text(rendered.script)
-    tmp.chmod(0o755)
-    tmp.replace(point.script)
+    """job.sbatch, and guardian.sbatch unless slurm.guardian is false."""
+    code = point.code.folder if point.code else None
+    rendered = render(point.config, point.run.root, submit_dir, code)
+    _write_executable(point.script, rendered.script)
+    if point.config.slurm.guardian:
+        _write_executable(point.run.guardian_script, render_guardian(point.config, point.run.root, submit_dir, code))
     return rendered.script
+
+
+def _write_executable(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o755)
+    tmp.replace(path)
 
 
 def live_job(run: RunDir) -> str | None:
@@ -111,6 +123,10 @@ def submit_all(points: list[Point], parallelism: int) -> list[str]:
         for task, index in enumerate(batch.points):
             ids[index] = str(job_id) if batch.links is None else array_id(str(job_id), task)
             _record(points[index], ids[index], batch)
+    # Each run's guardian (hpctrain.slurm.guardian), once its job is queued and recorded. One that
+    # cannot be queued is said and the run goes on unguarded: its training job is in the queue.
+    with ThreadPoolExecutor(max_workers=parallelism) as pool:
+        list(pool.map(submit_guardian, [p.run for p in points], ids))
     return ids
 
 

@@ -1,0 +1,163 @@
+"""The run's guardian: a one-CPU job chained to the training job, so a lost batch node never ends a run.
+
+Every hpctrain job runs with --no-kill, and Slurm does not requeue such a job when the node
+running its batch script dies: it kills the batch step ("Removing failed node ... Killing
+StepId=batch") and ends the job FAILED, Reason=JobLaunchFailure, Restarts=0 (measured on Slurm
+22.05). Nothing of the job is left to decide what comes next, and in a 2-node job that is half of
+all node failures. So beside every training job hpctrain queues its guardian:
+
+    sbatch --parsable --dependency=afternotok:JOB RUN_DIR/guardian.sbatch JOB
+
+It waits (Reason=Dependency) while JOB is queued, runs, or is requeued: a requeued job has not
+ended. When JOB completes, Slurm cancels the guardian (--kill-on-invalid-dep=yes), which never
+held a CPU. When JOB ends any other way, the guardian starts and runs
+
+    python -m hpctrain.slurm.guardian RUN_DIR JOB
+
+one look at Slurm's record of JOB, `decide_guard` on the run's journal, and, when nothing ended
+the run on purpose (a finish, a spent budget, a user's mistake, a cancel, a resubmission the
+batch script made itself), job.sbatch is submitted again into the same run dir: the new job
+resumes from the newest complete checkpoint and gets a guardian of its own. The journal says so
+(`failure` and `requeue` with by=guardian, `new_job_id`); submission.json follows the new job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from hpctrain.run.causes import Action
+from hpctrain.run.decide import History, decide_guard, lineage
+from hpctrain.run.events import Failure, Journal, read_events
+from hpctrain.run.facts import Budgets, JobEnd
+from hpctrain.run.jsonlines import locked
+from hpctrain.run.paths import RunDir
+from hpctrain.slurm import client
+from hpctrain.slurm.records import JobRecord, parse_job_record
+
+# The guardian's look at the ended job: slurmctld may be restarting (a node failure often comes
+# with a busy controller), and Slurm keeps an ended job's record MinJobAge (300 s) by default.
+LOOK = client.Policy(timeout_s=30.0, retry_for_s=180.0)
+# sbatch from the guardian, and of the guardian: retried only while Slurm says the request never left.
+SUBMIT = client.Policy(timeout_s=60.0, retry_for_s=180.0, retry_unsure=False)
+
+
+def submit_guardian(run: RunDir, job_id: str, env: dict[str, str] | None = None) -> str | None:
+    """Queue the guardian of `job_id` and record its id in submission.json (`guardian_job_id`).
+    None when the run has no guardian.sbatch (slurm.guardian=false) or sbatch failed: said on
+    stderr, and the run trains on, unguarded, as before guardians existed."""
+    if not run.guardian_script.is_file():
+        return None
+    command = ["sbatch", "--parsable", f"--dependency=afternotok:{job_id}", str(run.guardian_script), job_id]
+    done = client.run(command, SUBMIT, env=client.outside_job_env(os.environ if env is None else env))
+    guardian = done.stdout.strip().split(";")[0] if done.ok else ""
+    if not guardian.isdigit():
+        print(
+            f"hpctrain: no guardian for job {job_id} ({done.why()}): if its batch node is lost, "
+            f"submit {run.root} again with hpctrain-submit --retry",
+            file=sys.stderr,
+        )
+        return None
+    _record_guardian(run, guardian)
+    return guardian
+
+
+def _record_guardian(run: RunDir, guardian: str) -> None:
+    try:
+        record = json.loads(run.submission.read_text())
+    except (OSError, ValueError):
+        record = {}
+    record["guardian_job_id"] = guardian
+    tmp = run.submission.with_name(run.submission.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, run.submission)
+
+
+def job_end(record: JobRecord | None) -> JobEnd:
+    if record is None:
+        return JobEnd(state=None)
+    return JobEnd(record.state, record.reason, record.restarts or 0, record.batch_host)
+
+
+class Guardian:
+    def __init__(self, run_dir: Path, job_id: str) -> None:
+        from hpctrain.slurm.control import slurm_settings  # the schema, without Hydra
+
+        self.run = RunDir(run_dir)
+        self.job_id = job_id
+        slurm = slurm_settings(self.run.config)
+        self.budgets = Budgets(dict(slurm.restart_budget), slurm.max_restarts)
+        self.journal = Journal(self.run.events)
+
+    def look(self) -> JobRecord | None:
+        done = client.run(["scontrol", "show", "job", "-o", self.job_id], LOOK)
+        if not done.ok:
+            print(f"hpctrain guardian: no record of job {self.job_id} ({done.why()})", file=sys.stderr)
+            return None
+        return parse_job_record(done.stdout)
+
+    def watch(self) -> int:
+        record = self.look()
+        ended = job_end(record)
+        aliases = tuple(n for n in (record.names if record else []) if n != self.job_id)
+        with locked(self.run.events):  # as hpctrain-cancel and the batch shell's trap write
+            events = lineage(read_events(self.run.events), self.job_id, aliases)
+            decision = decide_guard(History(self.job_id, ended.restarts, events, (), aliases), ended, self.budgets)
+            print(f"hpctrain guardian: job {self.job_id}: {decision.message}", file=sys.stderr)
+            if decision.action is Action.REQUEUE:
+                return self._resubmit(decision.events)
+            for event in decision.events:
+                self.journal.write_event(event)
+        if decision.action is Action.FAIL:
+            self._trial_ended("fail")
+            return 1
+        return 0
+
+    def _resubmit(self, events: tuple) -> int:
+        """job.sbatch again, into the same run dir; then the events (with the new job's id), the
+        new job in submission.json, and its own guardian."""
+        command = ["sbatch", "--parsable", str(self.run.job_script)]
+        done = client.run(command, SUBMIT, env=client.outside_job_env(os.environ))
+        new_job = done.stdout.strip().split(";")[0] if done.ok else ""
+        if not new_job.isdigit():
+            why = f"submitting {self.run.job_script} again failed ({done.why()})"
+            if done.unsure:
+                why += ": a new job may have been queued all the same (see squeue)"
+            failure = next(e for e in events if isinstance(e, Failure))
+            ended = dataclasses.replace(failure, reason=why, action=Action.FAIL.value, time=time.time())
+            self.journal.write_event(ended)
+            print(f"hpctrain guardian: {why}", file=sys.stderr)
+            self._trial_ended("fail")
+            return 1
+        for event in events:
+            is_failure = isinstance(event, Failure)
+            self.journal.write_event(dataclasses.replace(event, new_job_id=new_job) if is_failure else event)
+        self.run.record_resubmission(new_job)
+        print(f"hpctrain guardian: the run goes on in job {new_job} (same run dir)", file=sys.stderr)
+        submit_guardian(self.run, new_job)
+        return 0
+
+    def _trial_ended(self, action: str) -> None:
+        if self.run.trial.is_file():
+            from hpctrain.tune.report import trial_ended
+
+            trial_ended(self.run.root, action)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        sys.exit("usage: python -m hpctrain.slurm.guardian RUN_DIR JOB")
+    try:
+        guardian = Guardian(Path(args[0]), args[1])
+    except ValueError as error:  # config.yaml edited by hand into a wrong value
+        sys.exit(f"hpctrain guardian: {error}")
+    sys.exit(guardian.watch())
+
+
+if __name__ == "__main__":
+    main()

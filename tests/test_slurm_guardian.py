@@ -1,0 +1,119 @@
+"""A lost batch node never ends a run, on a real Slurm cluster.
+
+Under --no-kill Slurm does not requeue a job whose BatchHost is set down: it kills the batch
+step and ends the job FAILED, Reason=JobLaunchFailure, Restarts=0
+(tests/fixtures/slurm/guardian/batch_host_down.txt). The run's guardian job (queued with
+`--dependency=afternotok:<job>`) then submits it again into the same run dir; the new job resumes
+from the newest complete checkpoint and ends bit-identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.resumes import newest_checkpoint_before
+from slurmtools import events, job_field, job_output, start_cluster, submit, train_locally, wait_finished, wait_for_step
+
+pytestmark = pytest.mark.slurm
+
+RUN = ["trainer.log_every=5", "trainer.eval_every=0", "trainer.ckpt_every=20", "trainer.max_steps=600"]
+# From the node going down to the guardian's new job in submission.json: the job ends at once
+# (the node is set down, not silent), the guardian waits for the next scheduling pass and starts
+# Python; generous on a loaded two-core machine.
+RESUBMIT_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def slurm_env() -> dict[str, str]:
+    return start_cluster()
+
+
+def node_state(env: dict[str, str], node: str, state: str) -> None:
+    done = subprocess.run(
+        ["scontrol", "update", f"nodename={node}", f"state={state}", "reason=hpctrain-test"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    # ReturnToService=2 may have brought a downed node back already: resuming it then fails.
+    assert done.returncode == 0 or state == "resume", done.stderr
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def submission(run_dir: Path) -> dict:
+    return json.loads((run_dir / "submission.json").read_text())
+
+
+def wait_for_resubmission(run_dir: Path, job_id: str) -> str:
+    deadline = time.monotonic() + RESUBMIT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        new_job = submission(run_dir)["job_id"]
+        if new_job != job_id:
+            return new_job
+        time.sleep(0.5)
+    guardian = "\n".join(p.read_text() for p in run_dir.glob("guardian-*.out"))
+    raise AssertionError(
+        f"no resubmission of {job_id} within {RESUBMIT_TIMEOUT_S} s\n{guardian}\n{job_output(run_dir)}"
+    )
+
+
+def lose_the_batch_host(env: dict[str, str], run_dir: Path, *config: str, spare: bool) -> None:
+    (job_id,), _ = submit(env, run_dir, *config)
+    guardian = submission(run_dir)["guardian_job_id"]
+    assert job_field(env, guardian, "Reason") == "Dependency", job_field(env, guardian, "JobState")
+    wait_for_step(run_dir, 50)
+    batch_host = job_field(env, job_id, "BatchHost")
+    assert batch_host
+    lost_at = time.time()
+    node_state(env, batch_host, "down")
+    try:
+        new_job = wait_for_resubmission(run_dir, job_id)
+        if spare:
+            # Every node of the cluster is the job's: the new one waits until the node is back.
+            assert job_field(env, new_job, "JobState") == "PENDING"
+            node_state(env, batch_host, "resume")
+        assert wait_finished(env, new_job, timeout_s=600) == "COMPLETED", job_output(run_dir)
+    finally:
+        node_state(env, batch_host, "resume")
+
+    # Slurm ended the lost job for good (batch_host_down.txt): never requeued.
+    assert (job_field(env, job_id, "JobState"), job_field(env, job_id, "Restarts")) == ("FAILED", "0")
+    record = submission(run_dir)
+    assert record["resubmitted_from"] == [job_id] and record["guardian_job_id"] != guardian
+    # The new job completed: Slurm cancelled its guardian without running it.
+    assert wait_finished(env, record["guardian_job_id"], timeout_s=60) == "CANCELLED"
+    assert job_field(env, record["guardian_job_id"], "Reason") == "DependencyNeverSatisfied"
+
+    journal = events(run_dir)
+    by_guardian = [e for e in journal if e.get("by") == "guardian"]
+    assert [(e["event"], e["cause"], e["job_id"]) for e in by_guardian] == [
+        ("failure", "node_failure", job_id),
+        ("requeue", "node_failure", job_id),
+    ], journal
+    assert by_guardian[0]["nodes"] == [batch_host] and by_guardian[0]["new_job_id"] == new_job
+    starts = [e for e in journal if e["event"] == "start"]
+    assert [s["job_id"] for s in starts] == [job_id, new_job]
+    # Resumed from the newest complete checkpoint, whatever step that was (helpers/resumes.py).
+    assert starts[1]["resumed_from_step"] >= newest_checkpoint_before(journal, 1), journal
+    print(f"lost batch host ({'with' if spare else 'no'} spare): {starts[1]['time'] - lost_at:.1f} s to training again")
+
+
+@pytest.mark.parametrize("spare", [False, True], ids=["no-spare", "spare"])
+def test_a_lost_batch_host_is_submitted_again_by_the_guardian_and_ends_exact(
+    slurm_env, tmp_path: Path, spare: bool
+) -> None:
+    config = [*RUN, "slurm.nodes=2", "slurm.ntasks_per_node=1", f"slurm.spare_nodes={int(spare)}"]
+    run_dir = tmp_path / "run"
+    lose_the_batch_host(slurm_env, run_dir, *config, spare=spare)
+    reference = tmp_path / "reference"
+    train_locally(slurm_env, reference, *config, "trainer.nprocs=2")
+    assert same_weights(run_dir, reference)
