@@ -291,3 +291,23 @@ if __name__ == "__main__":
     for directory, names in left.items():
         print(f"{directory}: {' '.join(names)}")
     sys.exit(1 if left else 0)
+
+
+def node_state(env: dict[str, str], node: str, state: str) -> None:
+    """`scontrol update nodename=NODE state=STATE` (down, resume), as an administrator sets it."""
+    done = subprocess.run(
+        ["scontrol", "update", f"nodename={node}", f"state={state}", "reason=hpctrain-test"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    # ReturnToService=2 may have brought a downed node back already: resuming it then fails.
+    assert done.returncode == 0 or state == "resume", done.stderr
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """model.pt of two run dirs, equal tensor for tensor and bit for bit."""
+    import torch
+
+    wa, wb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -10,14 +10,23 @@ from the newest complete checkpoint and ends bit-identical to an uninterrupted r
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-import torch
 from helpers.resumes import newest_checkpoint_before
-from slurmtools import events, job_field, job_output, start_cluster, submit, train_locally, wait_finished, wait_for_step
+from slurmtools import (
+    events,
+    job_field,
+    job_output,
+    node_state,
+    same_weights,
+    start_cluster,
+    submit,
+    train_locally,
+    wait_finished,
+    wait_for_step,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -31,22 +40,6 @@ RESUBMIT_TIMEOUT_S = 180
 @pytest.fixture(scope="module")
 def slurm_env() -> dict[str, str]:
     return start_cluster()
-
-
-def node_state(env: dict[str, str], node: str, state: str) -> None:
-    done = subprocess.run(
-        ["scontrol", "update", f"nodename={node}", f"state={state}", "reason=hpctrain-test"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    # ReturnToService=2 may have brought a downed node back already: resuming it then fails.
-    assert done.returncode == 0 or state == "resume", done.stderr
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    wa, wb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
-    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def submission(run_dir: Path) -> dict:

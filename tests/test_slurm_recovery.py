@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from helpers.paced import PAUSE_ENV
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
@@ -19,6 +18,8 @@ from slurmtools import (
     job_field,
     job_output,
     lift_requeue_hold,
+    node_state,
+    same_weights,
     start_cluster,
     submit,
     train_locally,
@@ -45,24 +46,8 @@ def with_test_helpers(env: dict[str, str]) -> str:
     return os.pathsep.join(p for p in (str(Path(__file__).parent), env.get("PYTHONPATH", "")) if p)
 
 
-def same_weights(a: Path, b: Path) -> bool:
-    wa, wb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
-    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-
-
 def of(kind: str, run_dir: Path) -> list[dict]:
     return [e for e in events(run_dir) if e["event"] == kind]
-
-
-def node_state(env: dict[str, str], node: str, state: str) -> None:
-    done = subprocess.run(
-        ["scontrol", "update", f"nodename={node}", f"state={state}", "reason=hpctrain-test"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    # ReturnToService=2 may have brought a downed node back already: resuming it then fails.
-    assert done.returncode == 0 or state == "resume", done.stderr
 
 
 def wait_for_output(run_dir: Path, text: str, timeout_s: float) -> None:
