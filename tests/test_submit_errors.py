@@ -92,4 +92,6 @@ def test_an_sbatch_that_could_not_connect_is_sent_again(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": f"{fake.bin}{os.pathsep}{os.environ['PATH']}", "FAKE_SLURM": str(fake.folder)}
     done = submit(tmp_path, env)
     assert done.returncode == 0, done.stderr
-    assert "Submitted batch job 42" in done.stdout and len(fake.calls("sbatch")) == 2
+    # Two tries of the job (the first never reached Slurm), then its guardian.
+    training = [c for c in fake.calls("sbatch") if c[-1].endswith("job.sbatch")]
+    assert "Submitted batch job 42" in done.stdout and len(training) == 2
