@@ -8,6 +8,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # sbatch's --output in a run dir: every life of a job appends to its file (%j: the job id).
 SLURM_OUTPUT_PATTERN = "slurm-%j.out"
@@ -91,13 +92,28 @@ class RunDir:
         """hpctrain-tune: this run is a trial of the study in its parent folder (number, params)."""
         return self.root / "trial.json"
 
-    def record_resubmission(self, job_id: str) -> None:
-        """The run goes on in job `job_id` (a refused requeue was submitted again): tools that
-        read submission.json follow it; the earlier record is kept under `resubmitted_from`."""
+    def read_submission(self) -> dict[str, Any]:
+        """submission.json as a dict; {} when it is missing or unreadable (a run never submitted)."""
         try:
             record = json.loads(self.submission.read_text())
         except (OSError, ValueError):
-            record = {}
+            return {}
+        return record if isinstance(record, dict) else {}
+
+    def write_submission(self, record: dict[str, Any]) -> None:
+        """submission.json replaced whole (a reader sees the old record or the new, never half)."""
+        tmp = self.submission.with_name(self.submission.name + ".tmp")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, self.submission)
+
+    def update_submission(self, **fields: Any) -> None:
+        """submission.json with `fields` set and every other field kept."""
+        self.write_submission({**self.read_submission(), **fields})
+
+    def record_resubmission(self, job_id: str) -> None:
+        """The run goes on in job `job_id` (a refused requeue was submitted again): tools that
+        read submission.json follow it; the earlier record is kept under `resubmitted_from`."""
+        record = self.read_submission()
         earlier = record.get("job_id")
         record.update(job_id=job_id, resubmitted_from=[*record.get("resubmitted_from", []), earlier])
         # A new job that is not the recorded array task (a refused requeue runs job.sbatch alone):
@@ -105,9 +121,7 @@ class RunDir:
         if f"{record.get('array_job_id')}_{record.get('array_task_id')}" != job_id:
             for key in ("array_job_id", "array_task_id", "array_script"):
                 record.pop(key, None)
-        tmp = self.submission.with_name(self.submission.name + ".tmp")
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        os.replace(tmp, self.submission)
+        self.write_submission(record)
 
     def slurm_outputs(self) -> list[Path]:
         """The jobs' output files (SLURM_OUTPUT_PATTERN), oldest job first."""
@@ -115,10 +129,7 @@ class RunDir:
 
     def submitted_job_id(self) -> str | None:
         """The id of the job last submitted from this run dir (hpctrain-submit), or None."""
-        try:
-            job_id = json.loads(self.submission.read_text())["job_id"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        job_id = self.read_submission().get("job_id")
         return str(job_id) if job_id else None
 
 

@@ -24,7 +24,6 @@ resumes from the newest complete checkpoint and gets a guardian of its own. The 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -62,19 +61,8 @@ def submit_guardian(run: RunDir, job_id: str, env: dict[str, str] | None = None)
             file=sys.stderr,
         )
         return None
-    _record_guardian(run, guardian)
+    run.update_submission(guardian_job_id=guardian)
     return guardian
-
-
-def _record_guardian(run: RunDir, guardian: str) -> None:
-    try:
-        record = json.loads(run.submission.read_text())
-    except (OSError, ValueError):
-        record = {}
-    record["guardian_job_id"] = guardian
-    tmp = run.submission.with_name(run.submission.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, run.submission)
 
 
 def job_end(record: JobRecord | None) -> JobEnd:

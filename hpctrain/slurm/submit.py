@@ -9,7 +9,6 @@ command is never removed.
 from __future__ import annotations
 
 import getpass
-import json
 import logging
 import os
 import shutil
@@ -217,7 +216,7 @@ def _record(point: Point, job_id: str, batch: _Batch) -> None:
     }
     if batch.links is not None:  # slurm.array: the array, this point's task, and its script
         record.update(array_job_id=array_job, array_task_id=task, array_script=str(batch.script))
-    point.run.submission.write_text(json.dumps(record, indent=2) + "\n")
+    point.run.write_submission(record)
 
 
 def _user() -> str:

@@ -47,7 +47,7 @@ def prepare(verdicts: list[Verdict]) -> list[Point]:
         run = RunDir(verdict.point.run)
         if not run.job_script.is_file():
             raise PointError(f"{run.root}: no {run.job_script.name} to submit again; submit this point anew")
-        record = _record(run)
+        record = run.read_submission()
         points.append(
             Point(
                 config=load_run_config(run.root),
@@ -63,7 +63,7 @@ def prepare(verdicts: list[Verdict]) -> list[Point]:
 def resubmit(verdicts: list[Verdict], parallelism: int | None = None) -> list[Retried]:
     """Queue every chosen point (raises sbatch.SbatchError: nothing then stays queued)."""
     points = prepare(verdicts)
-    before = [_record(point.run) for point in points]
+    before = [point.run.read_submission() for point in points]
     job_ids = submit_all(points, parallelism or points[0].config.slurm.submit_parallelism)
     for verdict, point, earlier, job_id in zip(verdicts, points, before, job_ids):
         _note(point.run, earlier, job_id)
@@ -81,22 +81,12 @@ def resubmit(verdicts: list[Verdict], parallelism: int | None = None) -> list[Re
 def _note(run: RunDir, earlier: dict[str, Any], job_id: str) -> None:
     """submission.json: the new submission's record, with what the run is kept from the
     first one, and the earlier job ids under `resubmitted_from` (RunDir.record_resubmission)."""
-    fresh = _record(run)
+    fresh = run.read_submission()
     merged = {**fresh, **{k: earlier[k] for k in _KEPT if k in earlier}}
     merged["job_id"] = earlier.get("job_id")
     merged["resubmitted_from"] = earlier.get("resubmitted_from", [])
-    tmp = run.submission.with_name(run.submission.name + ".tmp")
-    tmp.write_text(json.dumps(merged, indent=2) + "\n")
-    tmp.replace(run.submission)
+    run.write_submission(merged)
     run.record_resubmission(job_id)
-
-
-def _record(run: RunDir) -> dict[str, Any]:
-    try:
-        record = json.loads(run.submission.read_text())
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
 
 
 def _snapshot(record: dict[str, Any]) -> CodeSnapshot | None:
