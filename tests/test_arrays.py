@@ -151,6 +151,32 @@ def test_limits_table(
     assert note is None or note in (verdict.note or "")
 
 
+@pytest.mark.parametrize(
+    "points, guardians, given, refusal",
+    [
+        # Each guarded point is two jobs queued: its training job (an array task) and its guardian.
+        (2, 2, Limits(1001, Limit(4, "association root/root (MaxSubmitJobs)")), None),
+        (
+            3,
+            3,
+            Limits(1001, Limit(4, "association root/root (MaxSubmitJobs)")),
+            "the sweep has 3 points but association root/root (MaxSubmitJobs) allows 4 jobs queued or running and 0 "
+            "are queued already, so 4 more fit; with 3 guardian jobs (slurm.guardian) the sweep queues 6: submit a "
+            "sweep of at most 2 points, set slurm.guardian=false",
+        ),
+        (4, 4, Limits(1001, Limit(9, "QOS normal (MaxSubmitJobsPerUser)"), queued=3), "so 6 more fit; with 4 guardian"),
+        (3, 3, Limits(1001, Limit(9, "QOS normal (MaxSubmitJobsPerUser)"), queued=3), None),
+        # Some points unguarded (slurm.guardian=false on them): room minus the guardians asked for.
+        (4, 1, Limits(1001, Limit(4, "association root/root (MaxSubmitJobs)")), "at most 3 points"),
+        (4, 0, Limits(1001, Limit(4, "association root/root (MaxSubmitJobs)")), None),
+    ],
+)
+def test_limits_count_each_guardian_as_a_job(points: int, guardians: int, given: Limits, refusal: str | None) -> None:
+    verdict = check(points, given, None, guardians)
+    assert (verdict.refusal is None) == (refusal is None), verdict
+    assert refusal is None or refusal in (verdict.refusal or ""), verdict.refusal
+
+
 def test_limits_parsed_from_slurms_answers() -> None:
     config = parse_config(fixture("config.txt"))
     assert config["MaxArraySize"] == "3" and config["ClusterName"] == "hpctrain-dev"

@@ -16,6 +16,7 @@ from slurmtools import (
     events,
     job_field,
     job_output,
+    node_state,
     point_jobs,
     start_cluster,
     start_limited_cluster,
@@ -42,16 +43,6 @@ def same_weights(a: Path, b: Path) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def set_node(env: dict[str, str], node: str, state: str) -> None:
-    done = subprocess.run(
-        ["scontrol", "update", f"nodename={node}", f"state={state}", "reason=hpctrain-test"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0 or state == "resume", done.stderr  # ReturnToService may have resumed it
-
-
 def test_array_tasks_requeue_alone_and_resume_exactly_in_their_own_run_dirs(tmp_path: Path) -> None:
     env = start_cluster()
     sweep = tmp_path / "sweep"
@@ -73,11 +64,11 @@ def test_array_tasks_requeue_alone_and_resume_exactly_in_their_own_run_dirs(tmp_
     subprocess.run(["scancel", "--batch", "--signal=USR2", ids[holder]], env=env, check=True)
     wait_for_step(sweep / failing, 40)  # a checkpoint or two behind it
     victim = of("start", sweep / failing)[0]["nodes"][0]
-    set_node(env, victim, "down")  # the batch node of the failing task: Slurm requeues it
+    node_state(env, victim, "down")  # the batch node of the failing task: Slurm requeues it
     try:
         wait_for_state(env, ids[failing], {"PENDING"}, 120)
     finally:
-        set_node(env, victim, "resume")
+        node_state(env, victim, "resume")
     for name in (holder, failing, calm):
         state = wait_finished(env, ids[name], timeout_s=600, lift_holds=True)
         assert state == "COMPLETED", job_output(sweep / name)
@@ -129,6 +120,7 @@ def test_a_sweep_splits_at_max_array_size_and_one_over_max_submit_jobs_is_refuse
         assert reset.returncode == 0, reset.stderr
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "the sweep has 4 points but association root/root (MaxSubmitJobs) allows 3" in refused.stderr
+    assert "with 4 guardian jobs (slurm.guardian) the sweep queues 8" in refused.stderr
     assert "nothing was queued and no run dir was kept" in refused.stderr
     assert "Submitted batch job" not in refused.stdout and not (tmp_path / "refused").exists()
     queued = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], env=env, capture_output=True, text=True, check=True)
@@ -170,11 +162,11 @@ def test_an_array_task_relaunches_on_its_hot_spare(tmp_path: Path) -> None:
     wait_for_step(sweep / "1", 50)
     assert job_field(env, ids["1"], "JobId") == array  # its SLURM_JOB_ID names the whole array
     victim = of("start", sweep / "1")[0]["nodes"][1]
-    set_node(env, victim, "down")
+    node_state(env, victim, "down")
     try:
         assert wait_finished(env, ids["1"], timeout_s=600) == "COMPLETED", job_output(sweep / "1")
     finally:
-        set_node(env, victim, "resume")
+        node_state(env, victim, "resume")
     assert job_field(env, ids["1"], "Restarts") == "0"  # never requeued
     relaunches = of("relaunch", sweep / "1")
     assert len(relaunches) == 1 and relaunches[0]["failed"] == [victim], events(sweep / "1")

@@ -48,11 +48,25 @@ class Verdict:
     note: str | None  # set: say this (how many will run at once)
 
 
-def check(points: int, limits: Limits, parallelism: int | None = None) -> Verdict:
-    """May `points` more jobs be queued? Slurm counts every array task as a job."""
+def check(points: int, limits: Limits, parallelism: int | None = None, guardians: int = 0) -> Verdict:
+    """May `points` more jobs, and `guardians` guardian jobs beside them, be queued? Slurm counts
+    every array task as a job, and a guardian (hpctrain.slurm.guardian) waits in the queue as a
+    job of its own for as long as its run lives."""
     submit = limits.submit
-    if submit is not None and limits.queued + points > submit.value:
+    jobs = points + guardians
+    if submit is not None and limits.queued + jobs > submit.value:
         room = max(0, submit.value - limits.queued)
+        if guardians:
+            # Each guarded point takes two places: with every point guarded, half the room.
+            fit = room // 2 if guardians == points else max(0, room - guardians)
+            return Verdict(
+                f"the sweep has {points} points but {submit.source} allows {submit.value} jobs queued or running "
+                f"and {limits.queued} are queued already, so {room} more fit; with {guardians} guardian jobs "
+                f"(slurm.guardian) the sweep queues {jobs}: submit a sweep of at most {fit} points, set "
+                f"slurm.guardian=false (one job a point, a lost batch node then ends its run), or wait until "
+                f"some of your jobs have ended",
+                None,
+            )
         return Verdict(
             f"the sweep has {points} points but {submit.source} allows {submit.value} jobs queued or running "
             f"and {limits.queued} are queued already, so {room} more fit; submit a "

@@ -149,7 +149,8 @@ def _plan(points: list[Point]) -> list[_Batch]:
         limits = read_limits(slurm.account, slurm.qos)
     except SlurmLimitsError as error:
         raise sbatch.SbatchError(str(error)) from None
-    verdict = check(len(points), limits, slurm.array_parallelism if as_arrays else None)
+    guardians = sum(1 for p in points if p.config.slurm.guardian)
+    verdict = check(len(points), limits, slurm.array_parallelism if as_arrays else None, guardians)
     if verdict.refusal:
         raise sbatch.SbatchError(verdict.refusal)
     if verdict.note:
