@@ -92,8 +92,11 @@ def test_cancel_and_retry_points_of_a_sweep(tmp_path: Path) -> None:
     # Once a checkpoint of step 10 or later is complete (recorded), not merely step 10 logged:
     # its write runs in the background, so the retry has step 10 or later to resume from at any pace.
     wait_for_checkpoint(running, 10)
+    # Their guardians go in the same scancel: a cancelled job would start its guardian for nothing.
+    guardians = [json.loads((p / "submission.json").read_text())["guardian_job_id"] for p in (running, pending)]
     dry = hpctrain(env, "hpctrain-cancel", "--dry-run", str(sweep), "0", "1")
-    assert dry.returncode == 0 and f"would run: scancel -v {job_ids[0]} {job_ids[1]}" in dry.stdout, dry
+    scancel = f"scancel -v {job_ids[0]} {job_ids[1]} {guardians[0]} {guardians[1]}"
+    assert dry.returncode == 0 and f"would run: {scancel}" in dry.stdout, dry
     done = hpctrain(env, "hpctrain-cancel", str(sweep), "0", str(pending))
     assert done.returncode == 0, done.stderr
     assert f"cancelled 0: job {job_ids[0]} (RUNNING)" in done.stdout, done.stdout
@@ -101,6 +104,8 @@ def test_cancel_and_retry_points_of_a_sweep(tmp_path: Path) -> None:
     assert wait_finished(env, job_ids[0]) == "CANCELLED"
     assert wait_finished(env, job_ids[1]) == "CANCELLED"
     assert wait_finished(env, job_ids[2]) == "FAILED", job_output(crashing)
+    assert [wait_finished(env, g) for g in guardians] == ["CANCELLED", "CANCELLED"]
+    assert not [*running.glob("guardian-*.out"), *pending.glob("guardian-*.out")], "a cancelled guardian never ran"
     # One cancel recorded per life, whether the job's trap or the command wrote it first.
     assert len(of("cancelled", running)) == 1, events(running)
     assert [e.get("by") for e in of("cancelled", pending)] == ["hpctrain-cancel"]

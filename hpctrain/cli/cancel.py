@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         print("nothing to cancel")
         return CLI_OK
     if args.dry_run:
-        print(f"would run: {shlex.join(cancel.scancel_command([str(v.point.job_id) for v in chosen]))}")
+        points = [v.point for v in chosen]
+        command = cancel.scancel_command([str(p.job_id) for p in points], cancel.guardians_of(points))
+        print(f"would run: {shlex.join(command)}")
         for verdict in chosen:
             print(f"would cancel {verdict.point.name}: {verdict.why}")
         return CLI_OK

@@ -36,8 +36,20 @@ class Outcome:
     ended: dict[str, str]  # job id -> Slurm's words: it ended (or vanished) before the scancel
 
 
-def scancel_command(job_ids: list[str]) -> list[str]:
-    return ["scancel", "-v", *job_ids]
+def scancel_command(job_ids: list[str], guardian_ids: list[str] | None = None) -> list[str]:
+    return ["scancel", "-v", *job_ids, *(guardian_ids or [])]
+
+
+def guardians_of(points: list[PointFacts]) -> list[str]:
+    """The guardian jobs of the points' runs (submission.json's guardian_job_id): a cancelled job
+    satisfies its guardian's dependency, so the guardian goes in the same scancel. It would find
+    the cancel and do nothing, but it would still start, and show in squeue until then."""
+    found = []
+    for point in points:
+        guardian = RunDir(point.run).read_submission().get("guardian_job_id")
+        if guardian:
+            found.append(str(guardian))
+    return found
 
 
 def parse_scancel_errors(text: str) -> dict[str, str]:
@@ -55,7 +67,7 @@ def cancel(points: list[PointFacts]) -> Outcome:
     Cancelling twice changes nothing, so a scancel without an answer is tried again (CANCEL)."""
     job_ids = [str(p.job_id) for p in points]
     began = time.time()
-    done = client.run(scancel_command(job_ids), client.CANCEL)
+    done = client.run(scancel_command(job_ids, guardians_of(points)), client.CANCEL)
     if done.kind is client.Kind.MISSING:
         raise ScancelError(f"{done.why()}; run this on a Slurm login node")
     if not done.answered:
@@ -65,7 +77,8 @@ def cancel(points: list[PointFacts]) -> Outcome:
         raise ScancelError(
             f"scancel failed (exit {done.exit_code}): {words[-1] if words else 'no message'}; nothing was recorded"
         )
-    ended = parse_scancel_errors(done.stderr)
+    # A guardian that already ended (its job completed, or it ran) is no news: only the points'.
+    ended = {job: why for job, why in parse_scancel_errors(done.stderr).items() if job in job_ids}
     cancelled = [p for p in points if p.job_id not in ended]
     for point in cancelled:
         record(point, began - _CLOCK_SLACK_S)
