@@ -12,35 +12,55 @@ from optuna.trial import TrialState  # noqa: E402
 from test_tune_study import make_study, queued  # noqa: E402
 
 from hpctrain.run.jsonlines import read_jsonl  # noqa: E402
+from hpctrain.run.paths import RunDir  # noqa: E402
 from hpctrain.tune import study as studies  # noqa: E402
 from hpctrain.tune.launch import fill  # noqa: E402
-from hpctrain.tune.reap import lost  # noqa: E402
+from hpctrain.tune.reap import lost, trial_jobs  # noqa: E402
 from hpctrain.tune.trials import StudySetup  # noqa: E402
 
-RUNNING = {0: "40", 1: "41_3", 2: "42", 3: "43"}
+RUNNING = {0: ("40",), 1: ("41_3",), 2: ("42",), 3: ("43",)}
+# Trial 1's run has a guardian (51); trial 2's job was submitted again by its guardian (62, guarded by 63).
+GUARDED = {0: ("40",), 1: ("41_3", "51"), 2: ("62", "63")}
 
 
 @pytest.mark.parametrize(
-    "states, answered, lost_trials",
+    "running, states, answered, lost_trials",
     [
         # Queued, running, requeued or finishing: the job will tell the study itself.
-        ({"40": "PENDING", "41_3": "RUNNING", "42": "COMPLETING", "43": "REQUEUED"}, True, {}),
+        (RUNNING, {"40": "PENDING", "41_3": "RUNNING", "42": "COMPLETING", "43": "REQUEUED"}, True, {}),
         # Ended without telling (a killed batch shell), or purged from Slurm altogether.
-        ({"40": "FAILED", "41_3": "RUNNING", "42": "NODE_FAIL", "43": "CANCELLED"}, True, {0, 2, 3}),
-        ({"40": "RUNNING", "41_3": "PENDING", "42": "RUNNING"}, True, {3}),
-        ({"40": "COMPLETED", "41_3": "RUNNING", "42": "RUNNING", "43": "RUNNING"}, True, {0}),
+        (RUNNING, {"40": "FAILED", "41_3": "RUNNING", "42": "NODE_FAIL", "43": "CANCELLED"}, True, {0, 2, 3}),
+        (RUNNING, {"40": "RUNNING", "41_3": "PENDING", "42": "RUNNING"}, True, {3}),
+        (RUNNING, {"40": "COMPLETED", "41_3": "RUNNING", "42": "RUNNING", "43": "RUNNING"}, True, {0}),
+        # A job ended, its guardian queued or running: it is deciding whether the run goes on.
+        (GUARDED, {"40": "RUNNING", "41_3": "FAILED", "51": "PENDING", "62": "RUNNING", "63": "PENDING"}, True, {}),
+        (GUARDED, {"40": "RUNNING", "41_3": "FAILED", "51": "RUNNING", "62": "PENDING", "63": "PENDING"}, True, {}),
+        # The guardian ended too (it found nothing to do, or could not submit): lost.
+        (GUARDED, {"40": "RUNNING", "41_3": "FAILED", "51": "COMPLETED", "62": "RUNNING", "63": "PENDING"}, True, {1}),
+        # The resubmitted job ended and its guardian is gone from Slurm: lost, named by the new job.
+        (GUARDED, {"40": "RUNNING", "41_3": "RUNNING", "51": "PENDING", "62": "FAILED"}, True, {2}),
         # squeue gave no answer: nothing is known, nothing is told.
-        ({}, False, {}),
-        ({"40": "FAILED"}, False, {}),
+        (RUNNING, {}, False, {}),
+        (RUNNING, {"40": "FAILED"}, False, {}),
     ],
 )
 def test_a_trial_is_lost_only_when_slurm_answered_that_its_job_is_gone(
-    states: dict[str, str], answered: bool, lost_trials: set[int]
+    running: dict[int, tuple[str, ...]], states: dict[str, str], answered: bool, lost_trials: set[int]
 ) -> None:
-    why = lost(RUNNING, states, answered)
+    why = lost(running, states, answered)
     assert set(why) == set(lost_trials)
     for number, reason in why.items():
-        assert RUNNING[number] in reason and "without telling the study" in reason
+        assert running[number][0] in reason and "without telling the study" in reason
+
+
+def test_a_trials_jobs_follow_its_run_dirs_submission(tmp_path: Path) -> None:
+    run = RunDir(tmp_path)
+    assert trial_jobs(run, "40") == ("40",)  # no submission.json (yet): the study's record
+    run.write_submission({"job_id": "40", "guardian_job_id": "41"})
+    assert trial_jobs(run, "40") == ("40", "41")
+    run.record_resubmission("62")
+    run.update_submission(guardian_job_id="63")
+    assert trial_jobs(run, "40") == ("62", "63")
 
 
 @pytest.mark.slurm
