@@ -6,7 +6,7 @@ the fault exactly there. `point("checkpoint.between_renames")` marks such a mome
 environment variable HPCTRAIN_FAULT_POINTS arms it:
 
     HPCTRAIN_FAULT_POINTS="checkpoint.between_renames=kill"
-    HPCTRAIN_FAULT_POINTS="worker.after_imports=sleep:30,trainer.step=stop"
+    HPCTRAIN_FAULT_POINTS="worker.after_imports=sleep:30,trainer.step=stop@40"
 
     kill        SIGKILL this process: nothing after it runs (no handler, no `finally`)
     stop        SIGSTOP this process: it stops answering without exiting (a silent node)
@@ -48,7 +48,12 @@ POINTS = {
     "worker.before_imports": "`python -m hpctrain.worker` started, torch not imported yet",
     "worker.after_imports": "torch and the trainer imported, the config not read yet",
     "worker.before_rendezvous": "the stop handlers installed, the process group not joined yet",
+    "trainer.resume_loading": "the newest usable checkpoint read, its state not yet applied (nothing journaled)",
+    "trainer.step": "an optimizer step done (@K: the K-th of this process), not yet logged, voted or saved",
+    "checkpoint.periodic_in_flight": "a periodic checkpoint's first bytes written, its .pt.tmp incomplete",
+    "checkpoint.forced_in_flight": "a stop's forced save: its first bytes written, its .pt.tmp incomplete",
     "checkpoint.between_renames": "a checkpoint's .pt renamed into place, its .json not yet",
+    "batch.after_requeue": "`scontrol requeue` accepted and ExcNodeList set; the shell not yet exited",
 }
 
 

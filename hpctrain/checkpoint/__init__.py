@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpctrain import faults
 from hpctrain.checkpoint import forced, rng, store
 from hpctrain.checkpoint.deadline import usable_s
 from hpctrain.checkpoint.format import FORMAT_VERSION, CheckpointTooNew
@@ -102,7 +103,14 @@ class Checkpointer:
             snapshot.update(self._parts(rngs))
             blocking_s = time.perf_counter() - started
             info = {"reason": reason, "blocking_s": round(blocking_s, 4)}
-            self.writer.start(step, snapshot, info, background=background, nbytes=state_bytes(snapshot))
+            self.writer.start(
+                step,
+                snapshot,
+                info,
+                background=background,
+                nbytes=state_bytes(snapshot),
+                in_flight=_periodic_in_flight if reason is CheckpointReason.PERIODIC else None,
+            )
         if not background and self.ctx.distributed:
             dist.barrier()  # a forced save is on disk before any rank goes on (or exits)
         return time.perf_counter() - started
@@ -216,3 +224,7 @@ class Checkpointer:
         rngs = state["rng"]
         state["rng"] = rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else None
         return state
+
+
+def _periodic_in_flight() -> None:
+    faults.point("checkpoint.periodic_in_flight")

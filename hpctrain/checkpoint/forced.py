@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from hpctrain import faults
 from hpctrain.checkpoint import store
 from hpctrain.checkpoint.deadline import ForcedSavePlan, plan_forced_save
 from hpctrain.checkpoint.snapshot import Snapshotter, state_bytes
@@ -84,7 +85,13 @@ def carry_out(
         if timer is not None:
             timer.start()
         try:
-            writer.start(step, tree, {**info, "blocking_s": waited_s, "forced_save": choice}, background=False)
+            writer.start(
+                step,
+                tree,
+                {**info, "blocking_s": waited_s, "forced_save": choice},
+                background=False,
+                in_flight=_forced_in_flight,
+            )
         except store.WriteAbandoned:
             return "overran"  # the estimate was wrong; an exit in time beats a write that is killed
         finally:
@@ -126,3 +133,7 @@ def _why(chosen: ForcedSavePlan, choice: str) -> str:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
+
+
+def _forced_in_flight() -> None:
+    faults.point("checkpoint.forced_in_flight")

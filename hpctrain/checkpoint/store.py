@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -68,9 +68,11 @@ class WriteControl:
     """Shared by a write and whoever started it: the bytes written so far, and a cancel request
     the write honours within one chunk (a forced save that cannot wait for it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_flight: Callable[[], None] | None = None) -> None:
         self.bytes_done = 0
         self.cancel = threading.Event()
+        # Called once, right after the write's first bytes (a fault point: the write in flight).
+        self.in_flight = in_flight
 
 
 # A cancel request is seen within one chunk: 64 MiB take well under a second to hash and write.
@@ -107,8 +109,11 @@ class _HashingWriter(io.RawIOBase):
         except OSError as error:
             self.error = error
             raise
+        first = self.size == 0
         self.size += chunk.nbytes
         self.control.bytes_done = self.size
+        if first and self.control.in_flight is not None:
+            self.control.in_flight()
 
 
 def _fsync_dir(folder: Path) -> None:

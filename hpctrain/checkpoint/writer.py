@@ -107,12 +107,21 @@ class BackgroundWriter:
         self.wait()
         return True
 
-    def start(self, step: int, state: dict[str, Any], info: dict[str, Any], background: bool, nbytes: int = 0) -> None:
+    def start(
+        self,
+        step: int,
+        state: dict[str, Any],
+        info: dict[str, Any],
+        background: bool,
+        nbytes: int = 0,
+        in_flight: Callable[[], None] | None = None,
+    ) -> None:
         """Write `state` (already a snapshot the trainer no longer touches; about `nbytes`).
         `info` goes into the checkpoint's .json and its `checkpoint` record: `reason` (a
-        CheckpointReason), `blocking_s`, and for a forced save `deadline_s` and `forced_save`."""
+        CheckpointReason), `blocking_s`, and for a forced save `deadline_s` and `forced_save`.
+        `in_flight` runs once, right after the first bytes are written (a fault point)."""
         self.wait()
-        self._control = store.WriteControl()
+        self._control = store.WriteControl(in_flight)
         self.inflight_step, self._inflight_bytes, self._inflight_started = step, nbytes, time.perf_counter()
         if background:
             self._thread = threading.Thread(target=self._write, args=(step, state, info), daemon=False)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpctrain import faults
 from hpctrain.checkpoint import Checkpointer, rng
 from hpctrain.checkpoint.deadline import deadline_s, preempted_now, sigterm_s, sigterm_times
 from hpctrain.checkpoint.writer import DiskFull
@@ -123,6 +124,7 @@ class Trainer:
         while self.state.step < self.total_steps:
             progress.add(self._step(batches))
             self.state.step += 1
+            faults.point("trainer.step")
             self.watchdog.beat()
             step, final = self.state.step, self.state.step == self.total_steps
             evaluate_now = final or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
@@ -278,6 +280,7 @@ class Trainer:
         saved = self.checkpointer.load(expect_model=self.raw_model.state_dict())
         if saved is None:
             return
+        faults.point("trainer.resume_loading")
         loaders.check_resume_world(saved.get("world_size"), self.ctx.world_size, saved["train"]["step"])
         self.raw_model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
