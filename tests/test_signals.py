@@ -11,11 +11,13 @@ same config. The uninterrupted reference is trained once for the module.
 Nothing here sleeps for correctness: the tests poll metrics.jsonl until the run is past the step
 they want, then signal; waits are bounded by generous deadlines.
 
-Time: every 2-process launch costs tens of seconds of start-up on a small machine, so runs are
-shared. One SIGTERM-stopped run is resumed in place (the SIGTERM test), and two copies of its run
-dir go on: one stopped again by Ctrl-C and resumed (the Ctrl-C and stopped-twice tests), one with
-its newest checkpoint truncated (the torn test). Runs nobody signals (the reference, the resumes)
-train in one background thread beside the run the current test signals.
+Time: every launch costs seconds of CPU (the imports) and every step more, so runs are shared.
+One run is stopped three times, each time resumed in place with the same command: by SIGTERM (a
+preemption), then by Ctrl-C to its process group, then by SIGUSR2 (the time-limit warning), then
+trained to the end (the SIGTERM, Ctrl-C, SIGUSR2 and stopped-three-times tests read it). A copy
+of its run dir as the SIGTERM left it, with the newest checkpoint truncated, resumes too (the
+torn test). Runs nobody signals (the reference, the last resumes) train in one background thread
+beside the run the current test signals.
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ pytestmark = [
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux signals and /proc"),
 ]
 
-MAX_STEPS = 400
+MAX_STEPS = 400  # three stops, each landing tens of steps after its signal on a quiet machine, and room after
 STEPS_PER_EPOCH = 22  # digits: 1437 training images at 32 per process x 2 processes
 STOP_AFTER = 40  # signal once metrics.jsonl shows a step at least this far into the run
-BASE = ("trainer.max_steps=400", "trainer.log_every=5", "trainer.eval_every=0")
+BASE = (f"trainer.max_steps={MAX_STEPS}", "trainer.log_every=5", "trainer.eval_every=0")
 TWO_PROCS = (*BASE, "trainer.ckpt_every=0", "trainer.nprocs=2")
 TWO_PROCS_PERIODIC = (*BASE, "trainer.ckpt_every=10", "trainer.nprocs=2")
 ONE_PROC = (*BASE, "trainer.ckpt_every=0", "trainer.nprocs=1")
@@ -295,11 +297,9 @@ def reference(reference_run: Path) -> dict[str, torch.Tensor]:
 @dataclass
 class Preempted:
     """A 2-process run with periodic checkpoints, stopped by SIGTERM to the launcher (a `kill`,
-    a preemption), and what became of it: resumed in place, and two copies of its run dir."""
+    a preemption), and a copy of its run dir with the newest checkpoint truncated, resumed."""
 
     stopped: Stopped
-    resumed: Future[subprocess.CompletedProcess[str]] | None  # the same command again, in place
-    twice_dir: Path  # a copy, for the Ctrl-C scenario to go on from
     torn_dir: Path  # a copy whose newest .pt was truncated, then resumed:
     torn_resumed: Future[subprocess.CompletedProcess[str]] | None
     torn_step: int = 0  # the newest checkpoint, truncated
@@ -314,39 +314,46 @@ def preempted(
 ) -> Preempted:
     run_dir = tmp_path_factory.mktemp("preempted") / "run"
     stopped = run_and_signal(run_dir, TWO_PROCS_PERIODIC, signal.SIGTERM, after=STOP_AFTER)
-    twice_dir = tmp_path_factory.mktemp("twice") / "run"
     torn_dir = tmp_path_factory.mktemp("torn") / "run"
-    for copy in (twice_dir, torn_dir):
-        shutil.copytree(run_dir, copy, symlinks=True)
-    result = Preempted(stopped, None, twice_dir, torn_dir, None)
+    shutil.copytree(run_dir, torn_dir, symlinks=True)
+    result = Preempted(stopped, torn_dir, None)
     if stopped.returncode != 128 + signal.SIGTERM or len(stopped.checkpoint_steps) < 2:
         return result  # the tests say what went wrong; nothing to resume
     newest, older = store.entries(torn_dir / "checkpoints")[:2]
     with open(newest.data, "r+b") as file:  # as if the newest's write had been cut short
         file.truncate(newest.data.stat().st_size // 2)
     result.torn_step, result.fallback_step = newest.step, older.step
-    result.resumed = background.submit(run_train, run_dir, TWO_PROCS_PERIODIC)
     result.torn_resumed = background.submit(run_train, torn_dir, TWO_PROCS_PERIODIC)
     return result
 
 
 @dataclass
-class Twice:
+class Stopped3:
+    """The preempted run resumed in place and stopped again, twice, then trained to the end."""
+
     first: int  # the step the SIGTERM saved
-    ctrl_c: Stopped  # the resumed run, stopped by SIGINT to its whole process group
-    final: Future[subprocess.CompletedProcess[str]] | None  # resumed again, to the end
+    ctrl_c: Stopped  # resumed, stopped by SIGINT to its whole process group
+    usr2: Stopped | None  # resumed again, stopped by SIGUSR2 to the launcher (the time limit)
+    final: Future[subprocess.CompletedProcess[str]] | None  # resumed a third time, to the end
 
 
 @pytest.fixture(scope="module")
-def twice(preempted: Preempted, background: ThreadPoolExecutor) -> Twice:
-    """The preempted run (a copy of its run dir) resumed, stopped by Ctrl-C, resumed again."""
-    run_dir = preempted.twice_dir
+def stopped3(preempted: Preempted, background: ThreadPoolExecutor) -> Stopped3:
+    run_dir = preempted.stopped.run_dir
     first = preempted.stopped.forced_step()
-    ctrl_c = run_and_signal(run_dir, TWO_PROCS_PERIODIC, signal.SIGINT, after=first + STOP_AFTER, whole_group=True)
-    final = None
-    if ctrl_c.returncode == 128 + signal.SIGINT:
-        final = background.submit(run_train, run_dir, TWO_PROCS_PERIODIC)
-    return Twice(first, ctrl_c, final)
+    result = Stopped3(
+        first,
+        run_and_signal(run_dir, TWO_PROCS_PERIODIC, signal.SIGINT, after=first + STOP_AFTER, whole_group=True),
+        None,
+        None,
+    )
+    if result.ctrl_c.returncode != 128 + signal.SIGINT:
+        return result
+    second = result.ctrl_c.forced_step()
+    result.usr2 = run_and_signal(run_dir, TWO_PROCS_PERIODIC, signal.SIGUSR2, after=second + STOP_AFTER)
+    if result.usr2.returncode == 128 + signal.SIGUSR2:
+        result.final = background.submit(run_train, run_dir, TWO_PROCS_PERIODIC)
+    return result
 
 
 # The tests that drive a run of their own come first, those that read background runs last: the
@@ -355,13 +362,13 @@ def twice(preempted: Preempted, background: ThreadPoolExecutor) -> Twice:
 # ---- Ctrl-C ------------------------------------------------------------------------------------
 
 
-def test_ctrl_c_saves_as_interrupt_and_leaves_no_process(twice: Twice) -> None:
-    stopped = twice.ctrl_c
+def test_ctrl_c_saves_as_interrupt_and_leaves_no_process(stopped3: Stopped3) -> None:
+    stopped = stopped3.ctrl_c
     assert stopped.returncode != 0, stopped.describe()
     k2 = assert_stopped_and_saved(stopped, "interrupt", signal.SIGINT)
-    assert k2 > twice.first > 0
+    assert k2 > stopped3.first > 0
     starts = [e for e in stopped.new_events if e.get("event") == "start"]
-    assert [e["resumed_from_step"] for e in starts] == [twice.first]
+    assert [e["resumed_from_step"] for e in starts] == [stopped3.first]
 
 
 def test_a_killed_launcher_takes_its_ranks_down_saving_as_an_interrupt(tmp_path: Path) -> None:
@@ -395,24 +402,25 @@ def test_the_time_limit_signal_stops_a_single_process_run(tmp_path: Path) -> Non
 
 
 def test_sigusr2_saves_as_timelimit_exits_140_and_resumes_bit_identically(
-    tmp_path: Path, reference: dict[str, torch.Tensor]
+    stopped3: Stopped3, reference: dict[str, torch.Tensor]
 ) -> None:
-    run_dir = tmp_path / "run"
-    stopped = run_and_signal(run_dir, TWO_PROCS, signal.SIGUSR2, after=STOP_AFTER)
-    k = assert_stopped_and_saved(stopped, "timelimit", signal.SIGUSR2)
+    assert stopped3.usr2 is not None, f"the Ctrl-C stage failed:\n{stopped3.ctrl_c.describe()}"
+    k3 = assert_stopped_and_saved(stopped3.usr2, "timelimit", signal.SIGUSR2)
+    k2 = stopped3.ctrl_c.forced_step()
+    assert [e["resumed_from_step"] for e in stopped3.usr2.new_events if e.get("event") == "start"] == [k2]
+    assert stopped3.final is not None
 
-    resumed = run_train(run_dir, TWO_PROCS)
+    resumed = stopped3.final.result()  # the very same command again
 
-    assert_resumed(run_dir, resumed, [k])
-    assert forced_checkpoints(run_dir) == [(k, "timelimit"), (MAX_STEPS, "final")]
-    assert_bit_identical(run_dir, reference)
+    assert_resumed(stopped3.usr2.run_dir, resumed, [stopped3.first, k2, k3])
+    assert_bit_identical(stopped3.usr2.run_dir, reference)
 
 
 # ---- SIGTERM: preemption -------------------------------------------------------------------
 
 
 def test_sigterm_saves_mid_epoch_and_the_resume_is_bit_identical(
-    preempted: Preempted, reference: dict[str, torch.Tensor]
+    preempted: Preempted, stopped3: Stopped3, reference: dict[str, torch.Tensor]
 ) -> None:
     stopped, run_dir = preempted.stopped, preempted.stopped.run_dir
     k = assert_stopped_and_saved(stopped, "preempt", signal.SIGTERM)
@@ -424,25 +432,31 @@ def test_sigterm_saves_mid_epoch_and_the_resume_is_bit_identical(
         k,
     )
     assert f"hydra.run.dir={run_dir}" in stopped.output  # the launcher says how to resume
-    assert preempted.resumed is not None
 
-    resumed = preempted.resumed.result()  # the very same command again
-
-    assert_resumed(run_dir, resumed, [k])
-    assert forced_checkpoints(run_dir) == [(k, "preempt"), (MAX_STEPS, "final")]
+    # The very same command again resumed from that step (and was stopped by the Ctrl-C test).
+    assert f"resumed from step {k} " in stopped3.ctrl_c.output, stopped3.ctrl_c.describe()
+    assert stopped3.final is not None, "a later stage failed (see the Ctrl-C and SIGUSR2 tests)"
+    assert_ok(stopped3.final.result())
     assert_bit_identical(run_dir, reference)
 
 
-# ---- a run stopped twice -------------------------------------------------------------------
+# ---- a run stopped three times -------------------------------------------------------------
 
 
-def test_stopped_twice_then_resumed_is_still_bit_identical(twice: Twice, reference: dict[str, torch.Tensor]) -> None:
-    assert twice.final is not None, f"the Ctrl-C stage failed:\n{twice.ctrl_c.describe()}"
-    run_dir = twice.ctrl_c.run_dir
-    k2 = twice.ctrl_c.forced_step()
+def test_stopped_three_times_then_resumed_is_still_bit_identical(
+    stopped3: Stopped3, reference: dict[str, torch.Tensor]
+) -> None:
+    assert stopped3.usr2 is not None and stopped3.final is not None, "a stage failed (see the other tests)"
+    run_dir = stopped3.ctrl_c.run_dir
+    k2, k3 = stopped3.ctrl_c.forced_step(), stopped3.usr2.forced_step()
 
-    assert_resumed(run_dir, twice.final.result(), [twice.first, k2])
-    assert forced_checkpoints(run_dir) == [(twice.first, "preempt"), (k2, "interrupt"), (MAX_STEPS, "final")]
+    assert_resumed(run_dir, stopped3.final.result(), [stopped3.first, k2, k3])
+    assert forced_checkpoints(run_dir) == [
+        (stopped3.first, "preempt"),
+        (k2, "interrupt"),
+        (k3, "timelimit"),
+        (MAX_STEPS, "final"),
+    ]
     assert_bit_identical(run_dir, reference)
 
 
