@@ -49,9 +49,7 @@ def _complete(run_dir: Path) -> list[int]:
     return [e.step for e in store.entries(run_dir / "checkpoints")]
 
 
-def test_each_fault_point_acts_at_its_moment_and_the_run_still_ends_exact(
-    tmp_path: Path, train_run: TrainRuns
-) -> None:
+def test_each_fault_point_acts_at_its_moment_and_the_run_still_ends_exact(tmp_path: Path, train_run: TrainRuns) -> None:
     run_dir = tmp_path / "run"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
 
