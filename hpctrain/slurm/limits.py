@@ -56,21 +56,20 @@ def check(points: int, limits: Limits, parallelism: int | None = None, guardians
     jobs = points + guardians
     if submit is not None and limits.queued + jobs > submit.value:
         room = max(0, submit.value - limits.queued)
-        if guardians:
-            # Each guarded point takes two places: with every point guarded, half the room.
-            fit = room // 2 if guardians == points else max(0, room - guardians)
-            return Verdict(
-                f"the sweep has {points} points but {submit.source} allows {submit.value} jobs queued or running "
-                f"and {limits.queued} are queued already, so {room} more fit; with {guardians} guardian jobs "
-                f"(slurm.guardian) the sweep queues {jobs}: submit a sweep of at most {fit} points, set "
-                f"slurm.guardian=false (one job a point, a lost batch node then ends its run), or wait until "
-                f"some of your jobs have ended",
-                None,
-            )
-        return Verdict(
+        said = (
             f"the sweep has {points} points but {submit.source} allows {submit.value} jobs queued or running "
-            f"and {limits.queued} are queued already, so {room} more fit; submit a "
-            f"sweep of at most {room} points, or wait until some of your jobs have ended",
+            f"and {limits.queued} are queued already, so {room} more fit; "
+        )
+        if not guardians:
+            return Verdict(
+                said + f"submit a sweep of at most {room} points, or wait until some of your jobs have ended", None
+            )
+        # Each guarded point takes two places: with every point guarded, half the room.
+        fit = room // 2 if guardians == points else max(0, room - guardians)
+        return Verdict(
+            said + f"with {guardians} guardian jobs (slurm.guardian) the sweep queues {jobs}: submit a sweep of "
+            f"at most {fit} points, set slurm.guardian=false (one job a point, a lost batch node then ends its "
+            "run), or wait until some of your jobs have ended",
             None,
         )
     running = limits.running
