@@ -20,10 +20,14 @@ A point fires once per process, the first time it is reached, unless its action 
 dictionary lookup. The points are listed in POINTS; arming an unknown name is refused, so a
 test cannot arm a point that no longer exists and pass without its fault.
 
+In a Slurm job a point fires in the job's first life only, or in the life `/L` names
+(`kill@40/2`: the 40th step of the second life, SLURM_RESTART_COUNT 1): a requeued job runs
+every process again with the same environment, and a fault that fired in every life would
+loop until a budget ran out. A job submitted again (a guardian's, a refused requeue's) is
+submitted without the variable (hpctrain.slurm.client.outside_job_env).
+
 The batch script's own points (`batch.*`) are reached through `python -m hpctrain.faults NAME
-PID` (only when the variable is set), which acts on the batch shell (PID) instead of itself;
-there `@K` means the job's K-th life (SLURM_RESTART_COUNT K-1), the first by default, since a
-requeued job runs its script again.
+PID` (only when the variable is set), which acts on the batch shell (PID) instead of itself.
 """
 
 from __future__ import annotations
@@ -62,17 +66,23 @@ class Armed:
     action: str  # kill, stop, term, signal, sleep, exit
     value: float = 0.0  # sleep's seconds, exit's code, signal's number
     on_hit: int = 1  # fire the K-th time the point is reached
+    life: int = 1  # only in this life of a Slurm job (SLURM_RESTART_COUNT life-1; 1 outside Slurm)
 
 
 def parse(text: str) -> dict[str, Armed]:
-    """`name=action[:value][@K],...`; ValueError naming what is wrong."""
+    """`name=action[:value][@K][/L],...`; ValueError naming what is wrong."""
     armed: dict[str, Armed] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, spec = item.partition("=")
         if not sep or name not in POINTS:
             known = ", ".join(sorted(POINTS))
             raise ValueError(f"{ENV}: {item!r} is not NAME=ACTION with a known point ({known})")
+        spec, _, life = spec.partition("/")
         spec, _, hit = spec.partition("@")
+        if hit and name.startswith("batch."):
+            raise ValueError(
+                f"{ENV}: {item!r}: the batch script reaches its points once per life; name the life with /L"
+            )
         action, _, value = spec.partition(":")
         valued = ("sleep", "exit", "signal")
         if action not in ("kill", "stop", "term", *valued) or (action in valued) != bool(value):
@@ -85,15 +95,22 @@ def parse(text: str) -> dict[str, Armed]:
                 raise ValueError(f"{ENV}: {item!r}: {value!r} is not a signal name (TERM, USR2, ...)")
             value = str(int(number))
         try:
-            armed[name] = Armed(action, float(value or 0), int(hit or 1))
+            armed[name] = Armed(action, float(value or 0), int(hit or 1), int(life or 1))
         except ValueError:
-            raise ValueError(f"{ENV}: {item!r}: SECONDS, CODE and @K are numbers") from None
+            raise ValueError(f"{ENV}: {item!r}: SECONDS, CODE, @K and /L are numbers") from None
     return armed
 
 
+def life_of(environ: Mapping[str, str]) -> int:
+    """This process's life of its Slurm job: 1, then 2 after the first requeue (1 outside Slurm)."""
+    return int(environ.get("SLURM_RESTART_COUNT") or 0) + 1
+
+
 def _from_env(environ: Mapping[str, str]) -> dict[str, Armed]:
+    """The points armed for this life; the others are left out, so they cost what unarmed ones do."""
     text = environ.get(ENV, "")
-    return parse(text) if text else {}
+    life = life_of(environ)
+    return {name: armed for name, armed in (parse(text) if text else {}).items() if armed.life == life}
 
 
 _armed = _from_env(os.environ)
@@ -124,11 +141,7 @@ def main(argv: list[str]) -> int:
     if name not in POINTS:
         print(f"hpctrain.faults: {name!r} is not a fault point", file=sys.stderr)
         return 2
-    armed = _armed.get(name)
-    life = int(os.environ.get("SLURM_RESTART_COUNT") or 0) + 1
-    if armed is not None and life == armed.on_hit:
-        _hits[name] = armed.on_hit - 1  # this call is the hit that fires
-        point(name, target)
+    point(name, target)  # each life runs the script, and reaches each of its points, once
     return 0
 
 

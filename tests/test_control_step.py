@@ -214,9 +214,10 @@ def test_without_scontrol_the_batch_shell_is_asked_to_requeue(
     [
         ("stop_cancelled", ["cancelled"]),  # scancel: Restarts=0, as this life's
         ("stop_admin_requeued", []),  # `scontrol requeue` by an admin: Restarts=1, the run comes back
+        ("stop_timelimit", []),  # the time limit (Reason=TimeLimit): the guardian submits it again
     ],
 )
-def test_the_sigterm_trap_tells_a_scancel_from_a_requeue_by_the_jobs_record(
+def test_the_sigterm_trap_tells_a_scancel_from_a_requeue_or_the_time_limit_by_the_jobs_record(
     tmp_path: Path, slurm: FakeSlurm, record: str, written: list[str]
 ) -> None:
     """Records printed by `scontrol show job -o` on the dev cluster during each (README_stop.md)."""

@@ -88,6 +88,7 @@ class Row:
     requeued_by_slurm: bool = False  # the job's record counts a restart past this life's
     preempting: bool = False  # the job's record shows a PreemptTime
     partition_nodes: tuple[str, ...] = ()  # the job's partition's nodes (empty: not known)
+    timed_out: bool = False  # the job's record says its time limit ended it (Reason=TimeLimit)
     # expected:
     action: Action = Action.REQUEUE
     events: list[str] = field(default_factory=list)
@@ -124,6 +125,18 @@ ROWS = {
         PREEMPT_SAVE,
         out(WORKER_SAVED_AND_STOPPED, terminated=True),
         requeued_by_slurm=True,
+        action=Action.STOP,
+        ends_run=False,
+    ),
+    # The time limit reached while the warned step still stopped (or after-step decided): Slurm's
+    # SIGTERM to the shell is the limit's (Reason=TimeLimit, tests/fixtures/slurm/scontrol/
+    # stop_timelimit.txt). No cancel: the job ends TIMEOUT and the guardian submits it
+    # again. Before: recorded as `cancelled`, the run over, a study's trial told FAIL.
+    "the time limit's SIGTERM to the shell of a warned step": Row(
+        EARLIER,
+        (start("node1", "node2", t=100.0), stop(55, "timelimit", 159.0)),
+        out(None, terminated=True, warned=True),
+        timed_out=True,
         action=Action.STOP,
         ends_run=False,
     ),
@@ -418,6 +431,7 @@ def test_decide(row: Row) -> None:
         row.requeued_by_slurm,
         row.preempting,
         row.partition_nodes,
+        row.timed_out,
     )
     history = History(JOB, 0, (*row.before, *row.since), row.since)
     decision = decide(history, row.outcome, cluster, Budgets(row.budgets, row.max_restarts))
@@ -659,6 +673,14 @@ CANCELS = {
         ["cancelled"],
     ),
 }
+
+
+def test_the_trap_records_no_cancel_when_slurm_requeues_the_job_or_its_time_limit_ended_it() -> None:
+    events = lineage(EARLIER, JOB)
+    for requeued, timed_out in ((True, False), (False, True)):
+        decision = decide_cancelled(History(JOB, 1, events), requeued, timed_out)
+        assert (decision.action, decision.events, decision.ends_run) == (Action.STOP, (), False)
+    assert [_named(e) for e in decide_cancelled(History(JOB, 1, events)).events] == ["cancelled"]
 
 
 @pytest.mark.parametrize("before, job, aliases, written", CANCELS.values(), ids=CANCELS.keys())

@@ -13,6 +13,7 @@ import pytest
 
 from hpctrain import faults
 from hpctrain.faults import Armed
+from hpctrain.slurm import client
 
 PACKAGE = Path(faults.__file__).parent
 
@@ -26,6 +27,8 @@ PACKAGE = Path(faults.__file__).parent
         ("checkpoint.between_renames=exit:3@2", {"checkpoint.between_renames": Armed("exit", 3.0, 2)}),
         (" checkpoint.between_renames=stop , ", {"checkpoint.between_renames": Armed("stop")}),
         ("worker.before_imports=signal:USR2", {"worker.before_imports": Armed("signal", float(signal.SIGUSR2))}),
+        ("trainer.step=kill@40/2", {"trainer.step": Armed("kill", 0.0, 40, 2)}),
+        ("batch.before_begin=term/3", {"batch.before_begin": Armed("term", 0.0, 1, 3)}),
     ],
 )
 def test_armed_points_are_read_from_their_words(text: str, expected: dict[str, Armed]) -> None:
@@ -42,6 +45,8 @@ def test_armed_points_are_read_from_their_words(text: str, expected: dict[str, A
         ("checkpoint.between_renames=kill:3", "the action is kill, stop, term"),
         ("checkpoint.between_renames=sleep:soon", "are numbers"),
         ("checkpoint.between_renames=kill@x", "are numbers"),
+        ("checkpoint.between_renames=kill/two", "@K and /L are numbers"),
+        ("batch.before_begin=term@2", "reaches its points once per life; name the life with /L"),
         ("checkpoint.between_renames=signal:NOPE", "'NOPE' is not a signal name"),
         ("checkpoint.between_renames=signal", "the action is kill, stop, term, signal:NAME"),
     ],
@@ -66,7 +71,8 @@ def test_every_listed_point_is_in_the_code_and_every_point_in_the_code_is_listed
         ("batch.before_begin=exit:9", "0", False),  # exit: the helper process, not the shell
         ("batch.before_begin=term", "0", True),
         ("batch.before_begin=term", "1", False),  # a requeued life runs the script again: not armed there
-        ("batch.before_begin=term@2", "1", True),
+        ("batch.before_begin=term/2", "1", True),
+        ("batch.before_begin=term/2", "0", False),
         ("", "0", False),
     ],
 )
@@ -87,9 +93,11 @@ def test_a_batch_point_signals_the_shell_in_the_life_it_names(arming: str, resta
         shell.kill()
 
 
-def _hit(point: str, arming: str, times: int = 1) -> subprocess.CompletedProcess[str]:
+def _hit(point: str, arming: str, times: int = 1, restart: str | None = None) -> subprocess.CompletedProcess[str]:
     code = f"from hpctrain import faults\nfor _ in range({times}): faults.point({point!r})\nprint('after')"
     env = {"PATH": "/usr/bin:/bin", faults.ENV: arming}
+    if restart is not None:
+        env["SLURM_RESTART_COUNT"] = restart
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -108,6 +116,26 @@ def _hit(point: str, arming: str, times: int = 1) -> subprocess.CompletedProcess
 def test_an_armed_point_acts_in_its_process(arming: str, times: int, returncode: int, printed: str) -> None:
     done = _hit("checkpoint.between_renames", arming, times)
     assert (done.returncode, done.stdout) == (returncode, printed), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("arming", "restart", "fires"),
+    [
+        ("checkpoint.between_renames=kill", None, True),  # outside Slurm: the first life
+        ("checkpoint.between_renames=kill", "0", True),
+        ("checkpoint.between_renames=kill", "1", False),  # a requeued life is not armed again
+        ("checkpoint.between_renames=kill/2", "1", True),
+        ("checkpoint.between_renames=kill/2", "2", False),
+    ],
+)
+def test_a_point_fires_in_the_life_of_the_job_it_names(arming: str, restart: str | None, fires: bool) -> None:
+    done = _hit("checkpoint.between_renames", arming, restart=restart)
+    assert (done.returncode, done.stdout) == ((-signal.SIGKILL, "") if fires else (0, "after\n")), done.stderr
+
+
+def test_a_job_submitted_again_from_inside_a_job_carries_no_armed_point() -> None:
+    inside = {"PATH": "/usr/bin", "SLURM_JOB_ID": "7", "SLURM_CONF": "/etc/slurm.conf", faults.ENV: "trainer.step=kill"}
+    assert client.outside_job_env(inside) == {"PATH": "/usr/bin", "SLURM_CONF": "/etc/slurm.conf"}
 
 
 def test_a_wrong_arming_stops_the_process_at_import_saying_why() -> None:

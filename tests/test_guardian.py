@@ -45,10 +45,10 @@ def captured(name: str, job_id: str = JOB) -> JobEnd:
 
 BATCH_HOST_DOWN = captured("batch_host_down")
 SCANCELLED = captured("scancelled")
-# Two states the dev cluster does not leave a guardian to see, as squeue(1) lists them
-# (tests/fixtures/slurm/squeue_job_state_codes.txt): "Job terminated upon reaching its time
-# limit", and "Job terminated due to preemption" (PreemptMode=CANCEL; the dev cluster requeues).
-TIMEOUT = JobEnd(state="TIMEOUT")
+TIMEOUT = captured("timeout")
+# A state the dev cluster does not leave a guardian to see, as squeue(1) lists it
+# (tests/fixtures/slurm/squeue_job_state_codes.txt): "Job terminated due to preemption"
+# (PreemptMode=CANCEL; the dev cluster requeues).
 PREEMPTED = JobEnd(state="PREEMPTED")
 GONE = JobEnd(state=None)  # Slurm dropped the record (MinJobAge) before the guardian looked
 
@@ -90,9 +90,31 @@ ROWS = {
         TRAINING, TIMEOUT, Action.REQUEUE, ["failure:timelimit", "requeue:timelimit"]
     ),
     "preempted, PreemptMode=CANCEL": Row(TRAINING, PREEMPTED, Action.REQUEUE, ["failure:preempt", "requeue:preempt"]),
+    # The time limit reached while the warned step stopped or after-step decided: the trap saw
+    # Reason=TimeLimit and wrote no cancel (tests/test_decide.py).
+    "time limit reached during the warned stop": Row(
+        (*TRAINING, Stop(time=30.0, job_id=JOB, restart=0, step=33, reason=StopReason.TIMELIMIT, deadline_s=25.5)),
+        TIMEOUT,
+        Action.REQUEUE,
+        ["failure:timelimit", "requeue:timelimit"],
+    ),
+    # ---- the batch script decided a requeue, and ended before Slurm took it ----
+    # (its shell killed after the decision; its node lost while it asked): submitted again as
+    # that requeue, whose budget the decision already charged: no second `requeue`.
+    "requeue decided, never asked": Row(
+        (*TRAINING, *KILLED_WITH_THE_JOB, Requeue(time=31.0, job_id=JOB, restart=0, cause=Cause.PREEMPT)),
+        JobEnd(state="FAILED"),
+        Action.REQUEUE,
+        ["failure:preempt"],
+    ),
     "node failure budget spent": Row(
-        (*TRAINING, Requeue(time=25.0, job_id=JOB, restart=0, cause=Cause.NODE_FAILURE)),
-        BATCH_HOST_DOWN,
+        # Life 0 was requeued for a failed node; life 1 lost its batch host.
+        (
+            *TRAINING,
+            Requeue(time=25.0, job_id=JOB, restart=0, cause=Cause.NODE_FAILURE),
+            Start(time=30.0, job_id=JOB, restart=1, nodes=["node2", "node3"], world_size=2),
+        ),
+        replace(BATCH_HOST_DOWN, restarts=1),
         Action.FAIL,
         ["failure:node_failure", "failure:budget"],
         {**DEFAULTS, "node_failure": 1},

@@ -77,7 +77,7 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
     if outcome.terminated:
         # scancel signals this shell (a preemption does not, until its grace ends): stop. Slurm
         # requeues a preempted job whose grace ran out on its own; decide_begin then tells so.
-        return decide_cancelled(history, cluster.requeued_by_slurm)
+        return decide_cancelled(history, cluster.requeued_by_slurm, cluster.timed_out)
     lost = lost_nodes(since, outcome, cluster)
     cause = classify(since, outcome, lost)
     written: list[Event] = []
@@ -104,14 +104,23 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
     return Decision(Action.REQUEUE, tuple(written), tuple(excluded), f"requeue ({cause.value})")
 
 
-def decide_cancelled(history: History, requeued_by_slurm: bool = False) -> Decision:
+def decide_cancelled(history: History, requeued_by_slurm: bool = False, timed_out: bool = False) -> Decision:
     """This shell got SIGTERM (scancel, or a preemption's grace ending): `cancelled`, written once
     per life. The batch shell's trap writes it at once, since Slurm kills the shell KillWait
     seconds later, often before the step has ended and after-step could run. When the job's
     record shows Slurm requeuing it (an admin's `scontrol requeue`, a preemption's grace ended),
-    it is no cancel: nothing is written now, and the next life's start records the restart."""
+    it is no cancel: nothing is written now, and the next life's start records the restart.
+    Nor when it shows the time limit ended the job (Reason=TimeLimit: the limit reached while the
+    step stopped or after-step decided): the run's guardian, finding no cancel, submits it again
+    (charged to `timelimit`)."""
     if requeued_by_slurm:
         return Decision(Action.STOP, message="Slurm is requeuing this job: the run comes back", comes_back=True)
+    if timed_out:
+        return Decision(
+            Action.STOP,
+            message="the time limit ended this job, no cancel: its guardian submits it again",
+            comes_back=True,
+        )
     names = {history.job_id, *history.aliases}
     told = any(
         isinstance(e, Cancelled)
@@ -179,9 +188,21 @@ def decide_guard(history: History, ended: JobEnd, budgets: Budgets) -> Decision:
     if ended.state == "CANCELLED":
         # scancel'ed while the batch shell could not record it: the user's word stands.
         return Decision(Action.STOP, message="the job was cancelled (scancel): nothing to do")
-    cause = _GUARDED_CAUSES.get(ended.state or "", Cause.NODE_FAILURE)
     mark: dict = {"job_id": history.job_id, "restart": ended.restarts}
     said = f"the job ended {ended.state or 'unseen'}{f' ({ended.reason})' if ended.reason else ''}"
+    decided = next((e for e in reversed(mine) if isinstance(e, Requeue) and e.by is None), None)
+    if decided is not None:
+        # The batch script decided a requeue (and charged it) but ended before Slurm took it (its
+        # shell killed, its node lost while asking): submitted again as that requeue, charged once.
+        failure = Failure(
+            **mark,
+            cause=decided.cause,
+            reason=f"{said} before Slurm took the requeue its batch script decided",
+            by=BY_GUARDIAN,
+            action="resubmit",
+        )
+        return Decision(Action.REQUEUE, (failure,), message=f"{said}: submitting the run again ({decided.cause.value})")
+    cause = _GUARDED_CAUSES.get(ended.state or "", Cause.NODE_FAILURE)
     lost = [ended.batch_host] if cause is Cause.NODE_FAILURE and ended.batch_host else []
     failure = Failure(**mark, cause=cause, nodes=lost, reason=f"{said} before its batch script decided", by=BY_GUARDIAN)
     spent = over_budget(history.events, cause, budgets)

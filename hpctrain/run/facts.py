@@ -108,6 +108,10 @@ class ClusterView:
     # The nodes of the job's partition (`scontrol show partition` Nodes=): the only ones that can
     # ever run it. Empty: not known (every node sinfo lists counts).
     partition_nodes: tuple[str, ...] = ()
+    # The job's record says its time limit ended it (a warned stop or an after-step that
+    # outlasted the limit): Slurm's SIGTERM to the batch shell is then the limit's, no scancel,
+    # and the run's guardian submits the job again.
+    timed_out: bool = False
 
     def service(self, node: str) -> Service:
         """A node sinfo does not list was removed: not in service. Without sinfo's answer at

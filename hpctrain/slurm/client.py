@@ -30,6 +30,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from hpctrain.faults import ENV as FAULTS_ENV
+
 log = logging.getLogger(__name__)
 
 COMMANDS = frozenset({"sbatch", "scontrol", "squeue", "sacct", "sinfo", "scancel", "sacctmgr"})
@@ -208,8 +210,13 @@ def _name(command: Sequence[str]) -> str:
 def outside_job_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment for sbatch run from inside a job: the job's own SLURM_*/SBATCH_* would
     become the new job's options (its nodes, its name), so they are left out; SLURM_CONF (which
-    cluster to talk to) is kept."""
-    return {k: v for k, v in env.items() if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SBATCH_"))}
+    cluster to talk to) is kept. So are a test's armed fault points (hpctrain.faults): they were
+    meant for the job that had them, not for the one submitted in its place."""
+    return {
+        k: v
+        for k, v in env.items()
+        if k == "SLURM_CONF" or (not k.startswith(("SLURM_", "SBATCH_")) and k != FAULTS_ENV)
+    }
 
 
 @contextlib.contextmanager

@@ -119,6 +119,7 @@ class Controller:
             original=tuple(parse_node_list(original)) if original else (),
             time_left_s=self._time_left(),
             requeued_by_slurm=self._restarted_past_me(record),
+            timed_out=record is not None and record.timed_out,
             preempting=record is not None and record.preempt_time is not None,
             partition_nodes=tuple(self._partition_nodes(record)),
         )
@@ -140,10 +141,12 @@ class Controller:
         admin's, a preemption's), whatever this step decides."""
         return record is not None and record.restarts is not None and record.restarts > self.restart
 
-    def _requeued_by_slurm(self) -> bool:
-        """For the SIGTERM trap: Slurm kills the shell KillWait seconds after its SIGTERM, so one
-        short look; without an answer the SIGTERM counts as the scancel it usually is."""
-        return self._restarted_past_me(self._job_record(meaning="taking the SIGTERM as a scancel", policy=TRAP_LOOK))
+    def _sigterm_from_slurm(self) -> tuple[bool, bool]:
+        """For the SIGTERM trap: (Slurm is requeuing the job, its time limit ended it). Slurm
+        kills the shell KillWait seconds after its SIGTERM, so one short look; without an answer
+        the SIGTERM counts as the scancel it usually is."""
+        record = self._job_record(meaning="taking the SIGTERM as a scancel", policy=TRAP_LOOK)
+        return self._restarted_past_me(record), record is not None and record.timed_out
 
     def _node_states(self) -> dict:
         done = self._ask("sinfo", "-N", "-h", "-a", "-o", "%N|%T|%E", meaning="node failures go unseen")
@@ -217,7 +220,7 @@ class Controller:
         """The shell's SIGTERM trap: record `cancelled` now, once per life. Under the journal's
         lock, as hpctrain-cancel records it: whichever comes second sees the other's record."""
         with locked(self.run.events):
-            self._record(decide_cancelled(self.history(), self._requeued_by_slurm()))
+            self._record(decide_cancelled(self.history(), *self._sigterm_from_slurm()))
         return 0
 
     def requeue(self, excluded: str) -> int:

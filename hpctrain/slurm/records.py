@@ -58,6 +58,12 @@ class JobRecord:
     preempt_time: str | None = None
 
     @property
+    def timed_out(self) -> bool:
+        """Its time limit ended it: JobState=COMPLETING Reason=TimeLimit while Slurm kills its
+        processes (tests/fixtures/slurm/scontrol/stop_timelimit.txt), TIMEOUT after."""
+        return self.state == "TIMEOUT" or self.reason == "TimeLimit"
+
+    @property
     def names(self) -> list[str]:
         """Every job id this record answers for: its number, and `<array>_<task>` for each task."""
         if self.array_job_id is None or self.array_task_id is None:
