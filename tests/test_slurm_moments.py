@@ -1,0 +1,195 @@
+"""Faults at the batch script's worst moments, on the real dev cluster, side by side.
+
+Each cell of the phase-by-fault matrix that needs Slurm and a batch script: a one-node job whose
+fault points (hpctrain.faults, armed through the submitting environment, which sbatch passes on)
+put the fault at an exact moment of its first life. Every run must end COMPLETED without anyone
+resubmitting it, resume from its newest complete checkpoint, and end bit-identical to an
+uninterrupted run of the same config.
+
+- the time limit reached while after-step decides (the warned stop done): Slurm's SIGTERM to the
+  shell is the limit's (Reason=TimeLimit), not a cancel; the job ends TIMEOUT and the guardian
+  submits it again. Before: recorded as `cancelled`, and the run was over.
+- the batch shell killed between the decision to requeue and the asking: the job ends FAILED;
+  the guardian submits it again as that requeue, charged once.
+- `scontrol requeue` accepted, then the control step killed (ExcNodeList never set), or the
+  batch shell killed right after: Slurm requeues the job all the same; one requeue in the journal.
+- the time-limit warning while the batch script runs slurm.setup: nothing is launched, the job
+  is requeued as a time limit.
+
+The three kills are set off by a preemption's SIGTERM at an awkward moment of a task's start
+(its stop handlers installed, the process group not joined): the ranks stop after their first
+step and save it, and the batch script decides a requeue (preempt). Slurm's requeue hold
+(~120 s) is lifted two seconds on (slurmtools.LIFTED_START).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from helpers.paced import PAUSE_ENV
+from helpers.resumes import newest_checkpoint_before
+from slurmtools import (
+    ENDED,
+    events,
+    job_field,
+    job_output,
+    job_state,
+    same_weights,
+    start_cluster,
+    submit,
+    wait_finished,
+    wait_for_state,
+)
+
+from hpctrain import faults
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+# A paced ConvNet (at least 100 ms a step in a job): 400 steps outlast the first minute of a
+# 1-minute job, whose warning comes at most 30 s after its start (--signal=B:USR2@30).
+TRAIN = [
+    "model._target_=helpers.paced.PacedConvNet",
+    "trainer.max_steps=400",
+    "trainer.log_every=10",
+    "trainer.eval_every=0",
+    "trainer.ckpt_every=50",
+    "slurm.nodes=1",
+    "slurm.ntasks_per_node=1",
+]
+PAUSE_S = "0.1"
+# A preemption's SIGTERM to the task after its stop handlers, before the process group: it
+# stops after its first step, saved, and the batch script decides a requeue (preempt).
+PREEMPTED_AT_START = "worker.before_rendezvous=term"
+CELLS = {
+    "timelimit_during_after_step": (
+        ["slurm.time=00:01:00", "slurm.signal_delay_s=30"],
+        # Held until the time limit's SIGTERM (87 s into the job on the dev cluster) kills it.
+        "control.after_step=sleep:600",
+    ),
+    "shell_killed_before_requeue": ([], f"{PREEMPTED_AT_START},batch.before_requeue=kill"),
+    "control_killed_after_requeue_accepted": ([], f"{PREEMPTED_AT_START},control.requeue_asked=kill"),
+    "shell_killed_after_requeue": ([], f"{PREEMPTED_AT_START},batch.after_requeue=kill"),
+    "warning_during_setup": ([], "batch.setup=signal:USR2"),
+}
+# A job of a minute, its KillWait, the guardian's start, the new job's training (twice, should
+# its own warning come first): generous on a loaded two-core machine.
+END_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def slurm_env() -> dict[str, str]:
+    return start_cluster()
+
+
+def with_test_helpers(env: dict[str, str]) -> str:
+    """PYTHONPATH that also finds tests/helpers (the job inherits the submitting environment)."""
+    return os.pathsep.join(p for p in (str(Path(__file__).parent), env.get("PYTHONPATH", "")) if p)
+
+
+def of(kind: str, run_dir: Path) -> list[dict]:
+    return [e for e in events(run_dir) if e["event"] == kind]
+
+
+def current_job(run_dir: Path) -> str:
+    return json.loads((run_dir / "submission.json").read_text())["job_id"]
+
+
+def run_to_the_end(env: dict[str, str], run_dir: Path, first_job: str) -> tuple[str, str]:
+    """Until the job that carries the run on (the first, or one its guardian submitted) ended;
+    requeue holds lifted. Returns (the first job's end state, the last job's end state)."""
+    deadline = time.monotonic() + END_TIMEOUT_S
+    first_state = wait_for_state(env, first_job, ENDED, END_TIMEOUT_S, lift_holds=True)
+    while True:
+        job = current_job(run_dir)
+        state = wait_finished(env, job, max(1.0, deadline - time.monotonic()), lift_holds=True)
+        # The guardian may still be about to submit the run again: look once more after it ran.
+        guardian = json_field(run_dir, "guardian_job_id")
+        if guardian:
+            wait_for_state(env, guardian, {*ENDED, "CANCELLED"}, max(1.0, deadline - time.monotonic()))
+        if current_job(run_dir) == job:
+            return first_state, state
+
+
+def json_field(run_dir: Path, name: str) -> str | None:
+    return json.loads((run_dir / "submission.json").read_text()).get(name)
+
+
+def test_faults_at_the_batch_scripts_worst_moments_side_by_side(slurm_env, tmp_path: Path) -> None:
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    reference = tmp_path / "reference"
+    trained = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={reference}", *TRAIN],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    runs = {name: tmp_path / name for name in CELLS}
+    jobs: dict[str, str] = {}
+    try:
+        with ThreadPoolExecutor() as pool:
+            submitted = {
+                name: pool.submit(submit, {**env, PAUSE_ENV: PAUSE_S, faults.ENV: arming}, runs[name], *TRAIN, *config)
+                for name, (config, arming) in CELLS.items()
+            }
+            jobs = {name: future.result()[0][0] for name, future in submitted.items()}
+            ends = {name: pool.submit(run_to_the_end, slurm_env, runs[name], jobs[name]) for name in CELLS}
+            states = {name: future.result() for name, future in ends.items()}
+    finally:
+        for run_dir in runs.values():
+            if (run_dir / "submission.json").exists():
+                leftover = [current_job(run_dir), json_field(run_dir, "guardian_job_id") or ""]
+                subprocess.run(["scancel", *filter(None, leftover)], env=slurm_env, capture_output=True)
+    output, _ = trained.communicate(timeout=600)
+    assert trained.returncode == 0, output[-3000:]
+
+    for name, run_dir in runs.items():
+        journal = events(run_dir)
+        assert states[name][1] == "COMPLETED", f"{name}: {states[name]}\n{journal}\n{job_output(run_dir)}"
+        assert same_weights(run_dir, reference), name
+        assert of("cancelled", run_dir) == [], f"{name}: {journal}"
+        # Every life resumed from the newest checkpoint complete before it (helpers/resumes.py).
+        for life, start in enumerate(of("start", run_dir)):
+            assert start["resumed_from_step"] >= newest_checkpoint_before(journal, life), f"{name}: {journal}"
+        finish = of("finish", run_dir)
+        assert len(finish) == 1 and finish[0]["step"] == 400, f"{name}: {journal}"
+
+    # The time limit during after-step: the first job ended TIMEOUT, not cancelled; its guardian
+    # submitted the run again, charged to timelimit.
+    timed = runs["timelimit_during_after_step"]
+    assert states["timelimit_during_after_step"][0] == "TIMEOUT", job_output(timed)
+    by_guardian = [(e["event"], e["cause"]) for e in events(timed) if e.get("by") == "guardian"]
+    assert by_guardian == [("failure", "timelimit"), ("requeue", "timelimit")], events(timed)
+    assert "the time limit ended this job, no cancel" in job_output(timed)
+
+    # The shell killed between the decision and the asking: FAILED, resubmitted as the decided
+    # requeue (preempt), which the batch script had charged already: one requeue, not two.
+    killed = runs["shell_killed_before_requeue"]
+    assert states["shell_killed_before_requeue"][0] == "FAILED", job_output(killed)
+    assert [(e["cause"], e.get("by")) for e in of("requeue", killed)] == [("preempt", None)], events(killed)
+    resubmitted = [e for e in of("failure", killed) if e.get("by") == "guardian"]
+    assert [(e["cause"], e["action"]) for e in resubmitted] == [("preempt", "resubmit")], events(killed)
+
+    # `scontrol requeue` accepted, then the control step or the shell killed: Slurm requeued the
+    # job all the same (the same job, its second life), once.
+    for name in ("control_killed_after_requeue_accepted", "shell_killed_after_requeue"):
+        run_dir = runs[name]
+        assert current_job(run_dir) == jobs[name], f"{name}: resubmitted, not requeued: {events(run_dir)}"
+        assert job_field(slurm_env, jobs[name], "Restarts") == "1", job_output(run_dir)
+        assert [e["cause"] for e in of("requeue", run_dir)] == ["preempt"], f"{name}: {events(run_dir)}"
+        (stop,) = of("stop", run_dir)
+        starts = [(s["restart"], s["resumed_from_step"]) for s in of("start", run_dir)]
+        assert (stop["reason"], starts) == ("preempt", [(0, 0), (1, stop["step"])]), f"{name}: {events(run_dir)}"
+
+    # The warning during slurm.setup: nothing launched in the first life, a time-limit requeue.
+    warned = runs["warning_during_setup"]
+    assert [e["cause"] for e in of("requeue", warned)] == ["timelimit"], events(warned)
+    assert [s["restart"] for s in of("start", warned)] == [1], events(warned)
+    assert job_state(slurm_env, jobs["warning_during_setup"]) == "COMPLETED"
