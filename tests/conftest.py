@@ -294,10 +294,12 @@ def user_module_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """On a pytest-xdist worker (scripts/test.sh), the longest modules first (tests/suite_order.py);
-    every worker orders alike, as xdist requires. A run without xdist keeps the files' order."""
+    every worker orders alike, as xdist requires. A run without xdist keeps the files' order.
+    Last of the hooks: `-m` has deselected its tests by then, so a module weighs what it runs
+    (first, the Slurm tests of a module it skipped put it ahead of the quick subset's longest)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items[:] = suite_order.longest_first(items, suite_order.read_measured())
 

@@ -17,53 +17,31 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
-from hpctrain.data.splits import Splits
 from hpctrain.errors import ArgumentError
+
+if TYPE_CHECKING:
+    from hpctrain.data.splits import Splits
 
 log = logging.getLogger(__name__)
 
 
-class TokenWindows(Dataset):
-    """`(input, target)` int64 windows of `seq_len` tokens over `count` tokens of a file from
-    token `start` on. The file is opened lazily in each process (a memmap does not pickle
-    cheaply into DataLoader workers)."""
+@dataclass(frozen=True)
+class Window:
+    """Where one split's tokens are: `count` tokens of `path` from token `start` on. Checked by
+    `preflight` without torch (hpctrain-submit runs it on the login node); the job builds its
+    torch Dataset (hpctrain.data.token_windows) from it."""
 
-    def __init__(
-        self, path: Path, dtype: np.dtype, offset: int, start: int, count: int, seq_len: int, vocab_size: int
-    ) -> None:
-        self.path, self.dtype, self.offset = path, dtype, offset
-        self.start, self.count, self.seq_len, self.vocab_size = start, count, seq_len, vocab_size
-        self._tokens: Optional[np.ndarray] = None
-
-    def __len__(self) -> int:
-        return max(0, (self.count - 1) // self.seq_len)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"window {index} of {len(self)}")
-        if self._tokens is None:
-            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset)
-        first = self.start + index * self.seq_len
-        window = np.array(self._tokens[first : first + self.seq_len + 1], dtype=np.int64)
-        if window.min() < 0 or window.max() >= self.vocab_size:
-            # An embedding lookup would fail far from here (on a GPU, as a device-side assert).
-            bad = int(window[(window < 0) | (window >= self.vocab_size)][0])
-            raise ValueError(
-                f"{self.path}: token id {bad} near token {first} is outside the vocabulary of "
-                f"data.dataset.vocab_size={self.vocab_size}; set it to the tokenizer's vocabulary size"
-            )
-        tokens = torch.from_numpy(window)
-        return tokens[:-1], tokens[1:]
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_tokens": None}
+    path: Path
+    dtype: np.dtype
+    offset: int  # header bytes before the first token (a .npy file's)
+    start: int
+    count: int
 
 
 def _open(path: str, dtype: str, argument: str) -> tuple[Path, np.dtype, int, int]:
@@ -112,7 +90,7 @@ def _dtype(name: str) -> np.dtype:
 
 def _plan(
     path: str, seq_len: int, vocab_size: int, eval_path: Optional[str], eval_fraction: float, dtype: str
-) -> tuple[TokenWindows, TokenWindows]:
+) -> tuple[Window, Window]:
     """Both splits, checked; opens nothing but the files' headers."""
     if seq_len < 1:
         raise ArgumentError("seq_len", f"must be >= 1 (got {seq_len})")
@@ -126,16 +104,14 @@ def _plan(
         eval_file, eval_type, eval_offset, eval_total = _open(eval_path, dtype, "eval_path")
         _enough("eval_path", eval_file, eval_total, window, "one window")
         _enough("path", train_file, total, window, "one window")
-        train = TokenWindows(train_file, train_type, train_offset, 0, total, seq_len, vocab_size)
-        held_out = TokenWindows(eval_file, eval_type, eval_offset, 0, eval_total, seq_len, vocab_size)
+        train = Window(train_file, train_type, train_offset, 0, total)
+        held_out = Window(eval_file, eval_type, eval_offset, 0, eval_total)
     else:
         # The eval part is whole windows at the end of the file; it and the train part share no token.
         eval_count = max(int(total * eval_fraction), window)
         _enough("path", train_file, total - eval_count + window, 2 * window, "a train and an eval window")
-        train = TokenWindows(train_file, train_type, train_offset, 0, total - eval_count, seq_len, vocab_size)
-        held_out = TokenWindows(
-            train_file, train_type, train_offset, total - eval_count, eval_count, seq_len, vocab_size
-        )
+        train = Window(train_file, train_type, train_offset, 0, total - eval_count)
+        held_out = Window(train_file, train_type, train_offset, total - eval_count, eval_count)
     return train, held_out
 
 
@@ -177,7 +153,11 @@ def token_file(
         eval_fraction: share of `path`'s tokens held out when there is no `eval_path`.
         dtype: element type of raw files (nanoGPT writes uint16); `.npy` files carry their own.
     """
-    train, held_out = _plan(path, seq_len, vocab_size, eval_path, eval_fraction, dtype)
+    from hpctrain.data.splits import Splits
+    from hpctrain.data.token_windows import TokenWindows  # torch: only where training runs
+
+    planned = _plan(path, seq_len, vocab_size, eval_path, eval_fraction, dtype)
+    train, held_out = (TokenWindows.of(window, seq_len, vocab_size) for window in planned)
     log.debug(
         "token_file %s: %d train / %d eval windows of %d tokens (pid %d)",
         train.path,
