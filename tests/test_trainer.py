@@ -37,7 +37,6 @@ RUNS = {
         DEFAULT_RUN,
         Spec("det-a", DET),
         Spec("det-b", DET),
-        Spec("det-seed1", (*DET, "trainer.seed=1")),
         # The reference: 1 process x batch 64.
         Spec("mlp-1x64", (*MLP, "trainer.nprocs=1", "data.batch_size=64")),
         Spec("mlp-1x64-seed1", (*MLP, "trainer.nprocs=1", "data.batch_size=64", "trainer.seed=1")),
@@ -86,20 +85,22 @@ def _metrics(run_dir: Path) -> list[dict]:
 @pytest.mark.slow
 def test_same_seed_gives_bit_identical_weights_and_another_seed_does_not(runs: TrainRuns) -> None:
     # The default ConvNet has dropout: the per-rank dropout streams must be seeded too.
-    first, second, other_seed = (_trained(runs, label) for label in ("det-a", "det-b", "det-seed1"))
-    for run_dir in (first, second, other_seed):
+    first, second = (_trained(runs, label) for label in ("det-a", "det-b"))
+    for run_dir in (first, second):
         assert finish(run_dir)["step"] == 30
 
-    a, b, c = load_weights(first), load_weights(second), load_weights(other_seed)
-    assert a.keys() == b.keys() == c.keys()
+    a, b = load_weights(first), load_weights(second)
+    assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), f"{key} differs between two runs with the same seed"
     # The metrics, down to the last bit of the loss, are the same as well.
     strip = lambda rows: [{k: v for k, v in r.items() if k not in ("samples_per_s", "time")} for r in rows]  # noqa: E731
     assert strip(_metrics(first)) == strip(_metrics(second))
 
-    differing = [key for key in a if not torch.equal(a[key], c[key])]
-    assert differing == list(a), f"trainer.seed=1 left {set(a) - set(differing)} unchanged"
+    # trainer.seed=1 changes every tensor (the MLP pair the DDP test below trains anyway).
+    c, d = load_weights(_trained(runs, "mlp-1x64")), load_weights(_trained(runs, "mlp-1x64-seed1"))
+    differing = [key for key in c if not torch.equal(c[key], d[key])]
+    assert differing == list(c), f"trainer.seed=1 left {set(c) - set(differing)} unchanged"
 
 
 # DDP equivalence -------------------------------------------------------------------------------
