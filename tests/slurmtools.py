@@ -257,6 +257,25 @@ def events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
 
 
+def of(kind: str, run_dir: Path) -> list[dict]:
+    """The run's events of one kind (`requeue`, `start`, ...), in the journal's order."""
+    return [e for e in events(run_dir) if e["event"] == kind]
+
+
+def with_test_helpers(env: dict[str, str]) -> str:
+    """PYTHONPATH that also finds tests/helpers (the job inherits the submitting environment)."""
+    return os.pathsep.join(p for p in (str(Path(__file__).parent), env.get("PYTHONPATH", "")) if p)
+
+
+def wait_for_output(run_dir: Path, text: str, timeout_s: float) -> None:
+    """Until the job's output holds `text`. The bound is for a job that never gets there: several
+    jobs start at once on a shared machine, and each shell's start takes seconds under load."""
+    deadline = time.monotonic() + timeout_s
+    while text not in job_output(run_dir):
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout_s:.0f} s\n{job_output(run_dir)}"
+        time.sleep(0.1)
+
+
 def train_locally(env: dict[str, str], run_dir: Path, *overrides: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={run_dir}", *overrides],

@@ -18,7 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from slurmtools import events, job_output, lift_requeue_hold, start_cluster, submit, wait_finished
+from slurmtools import (
+    job_output,
+    lift_requeue_hold,
+    of,
+    start_cluster,
+    submit,
+    wait_finished,
+)
 
 from hpctrain.checkpoint import store
 from hpctrain.checkpoint.deadline import CHOICES
@@ -49,10 +56,6 @@ BIG_GPT = [
     "slurm.nodes=1",
     "slurm.ntasks_per_node=1",
 ]
-
-
-def of(kind: str, run_dir: Path) -> list[dict]:
-    return [e for e in events(run_dir) if e["event"] == kind]
 
 
 def wait_for_a_written_checkpoint(run_dir: Path, timeout_s: float = 600) -> None:

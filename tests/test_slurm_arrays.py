@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
     LIMITED_MAX_ARRAY_SIZE,
@@ -17,7 +16,9 @@ from slurmtools import (
     job_field,
     job_output,
     node_state,
+    of,
     point_jobs,
+    same_weights,
     start_cluster,
     start_limited_cluster,
     submit,
@@ -32,15 +33,6 @@ pytestmark = pytest.mark.slurm
 # Two threads a point: each task takes a whole 2-CPU node, so a node's failure hits one task.
 RUN = ["trainer.log_every=5", "trainer.eval_every=0", "trainer.ckpt_every=20", "trainer.threads=2"]
 LRS = ["1e-3", "2e-3", "3e-3"]  # point n trains with LRS[n]
-
-
-def of(kind: str, run_dir: Path) -> list[dict]:
-    return [e for e in events(run_dir) if e["event"] == kind]
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    wa, wb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
-    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_array_tasks_requeue_alone_and_resume_exactly_in_their_own_run_dirs(tmp_path: Path) -> None:

@@ -25,7 +25,6 @@ step and save it, and the batch script decides a requeue (preempt). Slurm's requ
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -41,11 +40,13 @@ from slurmtools import (
     job_field,
     job_output,
     job_state,
+    of,
     same_weights,
     start_cluster,
     submit,
     wait_finished,
     wait_for_state,
+    with_test_helpers,
 )
 
 from hpctrain import faults
@@ -86,15 +87,6 @@ END_TIMEOUT_S = 600
 @pytest.fixture(scope="module")
 def slurm_env() -> dict[str, str]:
     return start_cluster()
-
-
-def with_test_helpers(env: dict[str, str]) -> str:
-    """PYTHONPATH that also finds tests/helpers (the job inherits the submitting environment)."""
-    return os.pathsep.join(p for p in (str(Path(__file__).parent), env.get("PYTHONPATH", "")) if p)
-
-
-def of(kind: str, run_dir: Path) -> list[dict]:
-    return [e for e in events(run_dir) if e["event"] == kind]
 
 
 def current_job(run_dir: Path) -> str:

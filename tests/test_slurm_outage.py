@@ -33,7 +33,9 @@ from slurmtools import (
     start_cluster,
     submit,
     wait_finished,
+    wait_for_output,
     wait_for_step,
+    with_test_helpers,
 )
 
 from hpctrain import faults
@@ -60,18 +62,8 @@ def slurm_env() -> dict[str, str]:
     return start_cluster()
 
 
-def wait_for_output(run_dir: Path, text: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in job_output(run_dir):
-        assert time.monotonic() < deadline, f"no {text!r} within {timeout_s:.0f} s\n{job_output(run_dir)}"
-        time.sleep(0.1)
-
-
 def test_slurmctld_stopped_for_30_s_during_the_requeue(slurm_env, tmp_path: Path) -> None:
-    env = {
-        **slurm_env,
-        "PYTHONPATH": os.pathsep.join(filter(None, (str(Path(__file__).parent), slurm_env.get("PYTHONPATH")))),
-    }
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     reference = tmp_path / "reference"
     trained = subprocess.Popen(
         [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={reference}", *TRAIN],

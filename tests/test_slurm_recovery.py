@@ -4,7 +4,6 @@ spares and restart budgets. Each run ends with weights bit-identical to an unint
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,13 +18,16 @@ from slurmtools import (
     job_output,
     lift_requeue_hold,
     node_state,
+    of,
     same_weights,
     start_cluster,
     submit,
     train_locally,
     wait_finished,
+    wait_for_output,
     wait_for_state,
     wait_for_step,
+    with_test_helpers,
 )
 
 pytestmark = pytest.mark.slurm
@@ -39,24 +41,6 @@ SETUP_BEGINS = "hpctrain-test: setup begins"
 @pytest.fixture(scope="module")
 def slurm_env() -> dict[str, str]:
     return start_cluster()
-
-
-def with_test_helpers(env: dict[str, str]) -> str:
-    """PYTHONPATH that also finds tests/helpers (the job inherits the submitting environment)."""
-    return os.pathsep.join(p for p in (str(Path(__file__).parent), env.get("PYTHONPATH", "")) if p)
-
-
-def of(kind: str, run_dir: Path) -> list[dict]:
-    return [e for e in events(run_dir) if e["event"] == kind]
-
-
-def wait_for_output(run_dir: Path, text: str, timeout_s: float) -> None:
-    """Until the job's output holds `text`. The bound is for a job that never gets there: four
-    jobs start at once on a shared machine, and each shell's start takes seconds under load."""
-    deadline = time.monotonic() + timeout_s
-    while text not in job_output(run_dir):
-        assert time.monotonic() < deadline, f"no {text!r} within {timeout_s:.0f} s\n{job_output(run_dir)}"
-        time.sleep(0.2)
 
 
 def test_preemption_saves_at_the_signal_step_and_resumes_exactly(slurm_env, tmp_path: Path) -> None:

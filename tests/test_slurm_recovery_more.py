@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import torch
 from helpers.paced import PAUSE_ENV
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
@@ -29,10 +28,13 @@ from slurmtools import (
     job_field,
     job_output,
     job_state,
+    of,
+    same_weights,
     start_cluster,
     submit,
     wait_for_state,
     wait_for_step,
+    with_test_helpers,
 )
 
 from hpctrain.slurm.env import parse_node_list
@@ -63,20 +65,6 @@ SAFE_START = "StartTime=now+2"
 @pytest.fixture(scope="module")
 def slurm_env() -> dict[str, str]:
     return start_cluster()
-
-
-def with_test_helpers(env: dict[str, str]) -> str:
-    """PYTHONPATH that also finds tests/helpers (the job inherits the submitting environment)."""
-    return os.pathsep.join(p for p in (str(Path(__file__).parent), env.get("PYTHONPATH", "")) if p)
-
-
-def of(kind: str, run_dir: Path) -> list[dict]:
-    return [e for e in events(run_dir) if e["event"] == kind]
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    wa, wb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
-    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def scontrol(env: dict[str, str], *words: str) -> None:

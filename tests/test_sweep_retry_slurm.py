@@ -13,11 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from helpers.crash_once import CRASH_AT_ENV, MARKER
 from helpers.paced import PAUSE_ENV
 from helpers.resumes import newest_checkpoint_before
-from slurmtools import events, job_output, start_cluster, submit, wait_finished
+from slurmtools import (
+    events,
+    job_output,
+    of,
+    same_weights,
+    start_cluster,
+    submit,
+    wait_finished,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -49,15 +56,6 @@ def hpctrain(env: dict[str, str], script: str, *args: str) -> subprocess.Complet
 def release(env: dict[str, str], *job_ids: str) -> None:
     done = command(env, "scontrol", "release", ",".join(job_ids))
     assert done.returncode == 0, done.stderr
-
-
-def of(kind: str, run_dir: Path) -> list[dict]:
-    return [e for e in events(run_dir) if e["event"] == kind]
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    wa, wb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
-    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def wait_for_checkpoint(run_dir: Path, step: int, timeout_s: float = 300) -> None:
