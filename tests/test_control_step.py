@@ -213,7 +213,7 @@ def test_without_scontrol_the_batch_shell_is_asked_to_requeue(
     ("record", "written"),
     [
         ("stop_cancelled", ["cancelled"]),  # scancel: Restarts=0, as this life's
-        ("stop_admin_requeued", []),  # `scontrol requeue` by an admin: Restarts=1, the run comes back
+        ("stop_admin_requeued", ["requeue"]),  # an admin's `scontrol requeue`: Restarts=1, recorded as Slurm's
         ("stop_timelimit", []),  # the time limit (Reason=TimeLimit): the guardian submits it again
     ],
 )

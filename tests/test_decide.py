@@ -7,7 +7,7 @@ the action, the events written (event:cause) and the nodes kept out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -119,13 +119,15 @@ ROWS = {
     ),
     # The batch shell's SIGTERM while the job's record shows Slurm requeuing it (an admin's
     # `scontrol requeue`, tests/fixtures/slurm/scontrol/stop_admin_requeued.txt: Restarts=1; a
-    # preemption's grace ended): no cancel, and a study's trial is not told it ended.
+    # preemption's grace ended): no cancel, a study's trial is not told it ended, and the
+    # requeue is recorded (preempt, by Slurm) while this shell still knows it was no node failure.
     "SIGTERM to the shell while Slurm requeues the job": Row(
         EARLIER,
         PREEMPT_SAVE,
         out(WORKER_SAVED_AND_STOPPED, terminated=True),
         requeued_by_slurm=True,
         action=Action.STOP,
+        events=["requeue:preempt"],
         ends_run=False,
     ),
     # The time limit reached while the warned step still stopped (or after-step decided): Slurm's
@@ -677,10 +679,29 @@ CANCELS = {
 
 def test_the_trap_records_no_cancel_when_slurm_requeues_the_job_or_its_time_limit_ended_it() -> None:
     events = lineage(EARLIER, JOB)
-    for requeued, timed_out in ((True, False), (False, True)):
-        decision = decide_cancelled(History(JOB, 1, events), requeued, timed_out)
-        assert (decision.action, decision.events, decision.ends_run) == (Action.STOP, (), False)
+    requeued = decide_cancelled(History(JOB, 1, events), requeued_by_slurm=True)
+    assert (requeued.action, requeued.ends_run) == (Action.STOP, False)
+    (requeue,) = requeued.events
+    assert isinstance(requeue, Requeue) and (requeue.cause, requeue.by, requeue.restart) == (Cause.PREEMPT, BY_SLURM, 1)
+    # Once per life: after-step's decision on the same SIGTERM writes it no second time.
+    again = decide_cancelled(History(JOB, 1, (*events, requeue)), requeued_by_slurm=True)
+    assert again.events == ()
+    timed_out = decide_cancelled(History(JOB, 1, events), timed_out=True)
+    assert (timed_out.action, timed_out.events, timed_out.ends_run) == (Action.STOP, (), False)
     assert [_named(e) for e in decide_cancelled(History(JOB, 1, events)).events] == ["cancelled"]
+
+
+def test_a_life_slurm_requeued_before_its_tasks_wrote_anything_is_no_node_failure() -> None:
+    """An admin's `scontrol requeue` (or a zero-grace preemption) during slurm.setup: the trap
+    recorded it as Slurm requeued the job. The next start records nothing more (before: charged
+    to node_failure, a budget of 5), and checks the preempt budget the trap could not."""
+    trapped = Requeue(time=120.0, job_id=JOB, restart=0, cause=Cause.PREEMPT, by=BY_SLURM)
+    assert decide_begin(History(JOB, 1, (*EARLIER, trapped)), ClusterView(sinfo("idle")), Budgets(DEFAULTS)) is None
+    earlier = Requeue(time=60.0, job_id=JOB, restart=0, cause=Cause.PREEMPT)
+    history = History(JOB, 2, (*EARLIER, earlier, replace(trapped, restart=1)))
+    spent = decide_begin(history, ClusterView(sinfo("idle")), Budgets({**DEFAULTS, "preempt": 1}))
+    assert spent is not None and spent.action is Action.FAIL
+    assert [_named(e) for e in spent.events] == ["failure:budget"]
 
 
 @pytest.mark.parametrize("before, job, aliases, written", CANCELS.values(), ids=CANCELS.keys())

@@ -15,6 +15,9 @@ uninterrupted run of the same config.
   batch shell killed right after: Slurm requeues the job all the same; one requeue in the journal.
 - the time-limit warning while the batch script runs slurm.setup: nothing is launched, the job
   is requeued as a time limit.
+- an administrator's `scontrol requeue` while the batch script runs slurm.setup: the shell's
+  SIGTERM trap records Slurm's requeue (preempt) at once; before, the next start charged the
+  life that wrote nothing to node_failure.
 
 The three kills are set off by a preemption's SIGTERM at an awkward moment of a task's start
 (its stop handlers installed, the process group not joined): the ranks stop after their first
@@ -78,7 +81,10 @@ CELLS = {
     "control_killed_after_requeue_accepted": ([], f"{PREEMPTED_AT_START},control.requeue_asked=kill"),
     "shell_killed_after_requeue": ([], f"{PREEMPTED_AT_START},batch.after_requeue=kill"),
     "warning_during_setup": ([], "batch.setup=signal:USR2"),
+    # The test requeues it (`scontrol requeue`, as an administrator) 3 s into this wait.
+    "admin_requeue_during_setup": ([], "batch.setup=sleep:20"),
 }
+ADMIN_REQUEUE_AFTER_S = 3.0
 # A job of a minute, its KillWait, the guardian's start, the new job's training (twice, should
 # its own warning come first): generous on a loaded two-core machine.
 END_TIMEOUT_S = 600
@@ -93,9 +99,18 @@ def current_job(run_dir: Path) -> str:
     return json.loads((run_dir / "submission.json").read_text())["job_id"]
 
 
+def requeue_as_an_admin(env: dict[str, str], job_id: str) -> None:
+    """`scontrol requeue` once the job runs its batch script's slurm.setup (held there 20 s)."""
+    wait_for_state(env, job_id, {"RUNNING"}, 120)
+    time.sleep(ADMIN_REQUEUE_AFTER_S)
+    subprocess.run(["scontrol", "requeue", job_id], env=env, check=True, capture_output=True)
+
+
 def run_to_the_end(env: dict[str, str], run_dir: Path, first_job: str) -> tuple[str, str]:
     """Until the job that carries the run on (the first, or one its guardian submitted) ended;
     requeue holds lifted. Returns (the first job's end state, the last job's end state)."""
+    if run_dir.name == "admin_requeue_during_setup":
+        requeue_as_an_admin(env, first_job)
     deadline = time.monotonic() + END_TIMEOUT_S
     first_state = wait_for_state(env, first_job, ENDED, END_TIMEOUT_S, lift_holds=True)
     while True:
@@ -179,6 +194,14 @@ def test_faults_at_the_batch_scripts_worst_moments_side_by_side(slurm_env, tmp_p
         (stop,) = of("stop", run_dir)
         starts = [(s["restart"], s["resumed_from_step"]) for s in of("start", run_dir)]
         assert (stop["reason"], starts) == ("preempt", [(0, 0), (1, stop["step"])]), f"{name}: {events(run_dir)}"
+
+    # An administrator's requeue during slurm.setup: the shell's trap saw Restarts=1 and recorded
+    # it as Slurm's (preempt), so the next start charged no node failure (before: node_failure).
+    admin = runs["admin_requeue_during_setup"]
+    assert [(e["cause"], e.get("by")) for e in of("requeue", admin)] == [("preempt", "slurm")], events(admin)
+    assert of("failure", admin) == [], events(admin)
+    assert [s["restart"] for s in of("start", admin)] == [1], events(admin)
+    assert current_job(admin) == jobs["admin_requeue_during_setup"]
 
     # The warning during slurm.setup: nothing launched in the first life, a time-limit requeue.
     warned = runs["warning_during_setup"]

@@ -109,12 +109,21 @@ def decide_cancelled(history: History, requeued_by_slurm: bool = False, timed_ou
     per life. The batch shell's trap writes it at once, since Slurm kills the shell KillWait
     seconds later, often before the step has ended and after-step could run. When the job's
     record shows Slurm requeuing it (an admin's `scontrol requeue`, a preemption's grace ended),
-    it is no cancel: nothing is written now, and the next life's start records the restart.
+    it is no cancel: the requeue is recorded now (`preempt`, by Slurm), once per life, since only
+    this shell knows it was no node failure (a life requeued before its tasks wrote anything would
+    otherwise be charged to node_failure at the next start); its budget is checked there.
     Nor when it shows the time limit ended the job (Reason=TimeLimit: the limit reached while the
     step stopped or after-step decided): the run's guardian, finding no cancel, submits it again
     (charged to `timelimit`)."""
     if requeued_by_slurm:
-        return Decision(Action.STOP, message="Slurm is requeuing this job: the run comes back", comes_back=True)
+        recorded = any(
+            isinstance(e, Requeue) and (e.job_id, e.restart) == (history.job_id, history.restart)
+            for e in history.events
+        )
+        written = () if recorded else (Requeue(**_marks(history), cause=Cause.PREEMPT, by=BY_SLURM),)
+        return Decision(
+            Action.STOP, written, message="Slurm is requeuing this job: the run comes back", comes_back=True
+        )
     if timed_out:
         return Decision(
             Action.STOP,
@@ -139,10 +148,18 @@ def decide_begin(history: History, cluster: ClusterView, budgets: Budgets) -> De
     """At a start of the batch script: a restart Slurm made without the batch script asking
     (its node died, a preemption's grace ran out, an administrator requeued) is recorded and
     counted. None: nothing to record, train."""
-    ours = sum(1 for e in history.events if isinstance(e, Requeue) and e.job_id == history.job_id)
-    if history.restart <= ours:
-        return None
+    ours = [e for e in history.events if isinstance(e, Requeue) and e.job_id == history.job_id]
     mark = _marks(history)
+    if history.restart <= len(ours):
+        trapped = ours[-1] if ours and ours[-1].by == BY_SLURM and ours[-1].restart == history.restart - 1 else None
+        if trapped is None:
+            return None
+        # The last life's SIGTERM trap recorded Slurm's requeue as it happened: its budget now.
+        spent = over_budget(tuple(e for e in history.events if e is not trapped), trapped.cause, budgets)
+        if not spent:
+            return None
+        failure = Failure(**mark, cause=Cause.BUDGET, reason=spent, action=Action.FAIL.value)
+        return Decision(Action.FAIL, (failure,), message=spent)
     previous = _previous_life(history)
     written: list[Event] = []
     if any(isinstance(e, Cancelled) or _saved_for(e) is StopReason.PREEMPT for e in previous):

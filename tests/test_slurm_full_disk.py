@@ -1,0 +1,119 @@
+"""The checkpoint filesystem full in a Slurm job: the newest complete checkpoint stays usable.
+
+The run dir lies on a tmpfs of 3.3 MB (mounted for the test; the dev cluster's nodes are this
+machine): the code snapshot (0.7 MB) and the step-50 checkpoint (1.8 MB) fit, the step-100 one
+does not. The write fails with ENOSPC; the job says so in its journal (a `failure`, cause
+`user_error`: retrying on the same full disk would fail alike) and ends FAILED, with the step-50
+checkpoint whole and the partial file removed. Its guardian leaves it (a user's mistake). Once
+there is room again (the tmpfs grown, as a user clears their quota),
+`hpctrain-submit --retry RUN_DIR` resumes it from step 50 and it ends bit-identical to an
+uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.paced import PAUSE_ENV
+from slurmtools import (
+    job_output,
+    of,
+    same_weights,
+    start_cluster,
+    submit,
+    wait_finished,
+    with_test_helpers,
+)
+
+from hpctrain.checkpoint import store
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+TRAIN = [
+    "model._target_=helpers.paced.PacedConvNet",
+    "trainer.max_steps=200",
+    "trainer.log_every=10",
+    "trainer.eval_every=0",
+    "trainer.ckpt_every=50",
+    "slurm.nodes=1",
+    "slurm.ntasks_per_node=1",
+]
+DISK = "3300k"  # the code snapshot, one checkpoint and the logs; not a second checkpoint
+ROOMY = "64m"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (root needed): {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], capture_output=True)
+
+
+def test_a_full_checkpoint_disk_keeps_the_newest_checkpoint_and_the_retry_resumes_from_it(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    slurm_env = start_cluster()
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    reference = tmp_path / "reference"
+    trained = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={reference}", *TRAIN],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    run_dir = small_disk / "run"
+    jobs: list[str] = []
+    try:
+        (job,), _ = submit({**env, PAUSE_ENV: "0.1"}, run_dir, *TRAIN)
+        jobs.append(job)
+        assert wait_finished(slurm_env, job, timeout_s=300) == "FAILED", job_output(run_dir)
+
+        # The step-100 write failed for want of room; step 50 is whole and nothing partial is left.
+        (failure,) = of("failure", run_dir)
+        assert failure["cause"] == "user_error", failure
+        assert "No space left on device" in failure["message"], failure
+        assert [c["step"] for c in of("checkpoint", run_dir)] == [50]
+        assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+            "step_00000050.json",
+            "step_00000050.pt",
+        ]
+        found = store.load_newest(run_dir / "checkpoints")
+        assert found is not None and found[0].step == 50
+        assert "No space left on device" in job_output(run_dir)
+
+        # Room again: the retry resumes from step 50, the run's newest complete checkpoint.
+        subprocess.run(["mount", "-o", f"remount,size={ROOMY}", str(small_disk)], check=True)
+        retried = subprocess.run(
+            [sys.executable, "-m", "hpctrain.cli.submit", "--retry", str(run_dir)],
+            env={**env, PAUSE_ENV: "0.1"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert retried.returncode == 0, retried.stdout + retried.stderr
+        assert "resumes from step 50" in retried.stdout, retried.stdout
+        (new_job,) = re.findall(r"^Submitted batch job (\d+)$", retried.stdout, re.M)
+        jobs.append(new_job)
+        assert wait_finished(slurm_env, new_job, timeout_s=300) == "COMPLETED", job_output(run_dir)
+    finally:
+        subprocess.run(["scancel", *jobs], env=slurm_env, capture_output=True)
+    output, _ = trained.communicate(timeout=600)
+    assert trained.returncode == 0, output[-3000:]
+
+    starts = [(s["job_id"], s["resumed_from_step"]) for s in of("start", run_dir)]
+    assert starts == [(jobs[0], 0), (jobs[1], 50)], starts
+    assert same_weights(run_dir, reference)
