@@ -120,9 +120,9 @@ def decide_cancelled(history: History, requeued_by_slurm: bool = False, timed_ou
             isinstance(e, Requeue) and (e.job_id, e.restart) == (history.job_id, history.restart)
             for e in history.events
         )
-        written = () if recorded else (Requeue(**_marks(history), cause=Cause.PREEMPT, by=BY_SLURM),)
+        requeue = () if recorded else (Requeue(**_marks(history), cause=Cause.PREEMPT, by=BY_SLURM),)
         return Decision(
-            Action.STOP, written, message="Slurm is requeuing this job: the run comes back", comes_back=True
+            Action.STOP, requeue, message="Slurm is requeuing this job: the run comes back", comes_back=True
         )
     if timed_out:
         return Decision(
