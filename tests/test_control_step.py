@@ -165,10 +165,11 @@ def requeue(root: Path) -> int:
 
 
 def test_an_accepted_requeue_then_excludes_the_failed_nodes(tmp_path: Path, slurm: FakeSlurm) -> None:
-    slurm.says("scontrol.requeue", Said()).says("scontrol.update", Said())
+    slurm.says("scontrol.show", Said(out=RUNNING)).says("scontrol.requeue", Said()).says("scontrol.update", Said())
     root = run_dir(tmp_path / "run")
     assert requeue(root) == exitcodes.BATCH_REQUEUED
     assert slurm.calls("scontrol") == [
+        ["scontrol", "show", "job", "-o", "1"],
         ["scontrol", "requeue", "1"],
         ["scontrol", "update", "jobid=1", "ExcNodeList=node2"],
     ]
@@ -177,11 +178,36 @@ def test_an_accepted_requeue_then_excludes_the_failed_nodes(tmp_path: Path, slur
 
 def test_a_requeue_without_answer_is_looked_at_before_anything_else(tmp_path: Path, slurm: FakeSlurm) -> None:
     slurm.says("scontrol.requeue", captured("stopped_scontrol_requeue"))
-    slurm.says("scontrol.show", Said(out=REQUEUED)).says("scontrol.update", Said())
+    slurm.says("scontrol.show", Said(out=RUNNING), Said(out=REQUEUED)).says("scontrol.update", Said())
     root = run_dir(tmp_path / "run")
     assert requeue(root) == exitcodes.BATCH_REQUEUED
-    assert [c[1] for c in slurm.calls("scontrol")] == ["requeue", "show", "update"]
+    assert [c[1] for c in slurm.calls("scontrol")] == ["show", "requeue", "show", "update"]
     assert slurm.calls("sbatch") == []
+
+
+@pytest.mark.parametrize(
+    ("record", "code", "asked", "written"),
+    [
+        # scancel since the step ended: Slurm 22.05 would grant the requeue of the cancelled job
+        # (seen on the dev cluster: Restarts=1, PENDING), and it would come back.
+        ("stop_cancelled", exitcodes.BATCH_CANCELLED, False, ["cancelled"]),
+        # an admin's requeue (or a preemption's grace ended) meanwhile: done already, asked no more.
+        ("stop_admin_requeued", exitcodes.BATCH_REQUEUED, False, []),
+        # the time limit reached meanwhile: no cancel; the requeue brings the job back.
+        ("stop_timelimit", exitcodes.BATCH_REQUEUED, True, []),
+    ],
+)
+def test_the_requeue_looks_at_the_job_first(
+    tmp_path: Path, slurm: FakeSlurm, record: str, code: int, asked: bool, written: list[str]
+) -> None:
+    """Records printed by `scontrol show job -o` on the dev cluster (README_stop.md); the
+    control step ignores SIGTERM from the decision on, so this look is what sees a scancel."""
+    shown = (FIXTURES / "scontrol" / f"{record}.txt").read_text()
+    slurm.says("scontrol.show", Said(out=shown)).says("scontrol.requeue", Said()).says("scontrol.update", Said())
+    root = run_dir(tmp_path / "run")
+    assert requeue(root) == code
+    assert (["scontrol", "requeue", "1"] in slurm.calls("scontrol")) is asked
+    assert [e["event"] for e in events(root)] == written
 
 
 def test_a_refused_requeue_goes_on_in_a_new_job(tmp_path: Path, slurm: FakeSlurm) -> None:

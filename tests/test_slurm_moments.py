@@ -2,8 +2,8 @@
 
 Each cell of the phase-by-fault matrix that needs Slurm and a batch script: a one-node job whose
 fault points (hpctrain.faults, armed through the submitting environment, which sbatch passes on)
-put the fault at an exact moment of its first life. Every run must end COMPLETED without anyone
-resubmitting it, resume from its newest complete checkpoint, and end bit-identical to an
+put the fault at an exact moment of its first life. Every run but the scancelled one must end
+COMPLETED without anyone resubmitting it, resume from its newest complete checkpoint, and end bit-identical to an
 uninterrupted run of the same config.
 
 - the time limit reached while after-step decides (the warned stop done): Slurm's SIGTERM to the
@@ -18,6 +18,8 @@ uninterrupted run of the same config.
 - an administrator's `scontrol requeue` while the batch script runs slurm.setup: the shell's
   SIGTERM trap records Slurm's requeue (preempt) at once; before, the next start charged the
   life that wrote nothing to node_failure.
+- a scancel once the requeue is decided: the job ends CANCELLED and stays so (Slurm 22.05
+  grants the requeue of a job being cancelled; before, it was asked and the job came back).
 
 The three kills are set off by a preemption's SIGTERM at an awkward moment of a task's start
 (its stop handlers installed, the process group not joined): the ranks stop after their first
@@ -48,6 +50,7 @@ from slurmtools import (
     start_cluster,
     submit,
     wait_finished,
+    wait_for_output,
     wait_for_state,
     with_test_helpers,
 )
@@ -83,7 +86,11 @@ CELLS = {
     "warning_during_setup": ([], "batch.setup=signal:USR2"),
     # The test requeues it (`scontrol requeue`, as an administrator) 3 s into this wait.
     "admin_requeue_during_setup": ([], "batch.setup=sleep:20"),
+    # The test scancels it once the requeue is decided, in this wait: SIGTERM is ignored from the
+    # decision on, and the control step then runs well inside KillWait (5 s on the dev cluster).
+    "scancel_during_requeue": ([], f"{PREEMPTED_AT_START},batch.before_requeue=sleep:2"),
 }
+DECIDED = "hpctrain: step ended with 76: requeue"  # 76: the workers saved for a SIGTERM
 ADMIN_REQUEUE_AFTER_S = 3.0
 # A job of a minute, its KillWait, the guardian's start, the new job's training (twice, should
 # its own warning come first): generous on a loaded two-core machine.
@@ -111,6 +118,9 @@ def run_to_the_end(env: dict[str, str], run_dir: Path, first_job: str) -> tuple[
     requeue holds lifted. Returns (the first job's end state, the last job's end state)."""
     if run_dir.name == "admin_requeue_during_setup":
         requeue_as_an_admin(env, first_job)
+    if run_dir.name == "scancel_during_requeue":
+        wait_for_output(run_dir, DECIDED, 180)
+        subprocess.run(["scancel", first_job], env=env, check=True)
     deadline = time.monotonic() + END_TIMEOUT_S
     first_state = wait_for_state(env, first_job, ENDED, END_TIMEOUT_S, lift_holds=True)
     while True:
@@ -141,7 +151,7 @@ def test_faults_at_the_batch_scripts_worst_moments_side_by_side(slurm_env, tmp_p
     runs = {name: tmp_path / name for name in CELLS}
     jobs: dict[str, str] = {}
     try:
-        with ThreadPoolExecutor() as pool:
+        with ThreadPoolExecutor(max_workers=len(CELLS)) as pool:  # every cell watched at once
             submitted = {
                 name: pool.submit(submit, {**env, PAUSE_ENV: PAUSE_S, faults.ENV: arming}, runs[name], *TRAIN, *config)
                 for name, (config, arming) in CELLS.items()
@@ -156,6 +166,15 @@ def test_faults_at_the_batch_scripts_worst_moments_side_by_side(slurm_env, tmp_p
                 subprocess.run(["scancel", *filter(None, leftover)], env=slurm_env, capture_output=True)
     output, _ = trained.communicate(timeout=600)
     assert trained.returncode == 0, output[-3000:]
+
+    # scancel while the batch script asked for its requeue: the user's word stands. Before, the
+    # requeue was asked all the same, Slurm granted it (Restarts=1) and the cancelled job trained on.
+    cancelled = runs.pop("scancel_during_requeue")
+    assert states["scancel_during_requeue"] == ("CANCELLED", "CANCELLED"), job_output(cancelled)
+    assert job_field(slurm_env, jobs["scancel_during_requeue"], "Restarts") == "0", job_output(cancelled)
+    assert current_job(cancelled) == jobs["scancel_during_requeue"], events(cancelled)
+    assert len(of("cancelled", cancelled)) == 1 and of("finish", cancelled) == [], events(cancelled)
+    assert "the job was cancelled while its step ended: no requeue" in job_output(cancelled)
 
     for name, run_dir in runs.items():
         journal = events(run_dir)

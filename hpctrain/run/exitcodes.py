@@ -27,6 +27,9 @@ BATCH_RESUBMITTED = 4  # scontrol refused the requeue; the run goes on in a new 
 # `control requeue` found no scontrol where it runs (through slurm.task_prefix, an image without
 # Slurm's commands): the batch shell, on the node, asks for the requeue itself.
 CONTROL_NO_SLURM = 5
+# `control requeue` found the job cancelled (scancel) while the step ended: it asked for no
+# requeue, which Slurm would have granted, bringing the cancelled job back.
+BATCH_CANCELLED = 6
 
 # ---- console scripts ----------------------------------------------------------------------------
 CLI_OK = 0

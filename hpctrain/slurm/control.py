@@ -229,6 +229,18 @@ class Controller:
         # one too, and kills them KillWait seconds later. Ignored, so ExcNodeList is still set
         # (the batch shell ignores it as well; set here too, whatever wrapper runs this step).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # A scancel since the step ended (its SIGTERM ignored from the decision on): Slurm would
+        # grant the requeue of the cancelled job all the same (22.05: Restarts=1, PENDING), and it
+        # would come back. The user's word stands. Slurm requeuing it already: nothing to ask.
+        record = self._job_record(meaning="asking for the requeue all the same", policy=TRAP_LOOK)
+        if record is not None and self._restarted_past_me(record):
+            print("hpctrain: Slurm is requeuing this job already", file=sys.stderr)
+            return exitcodes.BATCH_REQUEUED
+        if record is not None and record.being_ended:
+            with locked(self.run.events):
+                self._record(decide_cancelled(self.history()))
+            print("hpctrain: the job was cancelled while its step ended: no requeue", file=sys.stderr)
+            return exitcodes.BATCH_CANCELLED
         self.until = time.monotonic() + REQUEUE_WAIT_S
         asked = ask_requeue(self.job_id, self.until)
         if asked.ok:

@@ -64,6 +64,13 @@ class JobRecord:
         return self.state == "TIMEOUT" or self.reason == "TimeLimit"
 
     @property
+    def being_ended(self) -> bool:
+        """Slurm is ending it, and not for its time limit: JobState=COMPLETING or CANCELLED after a
+        scancel (tests/fixtures/slurm/scontrol/stop_cancelled.txt). A requeue in progress looks
+        alike but counts a restart more (the caller compares Restarts)."""
+        return self.state in ("COMPLETING", "CANCELLED") and not self.timed_out
+
+    @property
     def names(self) -> list[str]:
         """Every job id this record answers for: its number, and `<array>_<task>` for each task."""
         if self.array_job_id is None or self.array_task_id is None:
