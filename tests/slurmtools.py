@@ -166,6 +166,20 @@ def job_field(env: dict[str, str], job_id: str, field: str) -> str | None:
     return match.group(1) if match else None
 
 
+def job_restarts(env: dict[str, str], job_id: str) -> int | None:
+    """How often Slurm requeued the job: scontrol's Restarts; once MinJobAge dropped the record
+    there (a long side-by-side test outlives it on a slow machine), sacct --duplicates, which
+    lists one record per life (REQUEUED for all but the last)."""
+    restarts = job_field(env, job_id, "Restarts")
+    if restarts is not None:
+        return int(restarts)
+    done = subprocess.run(
+        ["sacct", "-n", "-P", "-D", "-X", "-j", job_id, "-o", "JobIDRaw"], env=env, capture_output=True, text=True
+    )
+    lives = [line for line in done.stdout.splitlines() if line == job_id]
+    return len(lives) - 1 if lives else None
+
+
 def job_state(env: dict[str, str], job_id: str) -> str | None:
     """The job's state from scontrol; once MinJobAge dropped it there, from sacct (with accounting)."""
     state = job_field(env, job_id, "JobState")
@@ -304,14 +318,6 @@ def running_daemons() -> dict[str, list[str]]:
     return found
 
 
-if __name__ == "__main__":
-    # `python tests/slurmtools.py running`: prints the suite's clusters still running, exit 1 if any.
-    left = running_daemons()
-    for directory, names in left.items():
-        print(f"{directory}: {' '.join(names)}")
-    sys.exit(1 if left else 0)
-
-
 def node_state(env: dict[str, str], node: str, state: str) -> None:
     """`scontrol update nodename=NODE state=STATE` (down, resume), as an administrator sets it."""
     done = subprocess.run(
@@ -330,3 +336,11 @@ def same_weights(a: Path, b: Path) -> bool:
 
     wa, wb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+if __name__ == "__main__":
+    # `python tests/slurmtools.py running`: prints the suite's clusters still running, exit 1 if any.
+    left = running_daemons()
+    for directory, names in left.items():
+        print(f"{directory}: {' '.join(names)}")
+    sys.exit(1 if left else 0)

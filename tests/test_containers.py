@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from slurmtools import (
     events,
-    job_field,
     job_output,
+    job_restarts,
     lift_requeue_hold,
     start_cluster,
     submit,
@@ -308,7 +308,7 @@ def test_a_job_trains_and_requeues_through_the_prefix(slurm_env: dict[str, str],
     starts = [e for e in journal if e["event"] == "start"]
     assert [s["restart"] for s in starts] == [0, 1] and starts[1]["resumed_from_step"] == saved[0]["step"]
     assert [e["step"] for e in journal if e["event"] == "finish"] == [1500]
-    assert job_field(slurm_env, job_id, "Restarts") == "1"
+    assert job_restarts(slurm_env, job_id) == 1
     # Every training process of both lives ran behind the wrapper, with srun's --export, and so
     # did every control step of the batch shell (outside srun: no --export).
     wrapped = wrapped_commands(log)

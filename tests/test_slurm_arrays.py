@@ -15,6 +15,7 @@ from slurmtools import (
     events,
     job_field,
     job_output,
+    job_restarts,
     node_state,
     of,
     point_jobs,
@@ -159,7 +160,7 @@ def test_an_array_task_relaunches_on_its_hot_spare(tmp_path: Path) -> None:
         assert wait_finished(env, ids["1"], timeout_s=600) == "COMPLETED", job_output(sweep / "1")
     finally:
         node_state(env, victim, "resume")
-    assert job_field(env, ids["1"], "Restarts") == "0"  # never requeued
+    assert job_restarts(env, ids["1"]) == 0  # never requeued
     relaunches = of("relaunch", sweep / "1")
     assert len(relaunches) == 1 and relaunches[0]["failed"] == [victim], events(sweep / "1")
     starts = of("start", sweep / "1")

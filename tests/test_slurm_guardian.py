@@ -19,6 +19,8 @@ from slurmtools import (
     events,
     job_field,
     job_output,
+    job_restarts,
+    job_state,
     node_state,
     same_weights,
     start_cluster,
@@ -68,6 +70,11 @@ def lose_the_batch_host(env: dict[str, str], run_dir: Path, *config: str, spare:
     assert batch_host
     lost_at = time.time()
     node_state(env, batch_host, "down")
+    if spare:
+        # A lost node stays away until someone repairs it. This one's slurmd still runs, and
+        # ReturnToService=2 takes it back at its next registration, maybe before the check below
+        # on a slow machine: drained as well, it takes no job until resumed.
+        node_state(env, batch_host, "drain")
     try:
         new_job = wait_for_resubmission(run_dir, job_id)
         if spare:
@@ -79,7 +86,7 @@ def lose_the_batch_host(env: dict[str, str], run_dir: Path, *config: str, spare:
         node_state(env, batch_host, "resume")
 
     # Slurm ended the lost job for good (batch_host_down.txt): never requeued.
-    assert (job_field(env, job_id, "JobState"), job_field(env, job_id, "Restarts")) == ("FAILED", "0")
+    assert (job_state(env, job_id), job_restarts(env, job_id)) == ("FAILED", 0)
     record = submission(run_dir)
     assert record["resubmitted_from"] == [job_id] and record["guardian_job_id"] != guardian
     # The new job completed: Slurm cancelled its guardian without running it.

@@ -42,8 +42,8 @@ from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
     ENDED,
     events,
-    job_field,
     job_output,
+    job_restarts,
     job_state,
     of,
     same_weights,
@@ -171,7 +171,7 @@ def test_faults_at_the_batch_scripts_worst_moments_side_by_side(slurm_env, tmp_p
     # requeue was asked all the same, Slurm granted it (Restarts=1) and the cancelled job trained on.
     cancelled = runs.pop("scancel_during_requeue")
     assert states["scancel_during_requeue"] == ("CANCELLED", "CANCELLED"), job_output(cancelled)
-    assert job_field(slurm_env, jobs["scancel_during_requeue"], "Restarts") == "0", job_output(cancelled)
+    assert job_restarts(slurm_env, jobs["scancel_during_requeue"]) == 0, job_output(cancelled)
     assert current_job(cancelled) == jobs["scancel_during_requeue"], events(cancelled)
     assert len(of("cancelled", cancelled)) == 1 and of("finish", cancelled) == [], events(cancelled)
     assert "the job was cancelled while its step ended: no requeue" in job_output(cancelled)
@@ -208,7 +208,7 @@ def test_faults_at_the_batch_scripts_worst_moments_side_by_side(slurm_env, tmp_p
     for name in ("control_killed_after_requeue_accepted", "shell_killed_after_requeue"):
         run_dir = runs[name]
         assert current_job(run_dir) == jobs[name], f"{name}: resubmitted, not requeued: {events(run_dir)}"
-        assert job_field(slurm_env, jobs[name], "Restarts") == "1", job_output(run_dir)
+        assert job_restarts(slurm_env, jobs[name]) == 1, job_output(run_dir)
         assert [e["cause"] for e in of("requeue", run_dir)] == ["preempt"], f"{name}: {events(run_dir)}"
         (stop,) = of("stop", run_dir)
         starts = [(s["restart"], s["resumed_from_step"]) for s in of("start", run_dir)]

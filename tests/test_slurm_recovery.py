@@ -16,6 +16,7 @@ from slurmtools import (
     events,
     job_field,
     job_output,
+    job_restarts,
     lift_requeue_hold,
     node_state,
     of,
@@ -157,7 +158,7 @@ def test_hot_spare_relaunches_without_requeue(slurm_env, tmp_path: Path) -> None
         assert wait_finished(slurm_env, job_id, timeout_s=600) == "COMPLETED", job_output(run_dir)
     finally:
         node_state(slurm_env, victim, "resume")
-    assert job_field(slurm_env, job_id, "Restarts") == "0"  # never requeued
+    assert job_restarts(slurm_env, job_id) == 0  # never requeued
     relaunches = of("relaunch", run_dir)
     assert len(relaunches) == 1 and relaunches[0]["failed"] == [victim], events(run_dir)
     assert of("requeue", run_dir) == []
@@ -200,7 +201,7 @@ def test_scancel_saves_and_stops_without_requeue(slurm_env, tmp_path: Path) -> N
     time.sleep(2)  # the last journal lines of the batch shell
     saved = [e for e in of("checkpoint", run_dir) if e["reason"] == "preempt"]
     assert len(saved) == 1 and saved[0]["step"] >= 40, events(run_dir)
-    assert of("requeue", run_dir) == [] and job_field(slurm_env, job_id, "Restarts") == "0"
+    assert of("requeue", run_dir) == [] and job_restarts(slurm_env, job_id) == 0
     assert of("finish", run_dir) == []
 
 

@@ -367,7 +367,7 @@ def test_a_models_own_refusal_in_every_process_is_one_error_line(tmp_path: Path)
 def test_a_user_error_in_a_slurm_job_ends_it_at_once_without_a_requeue(tmp_path: Path) -> None:
     """The data file is there at submission, gone when the job starts: the job says why in its
     output and journal, and stops (FAILED) instead of requeueing into the same error."""
-    from slurmtools import job_field, job_output, start_cluster, wait_finished
+    from slurmtools import job_output, job_restarts, start_cluster, wait_finished
 
     env = start_cluster()
     data = tmp_path / "train.bin"
@@ -393,7 +393,7 @@ def test_a_user_error_in_a_slurm_job_ends_it_at_once_without_a_requeue(tmp_path:
     subprocess.run(["scontrol", "release", job_id], env=env, check=True, capture_output=True)
 
     assert wait_finished(env, job_id, timeout_s=300) == "FAILED", job_output(run_dir)
-    assert job_field(env, job_id, "Restarts") == "0"
+    assert job_restarts(env, job_id) == 0
     assert f"error: hpctrain.data.token_file.token_file: path: no such file: {data}" in job_output(run_dir)
     causes = [e.get("cause") for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())]
     assert causes == ["user_error"], causes
