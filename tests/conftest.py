@@ -45,6 +45,14 @@ _FOREIGN_ENV = (
 # a run computes do not depend on it. Every process the tests start inherits it, Slurm jobs too.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# Bytecode caches written, whatever PYTHONDONTWRITEBYTECODE says (set on many container images).
+# The suite starts some 300 Python processes (every CLI call, launcher, forkserver and Slurm
+# step): without the caches each compiled hpctrain's modules from source, and pytest rewrote
+# every test module's asserts again in each worker. The caches land in __pycache__ folders,
+# which git ignores.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    sys.dont_write_bytecode = False
+
 RUN_TIMEOUT_S = 300
 # Training processes running at once during a prefetch (the launcher processes mostly wait).
 MAX_PARALLEL_PROCS = 4

@@ -9,6 +9,7 @@ floor on each training step's time) lets the test catch the run mid-way on any m
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from conftest import assert_ok, describe, events, train_command, train_env
@@ -28,11 +29,14 @@ from hpctrain.config import Config
 from hpctrain.metrics import jsonl, params, wandb_files, wandb_sink
 from hpctrain.run.jsonlines import read_jsonl
 
-pytest.importorskip("mlflow")
-pytest.importorskip("tensorboard")
-pytest.importorskip("wandb")
-from mlflow.tracking import MlflowClient  # noqa: E402
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+# Looked up, not imported: importing mlflow, tensorboard and wandb costs about 1.7 CPU-s, paid by
+# every pytest worker at collection; the readers below import them when a test reads a run.
+_MISSING = [name for name in ("mlflow", "tensorboard", "wandb") if importlib.util.find_spec(name) is None]
+if _MISSING:
+    pytest.skip(f"the metrics extras are not installed: {', '.join(_MISSING)}", allow_module_level=True)
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 PACED_MODULE = '''
 import os
@@ -117,6 +121,8 @@ def _wait_for(popen: subprocess.Popen[str], what: str, ready: Callable[[], bool]
 
 
 def _mlflow_run(run_dir: Path) -> tuple[MlflowClient, str]:
+    from mlflow.tracking import MlflowClient
+
     saved = json.loads((run_dir / "mlflow_run.json").read_text())
     return MlflowClient((run_dir / "mlruns").absolute().as_uri()), saved["run_id"]
 
@@ -129,6 +135,8 @@ def _mlflow_steps(run_dir: Path, key: str = "loss") -> list[int]:
 
 
 def _tensorboard(run_dir: Path) -> EventAccumulator:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     accumulator = EventAccumulator(str(run_dir / "tensorboard"))
     accumulator.Reload()
     return accumulator
