@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 
 from hpctrain import config as hconfig
 from hpctrain import logs
+from hpctrain.cli import compose_once
 from hpctrain.cli.common import (
     Checker,
     discard_if_empty,
@@ -148,6 +149,7 @@ def main() -> None:
         from hpctrain.cli import retry
 
         sys.exit(retry.main([a for a in sys.argv[1:] if a != "--retry"]))
+    compose_once.skip_the_mode_composition(sys.argv[1:])
     _main()
 
 

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpctrain import config as hconfig
 from hpctrain import faults, logs, steprun
+from hpctrain.cli import compose_once
 from hpctrain.cli.common import fail, prepare_run_dir
 from hpctrain.config import Config, differences, to_typed
 from hpctrain.early_signals import EarlySignals
@@ -122,6 +123,7 @@ def main() -> None:
         sys.argv += steprun.step_overrides(os.environ, sys.argv[1:], life)
     except UserError as error:
         fail(str(error))
+    compose_once.skip_the_mode_composition(sys.argv[1:])
 
     @hydra.main(version_base="1.3", config_path="pkg://hpctrain.conf", config_name="config")
     def train(cfg: DictConfig) -> None:

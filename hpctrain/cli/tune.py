@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hpctrain import config as hconfig
 from hpctrain import logs
+from hpctrain.cli import compose_once
 from hpctrain.cli.common import discard_if_empty, fail, is_fresh
 from hpctrain.config import save_resolved, to_typed
 from hpctrain.metrics.extras import check_extras
@@ -200,6 +201,7 @@ def main() -> None:
     rest, space = split_space(sys.argv[1:])
     _space_from_argv.update(space)
     sys.argv = [sys.argv[0], *rest]
+    compose_once.skip_the_mode_composition(rest)
     _main()
 
 
