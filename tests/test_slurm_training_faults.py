@@ -1,0 +1,204 @@
+"""Faults that land while a job trains, as Slurm and the kernel deliver them, on the dev cluster.
+
+Cells of the phase-by-fault matrix (README, "What happens when") that were asserted only in the
+decision table or with a stand-in Slurm:
+
+- an administrator's `scontrol requeue` of a training job: Slurm sends SIGTERM to the batch shell
+  and the tasks and requeues the job itself. The shell's trap records Slurm's requeue (preempt,
+  by slurm), the tasks save within KillWait, and the next life starts at the saved step: nothing
+  redone, no failure charged, the same job (Restarts=1).
+- one rank SIGKILLed (what the kernel's OOM killer does): no save, srun ends the step, the batch
+  script charges a crash and requeues; the next life resumes from the newest complete checkpoint.
+- a preemption where the partition's GraceTime is 0 (Slurm's default): no grace, SIGTERM and then
+  SIGKILL after KillWait (5 s here). The tasks save within KillWait, and nothing is redone.
+
+Every run ends COMPLETED and bit-identical to an uninterrupted run of its config.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from helpers.resumes import newest_checkpoint_before
+from slurmtools import (
+    events,
+    job_output,
+    job_restarts,
+    lift_requeue_hold,
+    of,
+    same_weights,
+    start_cluster,
+    submit,
+    train_locally,
+    wait_finished,
+    wait_for_step,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+# Two tasks on one node (its two CPUs): a rank to kill, and ranks that must agree on the stop.
+CONFIG = [
+    "trainer.log_every=5",
+    "trainer.eval_every=0",
+    "trainer.ckpt_every=20",
+    "trainer.max_steps=400",
+    "slurm.nodes=1",
+    "slurm.ntasks_per_node=2",
+]
+FAULT_AT_STEP = 60  # well past the first periodic checkpoints (20, 40)
+END_TIMEOUT_S = 600  # two lives of a job, a requeue hold lifted, on a loaded two-core machine
+
+
+@pytest.fixture(scope="module")
+def slurm_env() -> dict[str, str]:
+    return start_cluster()
+
+
+@pytest.fixture(scope="module")
+def reference(slurm_env, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    train_locally(slurm_env, run_dir, *CONFIG, "trainer.nprocs=2")
+    return run_dir
+
+
+def rank_pid(job_id: str, rank: int) -> int:
+    """The pid of the training task of `rank` in the job (srun starts it; its own children, such
+    as data-loader workers, share its environment and are left out)."""
+    found: dict[int, int] = {}  # pid -> parent pid
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "environ").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        environ = dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
+        if (
+            environ.get("SLURM_JOB_ID") == job_id
+            and environ.get("SLURM_PROCID") == str(rank)
+            and "SLURM_STEP_ID" in environ
+            and environ.get("SLURM_STEP_ID") != "batch"
+        ):
+            found[int(entry.name)] = parent
+    tasks = [pid for pid, parent in found.items() if parent not in found]
+    assert len(tasks) == 1, f"rank {rank} of job {job_id}: {found}"
+    return tasks[0]
+
+
+def requeue_as_an_admin(env: dict[str, str], run_dir: Path, job_id: str) -> None:
+    wait_for_step(run_dir, FAULT_AT_STEP)
+    subprocess.run(["scontrol", "requeue", job_id], env=env, check=True, capture_output=True)
+
+
+def kill_a_rank(env: dict[str, str], run_dir: Path, job_id: str) -> None:
+    wait_for_step(run_dir, FAULT_AT_STEP)
+    os.kill(rank_pid(job_id, 1), signal.SIGKILL)
+
+
+FAULTS = {"admin_requeue": requeue_as_an_admin, "rank_sigkilled": kill_a_rank}
+
+
+def run_with_fault(env: dict[str, str], run_dir: Path, name: str) -> tuple[str, str]:
+    (job_id,), _ = submit(env, run_dir, *CONFIG)
+    FAULTS[name](env, run_dir, job_id)
+    lift_requeue_hold(env, job_id)
+    return job_id, wait_finished(env, job_id, timeout_s=END_TIMEOUT_S, lift_holds=True)
+
+
+def assert_exact(run_dir: Path, reference: Path) -> None:
+    journal = events(run_dir)
+    finish = of("finish", run_dir)
+    assert len(finish) == 1 and finish[0]["step"] == 400, journal
+    for life, start in enumerate(of("start", run_dir)):
+        assert start["resumed_from_step"] >= newest_checkpoint_before(journal, life), journal
+    assert same_weights(run_dir, reference), f"{run_dir.name}: not bit-identical to the uninterrupted run"
+
+
+def test_an_admin_requeue_and_a_killed_rank_while_training_side_by_side(
+    slurm_env, reference: Path, tmp_path: Path
+) -> None:
+    runs = {name: tmp_path / name for name in FAULTS}
+    with ThreadPoolExecutor(max_workers=len(FAULTS)) as pool:
+        ended = dict(zip(FAULTS, pool.map(lambda name: run_with_fault(slurm_env, runs[name], name), FAULTS)))
+    for name, (_, state) in ended.items():
+        assert state == "COMPLETED", f"{name}: {state}\n{events(runs[name])}\n{job_output(runs[name])}"
+        assert of("cancelled", runs[name]) == [], f"{name}: {events(runs[name])}"
+        assert_exact(runs[name], reference)
+
+    # The admin's requeue: Slurm's own (preempt, by slurm), saved within KillWait, nothing redone.
+    admin, (admin_job, _) = runs["admin_requeue"], ended["admin_requeue"]
+    assert [(e["cause"], e.get("by")) for e in of("requeue", admin)] == [("preempt", "slurm")], events(admin)
+    assert of("failure", admin) == [], events(admin)
+    (stop,) = of("stop", admin)
+    saved = [c["step"] for c in of("checkpoint", admin) if c["reason"] == "preempt"]
+    starts = [(s["restart"], s["resumed_from_step"]) for s in of("start", admin)]
+    assert stop["reason"] == "preempt" and saved == [stop["step"]] and stop["step"] >= FAULT_AT_STEP, events(admin)
+    assert starts == [(0, 0), (1, stop["step"])], events(admin)
+    assert job_restarts(slurm_env, admin_job) == 1
+
+    # The killed rank: no save, a crash charged once, resumed from the newest complete checkpoint.
+    killed, (killed_job, _) = runs["rank_sigkilled"], ended["rank_sigkilled"]
+    assert [e["cause"] for e in of("failure", killed)] == ["crash"], events(killed)
+    assert [e["cause"] for e in of("requeue", killed)] == ["crash"], events(killed)
+    assert [c for c in of("checkpoint", killed) if c["reason"] not in ("periodic", "final")] == [], events(killed)
+    assert of("stop", killed) == [], events(killed)
+    resumed = of("start", killed)[1]["resumed_from_step"]
+    assert resumed >= FAULT_AT_STEP - 20 and resumed % 20 == 0, events(killed)
+    assert job_restarts(slurm_env, killed_job) == 1
+
+
+@pytest.fixture
+def zero_grace(slurm_env) -> Iterator[dict[str, str]]:
+    """The batch partition with GraceTime=0 (Slurm's default) for one test, then as it was."""
+    shown = subprocess.run(
+        ["scontrol", "show", "partition", "batch"], env=slurm_env, capture_output=True, text=True, check=True
+    ).stdout
+    before = re.search(r"\bGraceTime=(\d+)", shown)
+    assert before, shown
+    set_grace(slurm_env, 0)
+    yield slurm_env
+    set_grace(slurm_env, int(before.group(1)))
+
+
+def set_grace(env: dict[str, str], seconds: int) -> None:
+    subprocess.run(
+        ["scontrol", "update", "partitionname=batch", f"GraceTime={seconds}"], env=env, check=True, capture_output=True
+    )
+
+
+def test_a_preemption_without_grace_saves_within_killwait_and_redoes_nothing(
+    zero_grace: dict[str, str], reference: Path, tmp_path: Path
+) -> None:
+    env, run_dir = zero_grace, tmp_path / "run"
+    (job_id,), _ = submit(env, run_dir, *CONFIG)
+    wait_for_step(run_dir, FAULT_AT_STEP)
+    # A job in the high-priority partition that needs every node preempts ours at once.
+    urgent = subprocess.run(
+        ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", "3", "-o", "/dev/null", "--wrap", "sleep 2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lift_requeue_hold(env, job_id)
+    assert wait_finished(env, urgent.stdout.strip().split(";")[0]) == "COMPLETED"
+    assert wait_finished(env, job_id, timeout_s=END_TIMEOUT_S, lift_holds=True) == "COMPLETED", job_output(run_dir)
+
+    assert [e["cause"] for e in of("requeue", run_dir)] == ["preempt"], events(run_dir)
+    assert of("failure", run_dir) == [] and of("cancelled", run_dir) == [], events(run_dir)
+    (stop,) = of("stop", run_dir)
+    saved = [c["step"] for c in of("checkpoint", run_dir) if c["reason"] == "preempt"]
+    assert stop["reason"] == "preempt" and saved == [stop["step"]], events(run_dir)
+    # The save's deadline was KillWait (5 s on the dev cluster), not a grace that is not there.
+    assert 0 < stop["deadline_s"] <= 5, stop
+    starts = [(s["restart"], s["resumed_from_step"]) for s in of("start", run_dir)]
+    assert starts == [(0, 0), (1, stop["step"])], events(run_dir)
+    assert_exact(run_dir, reference)
