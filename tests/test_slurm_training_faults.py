@@ -9,6 +9,8 @@ decision table or with a stand-in Slurm:
   redone, no failure charged, the same job (Restarts=1).
 - one rank SIGKILLed (what the kernel's OOM killer does): no save, srun ends the step, the batch
   script charges a crash and requeues; the next life resumes from the newest complete checkpoint.
+- one rank SIGSTOPped (a process that stops answering, nothing exits): its peer waits in a
+  collective until its watchdog reports the hang; charged as a hang, not a crash, and requeued.
 - a preemption where the partition's GraceTime is 0 (Slurm's default): no grace, SIGTERM and then
   SIGKILL after KillWait (5 s here). The tasks save within KillWait, and nothing is redone.
 
@@ -103,11 +105,19 @@ def kill_a_rank(env: dict[str, str], run_dir: Path, job_id: str) -> None:
     os.kill(rank_pid(job_id, 1), signal.SIGKILL)
 
 
-FAULTS = {"admin_requeue": requeue_as_an_admin, "rank_sigkilled": kill_a_rank}
+def stop_a_rank(env: dict[str, str], run_dir: Path, job_id: str) -> None:
+    wait_for_step(run_dir, FAULT_AT_STEP)
+    os.kill(rank_pid(job_id, 1), signal.SIGSTOP)
+
+
+FAULTS = {"admin_requeue": requeue_as_an_admin, "rank_sigkilled": kill_a_rank, "rank_sigstopped": stop_a_rank}
+# A stopped rank: its peer's watchdog reports the hang after 20 s without a step (hpctrain's own
+# setting, not Slurm's; the default is 900 s), well before the peer's collective timeout.
+EXTRA = {"rank_sigstopped": ["trainer.hang_timeout_s=20", "trainer.collective_timeout_s=600"]}
 
 
 def run_with_fault(env: dict[str, str], run_dir: Path, name: str) -> tuple[str, str]:
-    (job_id,), _ = submit(env, run_dir, *CONFIG)
+    (job_id,), _ = submit(env, run_dir, *CONFIG, *EXTRA.get(name, []))
     FAULTS[name](env, run_dir, job_id)
     lift_requeue_hold(env, job_id)
     return job_id, wait_finished(env, job_id, timeout_s=END_TIMEOUT_S, lift_holds=True)
@@ -122,7 +132,7 @@ def assert_exact(run_dir: Path, reference: Path) -> None:
     assert same_weights(run_dir, reference), f"{run_dir.name}: not bit-identical to the uninterrupted run"
 
 
-def test_an_admin_requeue_and_a_killed_rank_while_training_side_by_side(
+def test_an_admin_requeue_a_killed_rank_and_a_stopped_rank_while_training_side_by_side(
     slurm_env, reference: Path, tmp_path: Path
 ) -> None:
     runs = {name: tmp_path / name for name in FAULTS}
@@ -153,6 +163,18 @@ def test_an_admin_requeue_and_a_killed_rank_while_training_side_by_side(
     resumed = of("start", killed)[1]["resumed_from_step"]
     assert resumed >= FAULT_AT_STEP - 20 and resumed % 20 == 0, events(killed)
     assert job_restarts(slurm_env, killed_job) == 1
+
+    # The stopped rank: nothing exits until the peer's watchdog reports the hang; one `hang`
+    # charged (not a crash), resumed from the newest complete checkpoint.
+    stopped, (stopped_job, _) = runs["rank_sigstopped"], ended["rank_sigstopped"]
+    # Rank 0's watchdog first; slurmstepd's SIGCONT before its SIGTERM may let the stopped rank's
+    # own watchdog say so too. Either way one requeue, one hang off the budget.
+    hangs = of("failure", stopped)
+    assert {e["cause"] for e in hangs} == {"hang"} and hangs[0]["rank"] == 0, events(stopped)
+    assert [e["cause"] for e in of("requeue", stopped)] == ["hang"], events(stopped)
+    assert of("stop", stopped) == [], events(stopped)
+    assert of("start", stopped)[1]["resumed_from_step"] >= FAULT_AT_STEP - 20, events(stopped)
+    assert job_restarts(slurm_env, stopped_job) == 1
 
 
 @pytest.fixture
