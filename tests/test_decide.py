@@ -89,6 +89,7 @@ class Row:
     preempting: bool = False  # the job's record shows a PreemptTime
     partition_nodes: tuple[str, ...] = ()  # the job's partition's nodes (empty: not known)
     timed_out: bool = False  # the job's record says its time limit ended it (Reason=TimeLimit)
+    constraint_nodes: frozenset[str] | None = None  # the nodes that meet the job's --constraint
     # expected:
     action: Action = Action.REQUEUE
     events: list[str] = field(default_factory=list)
@@ -194,6 +195,29 @@ ROWS = {
         nodes="node_down_while_held",
         allocated=("node1",),
         partition_nodes=("node1", "node2", "node3"),
+        events=["failure:node_failure", "requeue:node_failure"],
+        excluded=("node2",),
+    ),
+    # Only nodes with the job's --constraint features count: node3 lacks them, so excluding
+    # node2 would leave the 2-node job one node it may run on (BadConstraints for ever).
+    "node failure, no other node meets the job's constraint: keep none out": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(137),
+        nodes="node_down_while_held",
+        allocated=("node1",),
+        partition_nodes=("node1", "node2", "node3"),
+        constraint_nodes=frozenset({"node1", "node2"}),
+        events=["failure:node_failure", "requeue:node_failure"],
+    ),
+    "node failure, another node meets the job's constraint: keep it out": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(137),
+        nodes="node_down_while_held",
+        allocated=("node1",),
+        partition_nodes=("node1", "node2", "node3"),
+        constraint_nodes=frozenset({"node1", "node2", "node3"}),
         events=["failure:node_failure", "requeue:node_failure"],
         excluded=("node2",),
     ),
@@ -434,6 +458,7 @@ def test_decide(row: Row) -> None:
         row.preempting,
         row.partition_nodes,
         row.timed_out,
+        row.constraint_nodes,
     )
     history = History(JOB, 0, (*row.before, *row.since), row.since)
     decision = decide(history, row.outcome, cluster, Budgets(row.budgets, row.max_restarts))

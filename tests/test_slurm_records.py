@@ -44,6 +44,10 @@ RECORDS = {
     "stop_admin_requeued.txt": JobRecord(
         "25817003", "COMPLETING", None, 1, partition="batch", node_list="node1", batch_host="node1"
     ),
+    # sbatch -N 2 --constraint='fast&ib' (node1 and node2 given the features): Features= holds it.
+    "running_constrained.txt": JobRecord(
+        "22000006", "RUNNING", None, 0, partition="batch", node_list="node[1-2]", batch_host="node1", features="fast&ib"
+    ),
 }
 
 

@@ -13,6 +13,9 @@ decision table or with a stand-in Slurm:
   collective until its watchdog reports the hang; charged as a hang, not a crash, and requeued.
 - a preemption where the partition's GraceTime is 0 (Slurm's default): no grace, SIGTERM and then
   SIGKILL after KillWait (5 s here). The tasks save within KillWait, and nothing is redone.
+- a node lost by a 2-node job with `slurm.constraint=fast`, where no other node has the feature:
+  the requeue keeps no node out, since a job excluding one of the only two nodes it may run on
+  would wait for ever (Reason=BadConstraints), even once the node is back.
 
 Every run ends COMPLETED and bit-identical to an uninterrupted run of its config.
 """
@@ -31,15 +34,18 @@ import pytest
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
     events,
+    job_field,
     job_output,
     job_restarts,
     lift_requeue_hold,
+    node_state,
     of,
     same_weights,
     start_cluster,
     submit,
     train_locally,
     wait_finished,
+    wait_for_state,
     wait_for_step,
 )
 
@@ -223,4 +229,46 @@ def test_a_preemption_without_grace_saves_within_killwait_and_redoes_nothing(
     assert 0 < stop["deadline_s"] <= 5, stop
     starts = [(s["restart"], s["resumed_from_step"]) for s in of("start", run_dir)]
     assert starts == [(0, 0), (1, stop["step"])], events(run_dir)
+    assert_exact(run_dir, reference)
+
+
+@pytest.fixture
+def fast_nodes(slurm_env) -> Iterator[dict[str, str]]:
+    """node1 and node2 with the feature `fast` for one test (node3 without), then none again."""
+    features(slurm_env, "node1,node2", "fast")
+    yield slurm_env
+    features(slurm_env, "node1,node2", "")
+
+
+def features(env: dict[str, str], nodes: str, names: str) -> None:
+    subprocess.run(
+        ["scontrol", "update", f"nodename={nodes}", f"AvailableFeatures={names}", f"ActiveFeatures={names}"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+
+
+def test_a_node_lost_by_a_constrained_job_is_not_kept_out_when_no_other_node_has_its_features(
+    fast_nodes: dict[str, str], reference: Path, tmp_path: Path
+) -> None:
+    env, run_dir = fast_nodes, tmp_path / "run"
+    config = [c for c in CONFIG if not c.startswith("slurm.")]
+    (job_id,), _ = submit(env, run_dir, *config, "slurm.nodes=2", "slurm.ntasks_per_node=1", "slurm.constraint=fast")
+    wait_for_step(run_dir, FAULT_AT_STEP)
+    victim = next(n for n in of("start", run_dir)[0]["nodes"] if n != job_field(env, job_id, "BatchHost"))
+    node_state(env, victim, "down")
+    try:
+        wait_for_state(env, job_id, {"PENDING"}, 120)
+        lift_requeue_hold(env, job_id)
+        # ReturnToService=2 brings the node back at its next registration; the job, not kept
+        # from it, runs again there (before: ExcNodeList=node2, BadConstraints for ever).
+        assert wait_finished(env, job_id, timeout_s=END_TIMEOUT_S, lift_holds=True) == "COMPLETED", job_output(run_dir)
+    finally:
+        node_state(env, victim, "resume")
+    (lost,) = of("failure", run_dir)
+    assert (lost["cause"], lost["nodes"]) == ("node_failure", [victim]), events(run_dir)
+    (requeued,) = of("requeue", run_dir)
+    assert (requeued["cause"], requeued["excluded"]) == ("node_failure", []), events(run_dir)
+    assert victim not in (job_field(env, job_id, "ExcNodeList") or "")
     assert_exact(run_dir, reference)

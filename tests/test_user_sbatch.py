@@ -56,7 +56,8 @@ def test_srun_hpctrain_train_is_one_world_matching_local_processes(tmp_path: Pat
         assert all(torch.equal(got[k], expected[k]) for k in got), f"{run_dir.name} differs from local processes"
     for run_dir in (tmp_path / "named", tmp_path / "runs" / f"slurm-{job_id}"):
         (start,) = [e for e in events(run_dir) if e["event"] == "start"]
-        assert start["world_size"] == 2 and start["nodes"] == ["node1", "node2"] and start["job_id"] == job_id
+        # Two nodes, whichever Slurm chose (one a failed test left busy is passed over).
+        assert start["world_size"] == 2 and len(set(start["nodes"])) == 2 and start["job_id"] == job_id
         assert [e["step"] for e in events(run_dir) if e["event"] == "finish"] == [24]
     # One run dir per launch, nothing else beside them.
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [f"slurm-{job_id}"]

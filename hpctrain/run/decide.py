@@ -354,11 +354,14 @@ def _requeue_exclusion(keep_out: set[str], outcome: Outcome, cluster: ClusterVie
     spares): if keeping failed nodes out leaves Slurm fewer than that, the job would wait for
     ever once they are back (Reason=BadConstraints). Then only slurm.exclude stays: Slurm does not
     start a job on a node while it is down anyway. Counted are the nodes that could run it: its
-    partition's (not another partition's), and not drained by an administrator."""
+    partition's (not another partition's), with the features its --constraint asks for, and not
+    drained by an administrator."""
     needed = len(cluster.original or cluster.allocated)
     if not cluster.nodes:
         return keep_out
     pool = set(cluster.partition_nodes or cluster.nodes) - keep_out
+    if cluster.constraint_nodes is not None:
+        pool &= cluster.constraint_nodes
     usable = {n for n in pool if cluster.service(n) is not Service.DRAINED}
     if len(usable) >= needed:
         return keep_out

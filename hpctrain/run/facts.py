@@ -112,6 +112,9 @@ class ClusterView:
     # outlasted the limit): Slurm's SIGTERM to the batch shell is then the limit's, no scancel,
     # and the run's guardian submits the job again.
     timed_out: bool = False
+    # The nodes whose features meet the job's --constraint (hpctrain.slurm.constraints); None:
+    # the job has none, or it is not known which (every node counts).
+    constraint_nodes: frozenset[str] | None = None
 
     def service(self, node: str) -> Service:
         """A node sinfo does not list was removed: not in service. Without sinfo's answer at

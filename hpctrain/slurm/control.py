@@ -50,6 +50,7 @@ from hpctrain.run.jsonlines import locked
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm import client
+from hpctrain.slurm.constraints import nodes_meeting, parse_sinfo_features
 from hpctrain.slurm.env import parse_node_list
 from hpctrain.slurm.guardian import submit_guardian
 from hpctrain.slurm.records import JobRecord, parse_job_record, parse_partition
@@ -122,7 +123,19 @@ class Controller:
             timed_out=record is not None and record.timed_out,
             preempting=record is not None and record.preempt_time is not None,
             partition_nodes=tuple(self._partition_nodes(record)),
+            constraint_nodes=self._constraint_nodes(record),
         )
+
+    def _constraint_nodes(self, record: JobRecord | None) -> frozenset[str] | None:
+        if record is None or record.features is None:
+            return None  # no --constraint (or no record): every node counts
+        meaning = "every node counts for a requeue's exclusion, whatever the job's --constraint"
+        done = self._ask("sinfo", "-N", "-h", "-a", "-o", "%N|%f", meaning=meaning)
+        try:
+            return nodes_meeting(record.features, parse_sinfo_features(done.stdout)) if done.ok else None
+        except ValueError as error:
+            print(f"hpctrain: {error}; {meaning}", file=sys.stderr)
+            return None
 
     def _partition_nodes(self, record: JobRecord | None) -> list[str]:
         if record is None or record.partition is None:

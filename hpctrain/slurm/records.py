@@ -56,6 +56,8 @@ class JobRecord:
     exc_node_list: str | None = None
     # When Slurm chose this job for preemption (its grace runs from then); None when it did not.
     preempt_time: str | None = None
+    # The job's --constraint as Slurm shows it (Features=fast&ib); None when it has none.
+    features: str | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -116,6 +118,7 @@ def parse_job_record(line: str) -> JobRecord | None:
         batch_host=_value(batch_host),
         exc_node_list=_value(excluded),
         preempt_time=None if _value(preempt_time) in (None, "None") else preempt_time,
+        features=_value(_loose("Features", line)),
     )
 
 
