@@ -330,6 +330,26 @@ def node_state(env: dict[str, str], node: str, state: str) -> None:
     assert done.returncode == 0 or state == "resume", done.stderr
 
 
+def preempt_everything(env: dict[str, str]) -> str:
+    """Submit a 2-second job to the `urgent` partition needing every node exclusively: it
+    preempts every job in `batch` (PreemptMode=REQUEUE). Returns its job id."""
+    urgent = subprocess.run(
+        ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", "3", "-o", "/dev/null", "--wrap", "sleep 2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return urgent.stdout.strip().split(";")[0]
+
+
+def set_grace(env: dict[str, str], seconds: int) -> None:
+    """The `batch` partition's GraceTime (the time a preempted job has before Slurm's SIGKILL)."""
+    subprocess.run(
+        ["scontrol", "update", "partitionname=batch", f"GraceTime={seconds}"], env=env, check=True, capture_output=True
+    )
+
+
 def same_weights(a: Path, b: Path) -> bool:
     """model.pt of two run dirs, equal tensor for tensor and bit for bit."""
     import torch

@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from slurmtools import events, job_output, lift_requeue_hold, start_cluster, wait_finished, wait_for_step
+from slurmtools import (
+    events,
+    job_output,
+    lift_requeue_hold,
+    preempt_everything,
+    start_cluster,
+    wait_finished,
+    wait_for_step,
+)
 from test_render import make_config
 
 from hpctrain.slurm import git_state
@@ -212,16 +220,10 @@ def test_requeued_job_runs_the_code_it_was_submitted_with(tmp_path: Path) -> Non
     # every node preempts both, and they are requeued.
     (project / "usernet.py").write_text(textwrap.dedent(USERNET.format(version="new", scale=2.0)))
     subprocess.run([*GIT, "-C", str(project), "commit", "-qam", "new model"], check=True)
-    urgent = subprocess.run(
-        ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", "3", "-o", "/dev/null", "--wrap", "sleep 2"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    urgent = preempt_everything(env)
     for job_id in jobs.values():
         lift_requeue_hold(env, job_id)
-    assert wait_finished(env, urgent.stdout.strip().split(";")[0]) == "COMPLETED"
+    assert wait_finished(env, urgent) == "COMPLETED"
     for run_dir, job_id in jobs.items():
         assert wait_finished(env, job_id, timeout_s=600) == "COMPLETED", job_output(run_dir)
         starts = [e for e in events(run_dir) if e["event"] == "start"]

@@ -22,6 +22,8 @@ from slurmtools import (
     job_output,
     lift_requeue_hold,
     of,
+    preempt_everything,
+    set_grace,
     start_cluster,
     submit,
     wait_finished,
@@ -81,15 +83,9 @@ def wait_for_restart(run_dir: Path, timeout_s: float = 600) -> None:
 @pytest.fixture
 def env() -> Iterator[dict[str, str]]:
     env = start_cluster()
-    grace(env, GRACE_S)
+    set_grace(env, GRACE_S)
     yield env
-    grace(env, DEV_CLUSTER_GRACE_S)
-
-
-def grace(env: dict[str, str], seconds: int) -> None:
-    subprocess.run(
-        ["scontrol", "update", "partitionname=batch", f"GraceTime={seconds}"], env=env, check=True, capture_output=True
-    )
+    set_grace(env, DEV_CLUSTER_GRACE_S)
 
 
 def test_a_preempted_multi_gb_save_meets_the_grace_time_and_resumes_from_a_complete_checkpoint(
@@ -98,15 +94,9 @@ def test_a_preempted_multi_gb_save_meets_the_grace_time_and_resumes_from_a_compl
     run_dir = tmp_path / "big"
     (job_id,), _ = submit(env, run_dir, *BIG_GPT)
     wait_for_a_written_checkpoint(run_dir)
-    urgent = subprocess.run(
-        ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", "3", "-o", "/dev/null", "--wrap", "sleep 2"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    urgent = preempt_everything(env)
     lift_requeue_hold(env, job_id, timeout_s=300)
-    assert wait_finished(env, urgent.stdout.strip().split(";")[0]) == "COMPLETED"
+    assert wait_finished(env, urgent) == "COMPLETED"
     wait_for_restart(run_dir)
     subprocess.run(["scancel", job_id], env=env, check=True)
     wait_finished(env, job_id)

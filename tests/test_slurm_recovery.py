@@ -20,6 +20,7 @@ from slurmtools import (
     lift_requeue_hold,
     node_state,
     of,
+    preempt_everything,
     same_weights,
     start_cluster,
     submit,
@@ -50,15 +51,9 @@ def test_preemption_saves_at_the_signal_step_and_resumes_exactly(slurm_env, tmp_
     (job_id,), _ = submit(slurm_env, run_dir, *config)
     wait_for_step(run_dir, 60)
     # A job in the high-priority partition that needs every node preempts ours.
-    urgent = subprocess.run(
-        ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", "3", "-o", "/dev/null", "--wrap", "sleep 2"],
-        env=slurm_env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    urgent = preempt_everything(slurm_env)
     lift_requeue_hold(slurm_env, job_id)
-    assert wait_finished(slurm_env, urgent.stdout.strip().split(";")[0]) == "COMPLETED"
+    assert wait_finished(slurm_env, urgent) == "COMPLETED"
     assert wait_finished(slurm_env, job_id, timeout_s=600) == "COMPLETED", job_output(run_dir)
     saved = [e for e in of("checkpoint", run_dir) if e["reason"] == "preempt"]
     assert len(saved) == 1, events(run_dir)

@@ -17,6 +17,16 @@ decision table or with a stand-in Slurm:
   the requeue keeps no node out, since a job excluding one of the only two nodes it may run on
   would wait for ever (Reason=BadConstraints), even once the node is back.
 
+Overlapping faults, a second one while the first is still being recovered from:
+
+- a rank SIGSTOPped (a hang under way, its watchdog not yet firing), then an administrator's
+  `scontrol requeue`: Slurm's requeue, charged to preempt, neither a hang nor a crash.
+- with a spare: a node down, then a rank of the relaunched step SIGKILLed as soon as it trains:
+  the relaunch, then a crash and a requeue.
+- with a spare: two nodes down at once (a training node and the spare): no spare left to
+  relaunch on, a requeue that keeps no node out (the job holds every node of the cluster), the
+  job trains again once the nodes are back.
+
 Every run ends COMPLETED and bit-identical to an uninterrupted run of its config.
 """
 
@@ -26,6 +36,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,7 +51,9 @@ from slurmtools import (
     lift_requeue_hold,
     node_state,
     of,
+    preempt_everything,
     same_weights,
+    set_grace,
     start_cluster,
     submit,
     train_locally,
@@ -80,6 +93,7 @@ def rank_pid(job_id: str, rank: int) -> int:
     """The pid of the training task of `rank` in the job (srun starts it; its own children, such
     as data-loader workers, share its environment and are left out)."""
     found: dict[int, int] = {}  # pid -> parent pid
+    steps: dict[int, int] = {}  # pid -> its step's number
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -96,7 +110,9 @@ def rank_pid(job_id: str, rank: int) -> int:
             and environ.get("SLURM_STEP_ID") != "batch"
         ):
             found[int(entry.name)] = parent
-    tasks = [pid for pid, parent in found.items() if parent not in found]
+            steps[int(entry.name)] = int(environ["SLURM_STEP_ID"])
+    newest = max(steps.values(), default=None)  # a relaunch's step, not the one it replaced
+    tasks = [pid for pid, parent in found.items() if parent not in found and steps[pid] == newest]
     assert len(tasks) == 1, f"rank {rank} of job {job_id}: {found}"
     return tasks[0]
 
@@ -116,10 +132,22 @@ def stop_a_rank(env: dict[str, str], run_dir: Path, job_id: str) -> None:
     os.kill(rank_pid(job_id, 1), signal.SIGSTOP)
 
 
-FAULTS = {"admin_requeue": requeue_as_an_admin, "rank_sigkilled": kill_a_rank, "rank_sigstopped": stop_a_rank}
+def stop_a_rank_then_requeue(env: dict[str, str], run_dir: Path, job_id: str) -> None:
+    stop_a_rank(env, run_dir, job_id)
+    time.sleep(5)  # the peer waits in its collective; its watchdog would fire at 20 s
+    subprocess.run(["scontrol", "requeue", job_id], env=env, check=True, capture_output=True)
+
+
+FAULTS = {
+    "admin_requeue": requeue_as_an_admin,
+    "rank_sigkilled": kill_a_rank,
+    "rank_sigstopped": stop_a_rank,
+    "hang_then_admin_requeue": stop_a_rank_then_requeue,
+}
 # A stopped rank: its peer's watchdog reports the hang after 20 s without a step (hpctrain's own
 # setting, not Slurm's; the default is 900 s), well before the peer's collective timeout.
-EXTRA = {"rank_sigstopped": ["trainer.hang_timeout_s=20", "trainer.collective_timeout_s=600"]}
+WATCHED = ["trainer.hang_timeout_s=20", "trainer.collective_timeout_s=600"]
+EXTRA = {"rank_sigstopped": WATCHED, "hang_then_admin_requeue": WATCHED}
 
 
 def run_with_fault(env: dict[str, str], run_dir: Path, name: str) -> tuple[str, str]:
@@ -138,7 +166,7 @@ def assert_exact(run_dir: Path, reference: Path) -> None:
     assert same_weights(run_dir, reference), f"{run_dir.name}: not bit-identical to the uninterrupted run"
 
 
-def test_an_admin_requeue_a_killed_rank_and_a_stopped_rank_while_training_side_by_side(
+def test_admin_requeue_killed_rank_stopped_rank_and_both_while_training_side_by_side(
     slurm_env, reference: Path, tmp_path: Path
 ) -> None:
     runs = {name: tmp_path / name for name in FAULTS}
@@ -182,6 +210,15 @@ def test_an_admin_requeue_a_killed_rank_and_a_stopped_rank_while_training_side_b
     assert of("start", stopped)[1]["resumed_from_step"] >= FAULT_AT_STEP - 20, events(stopped)
     assert job_restarts(slurm_env, stopped_job) == 1
 
+    # A hang under way, then an admin's requeue before the watchdog fires: Slurm's requeue,
+    # charged to preempt; no hang, no crash. The ranks may or may not reach a step boundary to
+    # save within KillWait (the stopped one gets SIGCONT with its SIGTERM): either way the next
+    # life resumes from the newest complete checkpoint.
+    overlapped, (overlapped_job, _) = runs["hang_then_admin_requeue"], ended["hang_then_admin_requeue"]
+    assert [(e["cause"], e.get("by")) for e in of("requeue", overlapped)] == [("preempt", "slurm")], events(overlapped)
+    assert of("failure", overlapped) == [], events(overlapped)
+    assert job_restarts(slurm_env, overlapped_job) == 1
+
 
 @pytest.fixture
 def zero_grace(slurm_env) -> Iterator[dict[str, str]]:
@@ -196,12 +233,6 @@ def zero_grace(slurm_env) -> Iterator[dict[str, str]]:
     set_grace(slurm_env, int(before.group(1)))
 
 
-def set_grace(env: dict[str, str], seconds: int) -> None:
-    subprocess.run(
-        ["scontrol", "update", "partitionname=batch", f"GraceTime={seconds}"], env=env, check=True, capture_output=True
-    )
-
-
 def test_a_preemption_without_grace_saves_within_killwait_and_redoes_nothing(
     zero_grace: dict[str, str], reference: Path, tmp_path: Path
 ) -> None:
@@ -209,15 +240,9 @@ def test_a_preemption_without_grace_saves_within_killwait_and_redoes_nothing(
     (job_id,), _ = submit(env, run_dir, *CONFIG)
     wait_for_step(run_dir, FAULT_AT_STEP)
     # A job in the high-priority partition that needs every node preempts ours at once.
-    urgent = subprocess.run(
-        ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", "3", "-o", "/dev/null", "--wrap", "sleep 2"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    urgent = preempt_everything(env)
     lift_requeue_hold(env, job_id)
-    assert wait_finished(env, urgent.stdout.strip().split(";")[0]) == "COMPLETED"
+    assert wait_finished(env, urgent) == "COMPLETED"
     assert wait_finished(env, job_id, timeout_s=END_TIMEOUT_S, lift_holds=True) == "COMPLETED", job_output(run_dir)
 
     assert [e["cause"] for e in of("requeue", run_dir)] == ["preempt"], events(run_dir)
@@ -271,4 +296,70 @@ def test_a_node_lost_by_a_constrained_job_is_not_kept_out_when_no_other_node_has
     (requeued,) = of("requeue", run_dir)
     assert (requeued["cause"], requeued["excluded"]) == ("node_failure", []), events(run_dir)
     assert victim not in (job_field(env, job_id, "ExcNodeList") or "")
+    assert_exact(run_dir, reference)
+
+
+WITH_SPARE = [c for c in CONFIG if not c.startswith("slurm.")] + [
+    "slurm.nodes=2",
+    "slurm.ntasks_per_node=1",
+    "slurm.spare_nodes=1",
+]
+
+
+def wait_for_event(run_dir: Path, kind: str, count: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(of(kind, run_dir)) < count:
+        assert time.monotonic() < deadline, f"no {count} `{kind}` within {timeout_s} s: {events(run_dir)}"
+        time.sleep(0.2)
+
+
+def test_a_node_down_then_a_rank_killed_in_the_relaunched_step(slurm_env, reference: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (job_id,), _ = submit(slurm_env, run_dir, *WITH_SPARE)
+    wait_for_step(run_dir, FAULT_AT_STEP)
+    victim = next(n for n in of("start", run_dir)[0]["nodes"] if n != job_field(slurm_env, job_id, "BatchHost"))
+    node_state(slurm_env, victim, "down")
+    try:
+        wait_for_event(run_dir, "start", 2)  # the relaunched step trains (on the spare)
+        os.kill(rank_pid(job_id, 1), signal.SIGKILL)
+        assert wait_finished(slurm_env, job_id, timeout_s=END_TIMEOUT_S, lift_holds=True) == "COMPLETED", job_output(
+            run_dir
+        )
+    finally:
+        node_state(slurm_env, victim, "resume")
+    journal = events(run_dir)
+    assert [e["cause"] for e in of("failure", run_dir)] == ["node_failure", "crash"], journal
+    assert of("failure", run_dir)[0]["nodes"] == [victim], journal
+    assert [e["cause"] for e in of("relaunch", run_dir)] == ["node_failure"], journal
+    assert [e["cause"] for e in of("requeue", run_dir)] == ["crash"], journal
+    assert job_restarts(slurm_env, job_id) == 1
+    assert_exact(run_dir, reference)
+
+
+def test_two_nodes_down_at_once_with_one_spare(slurm_env, reference: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (job_id,), _ = submit(slurm_env, run_dir, *WITH_SPARE)
+    wait_for_step(run_dir, FAULT_AT_STEP)
+    batch_host = job_field(slurm_env, job_id, "BatchHost")
+    others = sorted({"node1", "node2", "node3"} - {batch_host})  # a training node and the spare
+    for node in others:
+        node_state(slurm_env, node, "down")
+    try:
+        wait_for_state(slurm_env, job_id, {"PENDING"}, 120)
+        lift_requeue_hold(slurm_env, job_id)
+        # ReturnToService=2 brings both back at their next registration; the job, holding every
+        # node of the cluster, waits for them and trains again.
+        assert wait_finished(slurm_env, job_id, timeout_s=END_TIMEOUT_S, lift_holds=True) == "COMPLETED", job_output(
+            run_dir
+        )
+    finally:
+        for node in others:
+            node_state(slurm_env, node, "resume")
+    journal = events(run_dir)
+    assert of("relaunch", run_dir) == [], journal  # no spare left to relaunch on
+    (lost,) = of("failure", run_dir)
+    assert lost["cause"] == "node_failure" and set(lost["nodes"]) <= set(others) and lost["nodes"], journal
+    (requeued,) = of("requeue", run_dir)
+    assert (requeued["cause"], requeued["excluded"]) == ("node_failure", []), journal
+    assert job_restarts(slurm_env, job_id) == 1
     assert_exact(run_dir, reference)

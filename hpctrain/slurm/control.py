@@ -42,6 +42,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hpctrain import faults
 from hpctrain.config.schema import SlurmConfig
 from hpctrain.run import exitcodes
+from hpctrain.run.before_requeue import BeforeRequeue, before_requeue
 from hpctrain.run.causes import Cause
 from hpctrain.run.decide import Decision, History, decide, decide_begin, decide_cancelled, lineage
 from hpctrain.run.events import Failure, Journal, read_events
@@ -246,10 +247,13 @@ class Controller:
         # grant the requeue of the cancelled job all the same (22.05: Restarts=1, PENDING), and it
         # would come back. The user's word stands. Slurm requeuing it already: nothing to ask.
         record = self._job_record(meaning="asking for the requeue all the same", policy=TRAP_LOOK)
-        if record is not None and self._restarted_past_me(record):
+        look = before_requeue(
+            record.restarts if record else None, record is not None and record.being_ended, self.restart
+        )
+        if look is BeforeRequeue.REQUEUED_ALREADY:
             print("hpctrain: Slurm is requeuing this job already", file=sys.stderr)
             return exitcodes.BATCH_REQUEUED
-        if record is not None and record.being_ended:
+        if look is BeforeRequeue.CANCELLED:
             with locked(self.run.events):
                 self._record(decide_cancelled(self.history()))
             print("hpctrain: the job was cancelled while its step ended: no requeue", file=sys.stderr)
