@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers.paced import PAUSE_ENV
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
     events,
@@ -67,45 +65,6 @@ def test_preemption_saves_at_the_signal_step_and_resumes_exactly(slurm_env, tmp_
     assert stops == [(saved[0]["step"], "preempt", job_id, 0)], events(run_dir)
     reference = tmp_path / "reference"
     train_locally(slurm_env, reference, *config, "trainer.nprocs=2")
-    assert same_weights(run_dir, reference)
-
-
-def test_time_limit_requeues_until_done(slurm_env, tmp_path: Path) -> None:
-    run_dir = tmp_path / "timelimited"
-    # 1-minute allocations, warned 40 s ahead (Slurm may warn up to a minute early). Each step
-    # takes at least 42 ms in the job, so its 1500 steps need over 63 s of training: more than one
-    # allocation on any machine. The reference trains the same config without the pause.
-    config = [
-        *RUN,
-        "model._target_=helpers.paced.PacedConvNet",
-        "trainer.max_steps=1500",
-        "slurm.time=1",
-        "slurm.signal_delay_s=40",
-    ]
-    paced_env = {**slurm_env, PAUSE_ENV: "0.042", "PYTHONPATH": with_test_helpers(slurm_env)}
-    (job_id,), _ = submit(paced_env, run_dir, *config)
-    # The paced job leaves the CPU mostly idle: the unpaced reference trains meanwhile.
-    reference = tmp_path / "reference"
-    reference_run = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={reference}", *config],
-        env={**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert wait_finished(slurm_env, job_id, timeout_s=900, lift_holds=True) == "COMPLETED", job_output(run_dir)
-    requeues = of("requeue", run_dir)
-    assert requeues and {e["cause"] for e in requeues} == {"timelimit"}, events(run_dir)
-    # Every life but the last was requeued for its time limit, and the last one trained to the end.
-    # A life warned while it was still starting (torch importing on a loaded node) is requeued before
-    # its worker writes `start`, so lives are counted by their restart numbers, not by start events.
-    assert sorted(e["restart"] for e in requeues) == list(range(len(requeues))), events(run_dir)
-    assert of("start", run_dir)[-1]["restart"] == len(requeues), events(run_dir)
-    stops = of("stop", run_dir)
-    assert stops and {(e["reason"], e["job_id"]) for e in stops} == {("timelimit", job_id)}, events(run_dir)
-    assert of("finish", run_dir)[0]["step"] == 1500
-    output, _ = reference_run.communicate(timeout=600)
-    assert reference_run.returncode == 0, output[-3000:]
     assert same_weights(run_dir, reference)
 
 
