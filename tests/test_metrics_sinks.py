@@ -38,6 +38,16 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+
+@pytest.fixture(scope="module", autouse=True)
+def sink_readers() -> None:
+    """The readers imported once the module runs, before any run is started and polled: a first
+    import inside a poll takes seconds of a loaded machine, long enough for a paced run to end
+    before the test sees the step it waits for."""
+    import mlflow.tracking  # noqa: F401
+    import tensorboard.backend.event_processing.event_accumulator  # noqa: F401
+
+
 PACED_MODULE = '''
 import os
 import time
