@@ -87,8 +87,10 @@ CELLS = {
     # The test requeues it (`scontrol requeue`, as an administrator) 3 s into this wait.
     "admin_requeue_during_setup": ([], "batch.setup=sleep:20"),
     # The test scancels it once the requeue is decided, in this wait: SIGTERM is ignored from the
-    # decision on, and the control step then runs well inside KillWait (5 s on the dev cluster).
-    "scancel_during_requeue": ([], f"{PREEMPTED_AT_START},batch.before_requeue=sleep:2"),
+    # decision on. 4 s: the test sees the decision in the job's output and scancels within it (a
+    # loaded CI machine took over 2 s, and its scancel then hit the requeued job), and the control
+    # step still has a second or more of KillWait (5 s on the dev cluster) after the wait.
+    "scancel_during_requeue": ([], f"{PREEMPTED_AT_START},batch.before_requeue=sleep:4"),
 }
 DECIDED = "hpctrain: step ended with 76: requeue"  # 76: the workers saved for a SIGTERM
 ADMIN_REQUEUE_AFTER_S = 3.0
