@@ -13,6 +13,9 @@ environment variable HPCTRAIN_FAULT_POINTS arms it:
     term        SIGTERM this process (a signal at exactly this moment)
     signal:NAME that signal to this process (signal:USR2: the time-limit warning)
     sleep:S     wait S seconds, then go on
+    gate:S      write NAME.reached in $HPCTRAIN_FAULT_GATES, then wait until the test writes
+                NAME.open there (at most S seconds): the test acts while the process is held
+                exactly here, however slow the machine is
     exit:N      leave at once with exit code N (os._exit: no cleanup)
 
 A point fires once per process, the first time it is reached, unless its action ends in `@K`
@@ -38,8 +41,11 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 ENV = "HPCTRAIN_FAULT_POINTS"
+GATES_ENV = "HPCTRAIN_FAULT_GATES"  # the folder of gate:S's NAME.reached and NAME.open files
+GATE_POLL_S = 0.05
 
 # Every point in the code, and the moment it marks.
 POINTS = {
@@ -63,7 +69,7 @@ POINTS = {
 
 @dataclass(frozen=True)
 class Armed:
-    action: str  # kill, stop, term, signal, sleep, exit
+    action: str  # kill, stop, term, signal, sleep, gate, exit
     value: float = 0.0  # sleep's seconds, exit's code, signal's number
     on_hit: int = 1  # fire the K-th time the point is reached
     life: int = 1  # only in this life of a Slurm job (SLURM_RESTART_COUNT life-1; 1 outside Slurm)
@@ -84,11 +90,14 @@ def parse(text: str) -> dict[str, Armed]:
                 f"{ENV}: {item!r}: the batch script reaches its points once per life; name the life with /L"
             )
         action, _, value = spec.partition(":")
-        valued = ("sleep", "exit", "signal")
+        valued = ("sleep", "exit", "signal", "gate")
         if action not in ("kill", "stop", "term", *valued) or (action in valued) != bool(value):
             raise ValueError(
-                f"{ENV}: {item!r}: the action is kill, stop, term, signal:NAME, sleep:SECONDS or exit:CODE"
+                f"{ENV}: {item!r}: the action is kill, stop, term, signal:NAME, sleep:SECONDS, gate:SECONDS "
+                "or exit:CODE"
             )
+        if action == "gate" and not os.environ.get(GATES_ENV):
+            raise ValueError(f"{ENV}: {item!r}: a gate needs {GATES_ENV}, the folder its files go in")
         if action == "signal":
             number = getattr(signal, f"SIG{value}", None)
             if not isinstance(number, signal.Signals):
@@ -128,11 +137,30 @@ def point(name: str, target: int | None = None) -> None:
         return
     if armed.action == "sleep":
         time.sleep(armed.value)
+    elif armed.action == "gate":
+        hold_at_gate(name, armed.value)
     elif armed.action == "exit":
         os._exit(int(armed.value))
     else:
         named = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
         os.kill(os.getpid() if target is None else target, named.get(armed.action) or int(armed.value))
+
+
+def gate_files(folder: Path, name: str) -> tuple[Path, Path]:
+    """(NAME.reached, NAME.open) of a gate in `folder`: the process writes the first, the test
+    the second."""
+    return folder / f"{name}.reached", folder / f"{name}.open"
+
+
+def hold_at_gate(name: str, timeout_s: float) -> None:
+    reached, opened = gate_files(Path(os.environ[GATES_ENV]), name)
+    reached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = reached.with_suffix(".tmp")
+    tmp.write_text(f"{os.getpid()}\n")
+    tmp.replace(reached)  # whole or absent: the test may read it at any moment
+    deadline = time.monotonic() + timeout_s
+    while not opened.exists() and time.monotonic() < deadline:
+        time.sleep(GATE_POLL_S)
 
 
 def main(argv: list[str]) -> int:

@@ -13,6 +13,7 @@ import json
 import shlex
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from slurmtools import (
 from test_render import make_config
 
 from hpctrain.slurm import git_state
-from hpctrain.slurm.code_snapshot import MANIFEST, CodeSnapshot, is_installed_library, targets_in
+from hpctrain.slurm.code_snapshot import MANIFEST, CodeSnapshot, installed_beside, is_installed_library, targets_in
 from hpctrain.slurm.render import render
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org"]
@@ -109,6 +110,45 @@ def test_snapshot_copies_user_code_and_records_libraries(tmp_path: Path, monkeyp
     torch_dir = str(Path(torch.__file__).parent)
     assert manifest["libraries"] == {"torch": torch_dir, "builtins": "built-in", "dict": "built-in"}
     assert manifest["git"][0]["root"] == str(project.resolve()) and manifest["bytes"] > 0
+
+
+def _site_folder(folder: Path, *names: str) -> Path:
+    """A folder on PYTHONPATH as `module load pytorch` gives one: links to what pip installed
+    here (the packages and their real *.dist-info records), outside this Python's own folders."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    folder.mkdir()
+    for pattern in names:
+        for entry in site.glob(pattern):
+            (folder / entry.name).symlink_to(entry)
+    return folder
+
+
+def test_libraries_on_a_site_folder_are_recorded_not_copied(tmp_path: Path) -> None:
+    modules = _site_folder(tmp_path / "modules", "torch", "torch-*.dist-info", "typing_extensions*")
+    # torch's record has a top_level.txt; typing_extensions (built by flit) only a RECORD naming
+    # its one file. A folder of links resolves into site-packages, also looked at.
+    assert installed_beside(modules / "torch", "torch")
+    assert installed_beside(modules / "typing_extensions.py", "typing_extensions")
+    # Linked without its record: the link resolves into site-packages, whose record names it.
+    assert installed_beside(_site_folder(tmp_path / "links", "torch") / "torch", "torch")
+    # The user's checkout: setuptools left an egg-info there when it built the editable install.
+    project = tmp_path / "proj"
+    (project / "userpkg.egg-info").mkdir(parents=True)
+    (project / "userpkg.egg-info" / "top_level.txt").write_text("userpkg\n")
+    (project / "userpkg").mkdir()
+    assert not installed_beside(project / "userpkg", "userpkg")
+    # torch's record does not claim a user's package that happens to sit beside it.
+    (modules / "mymodel.py").write_text("A = 1\n")
+    assert not installed_beside(modules / "mymodel.py", "mymodel")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(modules))
+        patch.delitem(sys.modules, "typing_extensions", raising=False)
+        snapshot = CodeSnapshot(tmp_path / "run" / "code")
+        snapshot.include(["typing_extensions.Literal", "mymodel.Net"], tmp_path)
+    manifest = json.loads((tmp_path / "run" / "code" / MANIFEST).read_text())
+    assert manifest["libraries"] == {"typing_extensions": str(modules / "typing_extensions.py")}
+    assert set(manifest["modules"]) == {"mymodel"} and (tmp_path / "run" / "code" / "mymodel.py").is_file()
 
 
 def test_rendered_script_imports_the_snapshot_first(tmp_path: Path) -> None:

@@ -167,3 +167,32 @@ def test_an_unarmed_point_costs_a_lookup() -> None:
     for _ in range(100_000):
         faults.point("checkpoint.between_renames")
     assert (time.perf_counter() - started) / 100_000 < 5e-6  # well under a microsecond here
+
+
+def test_a_gate_holds_its_process_exactly_there_until_the_test_opens_it(tmp_path: Path) -> None:
+    """gate:S: the test acts while the process is held at the point, however slow the machine."""
+    code = "from hpctrain import faults\nfaults.point('batch.before_requeue')\nprint('after', flush=True)"
+    env = {"PATH": "/usr/bin:/bin", faults.ENV: "batch.before_requeue=gate:60", faults.GATES_ENV: str(tmp_path)}
+    held = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    reached, opened = faults.gate_files(tmp_path, "batch.before_requeue")
+    try:
+        deadline = time.monotonic() + 30
+        while not reached.exists():
+            assert time.monotonic() < deadline and held.poll() is None, "the gate was never reached"
+            time.sleep(0.02)
+        assert reached.read_text() == f"{held.pid}\n"
+        time.sleep(0.3)
+        assert held.poll() is None  # still held
+        opened.touch()
+        output, _ = held.communicate(timeout=30)
+        assert (held.returncode, output) == (0, "after\n")
+    finally:
+        held.kill()
+
+
+def test_a_gate_is_armed_only_with_its_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(faults.GATES_ENV, raising=False)
+    with pytest.raises(ValueError, match=f"a gate needs {faults.GATES_ENV}"):
+        faults.parse("batch.setup=gate:30")
+    monkeypatch.setenv(faults.GATES_ENV, str(tmp_path))
+    assert faults.parse("batch.setup=gate:30") == {"batch.setup": Armed("gate", 30.0)}

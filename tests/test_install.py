@@ -188,6 +188,9 @@ def _submits_find_templates_and_the_launcher(python: Path, work: Path, home: Pat
     snapshot = json.loads((work / "single" / "code" / "snapshot.json").read_text())
     assert Path(snapshot["hpctrain"]["installed_at"]).resolve() == home / "hpctrain"
     assert (work / "single" / "code" / "hpctrain" / "conf" / "config.yaml").is_file()
+    # torch comes from a folder on a .pth line, outside this venv (as a site's `module load`
+    # gives it): its installer's record says it is a library, recorded and never copied.
+    assert "torch" in snapshot["libraries"] and not (work / "single" / "code" / "torch").exists(), snapshot
 
     # A sweep needs Hydra to discover hpctrain's sweeper and launcher through this install.
     _run([str(scripts / "hpctrain-submit"), "-m", "dry_run=true", "optim.lr=1e-3,2e-3", "hydra.sweep.dir=sweep"], work)

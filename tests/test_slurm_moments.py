@@ -50,7 +50,6 @@ from slurmtools import (
     start_cluster,
     submit,
     wait_finished,
-    wait_for_output,
     wait_for_state,
     with_test_helpers,
 )
@@ -74,6 +73,7 @@ PAUSE_S = "0.1"
 # A preemption's SIGTERM to the task after its stop handlers, before the process group: it
 # stops after its first step, saved, and the batch script decides a requeue (preempt).
 PREEMPTED_AT_START = "worker.before_rendezvous=term"
+GATE_S = 300  # a bound for a test that never opens the gate; opened within a second
 CELLS = {
     "timelimit_during_after_step": (
         ["slurm.time=00:01:00", "slurm.signal_delay_s=30"],
@@ -86,11 +86,10 @@ CELLS = {
     "warning_during_setup": ([], "batch.setup=signal:USR2"),
     # The test requeues it (`scontrol requeue`, as an administrator) 3 s into this wait.
     "admin_requeue_during_setup": ([], "batch.setup=sleep:20"),
-    # The test scancels it once the requeue is decided, in this wait: SIGTERM is ignored from the
-    # decision on. 4 s: the test sees the decision in the job's output and scancels within it (a
-    # loaded CI machine took over 2 s, and its scancel then hit the requeued job), and the control
-    # step still has a second or more of KillWait (5 s on the dev cluster) after the wait.
-    "scancel_during_requeue": ([], f"{PREEMPTED_AT_START},batch.before_requeue=sleep:4"),
+    # Held at the decision (a gate) until the test has scancelled it: SIGTERM is ignored from the
+    # decision on, and the test acts at exactly this moment however loaded the machine is (a
+    # timed wait lost the race on a loaded CI machine: the scancel hit the requeued job).
+    "scancel_during_requeue": ([], f"{PREEMPTED_AT_START},batch.before_requeue=gate:{GATE_S}"),
 }
 DECIDED = "hpctrain: step ended with 76: requeue"  # 76: the workers saved for a SIGTERM
 ADMIN_REQUEUE_AFTER_S = 3.0
@@ -121,8 +120,16 @@ def run_to_the_end(env: dict[str, str], run_dir: Path, first_job: str) -> tuple[
     if run_dir.name == "admin_requeue_during_setup":
         requeue_as_an_admin(env, first_job)
     if run_dir.name == "scancel_during_requeue":
-        wait_for_output(run_dir, DECIDED, 180)
+        reached, opened = faults.gate_files(gates_of(run_dir), "batch.before_requeue")
+        deadline = time.monotonic() + 180
+        while not reached.exists():
+            assert time.monotonic() < deadline, f"the requeue was never decided\n{job_output(run_dir)}"
+            time.sleep(0.1)
+        assert DECIDED in job_output(run_dir)
+        # scancel returns once slurmctld marked the job CANCELLED: the control step, let go now,
+        # finds it so with KillWait (5 s here) to spare.
         subprocess.run(["scancel", first_job], env=env, check=True)
+        opened.touch()
     deadline = time.monotonic() + END_TIMEOUT_S
     first_state = wait_for_state(env, first_job, ENDED, END_TIMEOUT_S, lift_holds=True)
     while True:
@@ -134,6 +141,11 @@ def run_to_the_end(env: dict[str, str], run_dir: Path, first_job: str) -> tuple[
             wait_for_state(env, guardian, {*ENDED, "CANCELLED"}, max(1.0, deadline - time.monotonic()))
         if current_job(run_dir) == job:
             return first_state, state
+
+
+def gates_of(run_dir: Path) -> Path:
+    """The folder of a cell's gate files (hpctrain.faults: gate:S)."""
+    return run_dir.parent / "gates" / run_dir.name
 
 
 def json_field(run_dir: Path, name: str) -> str | None:
@@ -155,7 +167,13 @@ def test_faults_at_the_batch_scripts_worst_moments_side_by_side(slurm_env, tmp_p
     try:
         with ThreadPoolExecutor(max_workers=len(CELLS)) as pool:  # every cell watched at once
             submitted = {
-                name: pool.submit(submit, {**env, PAUSE_ENV: PAUSE_S, faults.ENV: arming}, runs[name], *TRAIN, *config)
+                name: pool.submit(
+                    submit,
+                    {**env, PAUSE_ENV: PAUSE_S, faults.ENV: arming, faults.GATES_ENV: str(gates_of(runs[name]))},
+                    runs[name],
+                    *TRAIN,
+                    *config,
+                )
                 for name, (config, arming) in CELLS.items()
             }
             jobs = {name: future.result()[0][0] for name, future in submitted.items()}

@@ -7,16 +7,21 @@ a `code/` folder (the run dir's, or the sweep dir's, shared by its points), and 
 puts that folder first on PYTHONPATH for every task and control step of every life of the job.
 
 What is copied: hpctrain's package, and the top-level package (or module) of every `_target_` in
-the config that lives outside the Python installation (your project's code, an editable install,
-a folder on PYTHONPATH). Installed libraries (torch, torchvision, ...) are not copied: they are
-recorded with where they came from. Where that code is a git checkout, `snapshot.json` records
-the commit and `git-<n>.diff` the uncommitted changes to tracked files, so the run can be traced
-back to a commit even after the snapshot is deleted.
+the config that is your code (your project, an editable install, a folder of sources on
+PYTHONPATH). Installed libraries (torch, torchvision, ...) are not copied: they are recorded with
+where they came from. A library is code inside the Python installation, or code an installer
+recorded beside it (a `*.dist-info` in the same folder naming it): a site's `module load pytorch`
+puts such a folder on PYTHONPATH, and copying its torch would write a gigabyte per submit.
+
+Where the copied code is a git checkout, `snapshot.json` records the commit and `git-<n>.diff`
+the uncommitted changes to tracked files, so the run can be traced back to a commit even after
+the snapshot is deleted.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -70,6 +75,28 @@ def _library_dirs() -> list[Path]:
 def is_installed_library(path: Path, library_dirs: Iterable[Path]) -> bool:
     resolved = path.resolve()
     return any(resolved == d or d in resolved.parents for d in (d.resolve() for d in library_dirs))
+
+
+def installed_beside(source: Path, top: str) -> bool:
+    """Whether an installer (pip, conda, uv) recorded `top` in a `*.dist-info` of the folder that
+    holds `source`, the folder as named or as its links resolve. An editable install's record
+    lives in site-packages, never beside the checkout, so the user's own code is never taken
+    for a library. (An `*.egg-info` beside it proves nothing: setuptools leaves one in the
+    source tree it builds from.)"""
+    folders = {source.parent, source.resolve().parent}
+    records = sorted(info for folder in folders for info in folder.glob("*.dist-info") if info.is_dir())
+    for dist in map(importlib.metadata.PathDistribution, records):
+        if top in (dist.read_text("top_level.txt") or "").split():
+            return True
+        # RECORD lists every installed file, relative to the folder: the package's own folder,
+        # or a module's file (`top.py`, `top.cpython-311-x86_64-linux-gnu.so`).
+        for file in dist.files or []:
+            first = file.parts[0]
+            if first == top or (
+                len(file.parts) == 1 and first.split(".", 1)[0] == top and first.endswith((".py", ".so", ".pyd"))
+            ):
+                return True
+    return False
 
 
 def module_source(module: ModuleType) -> Path | None:
@@ -155,7 +182,7 @@ class CodeSnapshot:
                 f"slurm.code_snapshot: cannot tell which files make up {top!r} to copy them; "
                 "set slurm.code_snapshot=false to run it from where it is installed"
             )
-        if is_installed_library(source, self._libraries):
+        if is_installed_library(source, self._libraries) or installed_beside(source, top):
             self.manifest["libraries"][top] = str(source)
             return
         target = self.folder / source.name
