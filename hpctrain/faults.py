@@ -19,9 +19,11 @@ environment variable HPCTRAIN_FAULT_POINTS arms it:
     exit:N      leave at once with exit code N (os._exit: no cleanup)
 
 A point fires once per process, the first time it is reached, unless its action ends in `@K`
-(`kill@3`: the third time). Unarmed (the variable unset, as in every normal run) a point is one
-dictionary lookup. The points are listed in POINTS; arming an unknown name is refused, so a
-test cannot arm a point that no longer exists and pass without its fault.
+(`kill@3`: the third time), and in every training process, unless `#R` names one global rank
+(`stop#1`: rank 1 alone, a peer that stops answering while the others go on). Unarmed (the
+variable unset, as in every normal run) a point is one dictionary lookup. The points are listed
+in POINTS; arming an unknown name is refused, so a test cannot arm a point that no longer exists
+and pass without its fault.
 
 In a Slurm job a point fires in the job's first life only, or in the life `/L` names
 (`kill@40/2`: the 40th step of the second life, SLURM_RESTART_COUNT 1): a requeued job runs
@@ -73,22 +75,26 @@ class Armed:
     value: float = 0.0  # sleep's seconds, exit's code, signal's number
     on_hit: int = 1  # fire the K-th time the point is reached
     life: int = 1  # only in this life of a Slurm job (SLURM_RESTART_COUNT life-1; 1 outside Slurm)
+    rank: int | None = None  # only in the training process of this global rank (None: every one)
 
 
 def parse(text: str) -> dict[str, Armed]:
-    """`name=action[:value][@K][/L],...`; ValueError naming what is wrong."""
+    """`name=action[:value][@K][/L][#R],...`; ValueError naming what is wrong."""
     armed: dict[str, Armed] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, spec = item.partition("=")
         if not sep or name not in POINTS:
             known = ", ".join(sorted(POINTS))
             raise ValueError(f"{ENV}: {item!r} is not NAME=ACTION with a known point ({known})")
+        spec, _, rank = spec.partition("#")
         spec, _, life = spec.partition("/")
         spec, _, hit = spec.partition("@")
         if hit and name.startswith("batch."):
             raise ValueError(
                 f"{ENV}: {item!r}: the batch script reaches its points once per life; name the life with /L"
             )
+        if rank and name.startswith(("batch.", "control.")):
+            raise ValueError(f"{ENV}: {item!r}: #R names a training process; the batch script has no rank")
         action, _, value = spec.partition(":")
         valued = ("sleep", "exit", "signal", "gate")
         if action not in ("kill", "stop", "term", *valued) or (action in valued) != bool(value):
@@ -104,9 +110,9 @@ def parse(text: str) -> dict[str, Armed]:
                 raise ValueError(f"{ENV}: {item!r}: {value!r} is not a signal name (TERM, USR2, ...)")
             value = str(int(number))
         try:
-            armed[name] = Armed(action, float(value or 0), int(hit or 1), int(life or 1))
+            armed[name] = Armed(action, float(value or 0), int(hit or 1), int(life or 1), int(rank) if rank else None)
         except ValueError:
-            raise ValueError(f"{ENV}: {item!r}: SECONDS, CODE, @K and /L are numbers") from None
+            raise ValueError(f"{ENV}: {item!r}: SECONDS, CODE, @K, /L and #R are numbers") from None
     return armed
 
 
@@ -124,13 +130,29 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Armed]:
 
 _armed = _from_env(os.environ)
 _hits: dict[str, int] = {}
+_rank: int | None = None  # set_rank's, once the process knows its place
+
+
+def set_rank(rank: int) -> None:
+    """This training process's global rank, for the points armed with `#R`: a process spawned by
+    the local launcher has no rank in its environment."""
+    global _rank
+    _rank = rank
+
+
+def rank_of(environ: Mapping[str, str]) -> int | None:
+    """The global rank a point armed with `#R` compares: set_rank's, else srun's or torchrun's."""
+    if _rank is not None:
+        return _rank
+    text = environ.get("SLURM_PROCID") or environ.get("RANK")
+    return int(text) if text and text.isdigit() else None
 
 
 def point(name: str, target: int | None = None) -> None:
     """The moment `name` (one of POINTS): act if armed, else nothing. `target`: the process a
     signal goes to (the batch shell for `python -m hpctrain.faults`), else this one."""
     armed = _armed.get(name)
-    if armed is None:
+    if armed is None or (armed.rank is not None and armed.rank != rank_of(os.environ)):
         return
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] != armed.on_hit:

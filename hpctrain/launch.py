@@ -24,7 +24,7 @@ from hpctrain import worker
 from hpctrain.early_signals import EarlySignals
 from hpctrain.errors import UserError
 from hpctrain.run.causes import StopReason
-from hpctrain.run.exitcodes import WORKER_USER_ERROR
+from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_USER_ERROR
 from hpctrain.steprun import world_rank
 
 log = logging.getLogger(__name__)
@@ -133,17 +133,19 @@ def _wait_all(ranks: Sequence[BaseProcess]) -> tuple[int, int] | None:
             ranks[index].join()
             exit_code = ranks[index].exitcode or 0
             if exit_code != 0:
-                _end_the_others(ranks)
+                # After a hang the others are stuck in the same collective (or stopped, as the
+                # silent peer that caused it): a SIGTERM cannot reach their handlers, so no grace.
+                _end_the_others(ranks, 0.0 if exit_code == WORKER_HUNG else FAILED_RANK_GRACE_S)
                 return index, exit_code
     return None
 
 
-def _end_the_others(ranks: Sequence[BaseProcess]) -> None:
+def _end_the_others(ranks: Sequence[BaseProcess], grace_s: float) -> None:
     alive = [rank for rank in ranks if rank.is_alive()]
     for rank in alive:
         log.warning("ending training process %s (pid %s): another one failed", rank.name, rank.pid)
         rank.terminate()
-    deadline = time.monotonic() + FAILED_RANK_GRACE_S
+    deadline = time.monotonic() + grace_s
     for rank in alive:
         rank.join(max(0.0, deadline - time.monotonic()))
         if rank.is_alive():

@@ -31,6 +31,7 @@ from hpctrain.run.paths import RunDir, checkpoints_in
 from hpctrain.signals import StopFlag, exit_code
 from hpctrain.slurm.env import SlurmEnvError
 from hpctrain.trainer.trainer import StopTraining, Trainer
+from hpctrain.watchdog import start_watchdog
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ def _report(error: Exception, run_dir: Path, ctx: DistContext) -> None:
 
 
 def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopReason | None:
+    faults.set_rank(ctx.rank)
     config = load_run_config(run_dir)
     # Handlers first: a signal from here on is honoured at the first step boundary.
     stop = StopFlag(config.slurm.signal)
@@ -74,16 +76,24 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
         came_early = stop.agreed_alone()
         if came_early is not None:
             return _stop_before_training(run_dir, ctx, came_early, stop)
+    # From here on a process that makes no progress for trainer.hang_timeout_s is a hang: a peer
+    # stopped before it joined keeps the others in the rendezvous, which would otherwise wait
+    # trainer.collective_timeout_s (longer, by the schema) and end as a crash.
+    watchdog = start_watchdog(config, ctx, run_dir)
     faults.point("worker.before_rendezvous")
     # Threads before any work: the count is part of what makes a run bit-reproducible.
     torch.set_num_threads(config.trainer.threads)
-    hdist.init_process_group(
-        ctx, config.trainer.backend, config.trainer.collective_timeout_s, run_dir, config.slurm.network
-    )
+    try:
+        hdist.init_process_group(
+            ctx, config.trainer.backend, config.trainer.collective_timeout_s, run_dir, config.slurm.network
+        )
+    except BaseException:
+        watchdog.stop()
+        raise
     trainer = None
     try:
         log.info("rank %d/%d on %s (%s), run dir %s", ctx.rank, ctx.world_size, ctx.device, ctx.source, run_dir)
-        trainer = Trainer(config, ctx, run_dir, stop)
+        trainer = Trainer(config, ctx, run_dir, stop, watchdog)
         trainer.train()
         return None
     except StopTraining as stopped:
@@ -95,6 +105,7 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
         del trainer
         gc.collect()
         hdist.destroy_process_group()
+        watchdog.stop()
 
 
 def _stop_before_training(run_dir: Path, ctx: DistContext, reason: StopReason, stop: StopFlag) -> StopReason:

@@ -18,11 +18,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpctrain.run.causes import Cause
 from hpctrain.run.events import Failure, Journal
 from hpctrain.run.exitcodes import WORKER_HUNG
 from hpctrain.run.life import LifeStamp
+from hpctrain.run.paths import RunDir
+
+if TYPE_CHECKING:
+    from hpctrain.config.schema import Config
+    from hpctrain.dist import DistContext
 
 log = logging.getLogger(__name__)
 
@@ -86,3 +92,10 @@ def hang_reporter(events: Path, rank: int, life: LifeStamp) -> Callable[[float],
         )
 
     return report
+
+
+def start_watchdog(config: Config, ctx: DistContext, run_dir: Path) -> Watchdog:
+    """This process's watchdog, started: trainer.hang_timeout_s without a beat ends it as a hang,
+    written to the run dir's journal by this rank."""
+    on_hang = hang_reporter(RunDir(run_dir).events, ctx.rank, ctx.life)
+    return Watchdog(config.trainer.hang_timeout_s, on_hang).start()

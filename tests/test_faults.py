@@ -29,6 +29,8 @@ PACKAGE = Path(faults.__file__).parent
         ("worker.before_imports=signal:USR2", {"worker.before_imports": Armed("signal", float(signal.SIGUSR2))}),
         ("trainer.step=kill@40/2", {"trainer.step": Armed("kill", 0.0, 40, 2)}),
         ("batch.before_begin=term/3", {"batch.before_begin": Armed("term", 0.0, 1, 3)}),
+        ("worker.before_rendezvous=stop#1", {"worker.before_rendezvous": Armed("stop", rank=1)}),
+        ("trainer.step=kill@40/2#3", {"trainer.step": Armed("kill", 0.0, 40, 2, 3)}),
     ],
 )
 def test_armed_points_are_read_from_their_words(text: str, expected: dict[str, Armed]) -> None:
@@ -45,10 +47,13 @@ def test_armed_points_are_read_from_their_words(text: str, expected: dict[str, A
         ("checkpoint.between_renames=kill:3", "the action is kill, stop, term"),
         ("checkpoint.between_renames=sleep:soon", "are numbers"),
         ("checkpoint.between_renames=kill@x", "are numbers"),
-        ("checkpoint.between_renames=kill/two", "@K and /L are numbers"),
+        ("checkpoint.between_renames=kill/two", "@K, /L and #R are numbers"),
         ("batch.before_begin=term@2", "reaches its points once per life; name the life with /L"),
         ("checkpoint.between_renames=signal:NOPE", "'NOPE' is not a signal name"),
         ("checkpoint.between_renames=signal", "the action is kill, stop, term, signal:NAME"),
+        ("batch.setup=term#1", "#R names a training process; the batch script has no rank"),
+        ("control.after_step=kill#0", "#R names a training process"),
+        ("trainer.step=kill#one", "#R are numbers"),
     ],
 )
 def test_a_wrong_arming_is_refused_naming_it(text: str, words: str) -> None:
@@ -116,6 +121,30 @@ def _hit(point: str, arming: str, times: int = 1, restart: str | None = None) ->
 def test_an_armed_point_acts_in_its_process(arming: str, times: int, returncode: int, printed: str) -> None:
     done = _hit("checkpoint.between_renames", arming, times)
     assert (done.returncode, done.stdout) == (returncode, printed), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("environ", "told", "rank"),
+    [
+        ({"SLURM_PROCID": "3"}, None, 3),  # a task of srun
+        ({"RANK": "2"}, None, 2),  # torchrun's
+        ({"SLURM_PROCID": "3"}, 5, 5),  # the process said where it is (the local launcher's ranks)
+        ({}, None, None),  # not a training process: a point armed with #R never fires here
+    ],
+)
+def test_the_rank_a_point_compares(
+    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], told: int | None, rank: int | None
+) -> None:
+    monkeypatch.setattr(faults, "_rank", told)
+    assert faults.rank_of(environ) == rank
+
+
+def test_a_point_armed_for_one_rank_fires_in_that_rank_alone() -> None:
+    for procid, returncode in (("0", 0), ("1", -signal.SIGKILL)):
+        code = "from hpctrain import faults\nfaults.point('trainer.step')\nprint('after')"
+        env = {"PATH": "/usr/bin:/bin", faults.ENV: "trainer.step=kill#1", "SLURM_PROCID": procid}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == returncode, (procid, done.stderr)
 
 
 @pytest.mark.parametrize(

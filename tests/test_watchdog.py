@@ -53,3 +53,41 @@ def test_stuck_training_process_exits_with_hang_code(tmp_path: Path) -> None:
     start, hang = read_events(tmp_path / "run" / "events.jsonl")
     assert isinstance(start, Start) and isinstance(hang, Failure) and hang.cause is Cause.HANG and hang.rank == 0
     assert (start.job_id, start.restart) == (hang.job_id, hang.restart) == ("36_7", 1)
+
+
+def test_a_peer_stopped_before_the_rendezvous_is_a_hang_not_a_crash(tmp_path: Path) -> None:
+    """Rank 1 SIGSTOPped before it joins (a node gone silent during start-up): rank 0 waits in
+    the rendezvous, and before, after trainer.collective_timeout_s ended as a crash (budget 1). Its
+    watchdog runs from before the rendezvous now: a hang after trainer.hang_timeout_s, and the
+    launcher leaves no process behind, the stopped one included."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HPCTRAIN_FAULT_POINTS": "worker.before_rendezvous=stop#1"}
+    env["HPCTRAIN_GRACE_TIME_S"] = "30"  # no scontrol to ask outside a real job
+    for name in ("SLURM_JOB_ID", "SLURM_PROCID", "RANK", "WORLD_SIZE"):
+        env.pop(name, None)
+    started = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpctrain.cli.train",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            "trainer=smoke",
+            "trainer.nprocs=2",
+            "trainer.hang_timeout_s=5",
+            "trainer.collective_timeout_s=300",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    took = time.monotonic() - started
+    assert done.returncode == WORKER_HUNG, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "error: training process 0 exited with code 77" in done.stderr, done.stderr[-2000:]
+    # The hang timeout (5 s), far from the collective timeout (300 s); the stopped rank is killed
+    # at once (a SIGTERM cannot reach a stopped process), not after the 30 s a crash gives the others.
+    assert took < 30, took
+    (hang,) = read_events(tmp_path / "run" / "events.jsonl")  # no `start`: nobody trained
+    assert isinstance(hang, Failure) and hang.cause is Cause.HANG and hang.rank == 0, hang
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout

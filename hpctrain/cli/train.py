@@ -21,6 +21,7 @@ from hpctrain.cli.common import fail, prepare_run_dir
 from hpctrain.config import Config, differences, to_typed
 from hpctrain.early_signals import EarlySignals
 from hpctrain.errors import UserError
+from hpctrain.launch import RankFailed, launch_local  # light: torch is imported by the training itself
 from hpctrain.run.events import Finish, read_events
 from hpctrain.run.exitcodes import CLI_USER_ERROR
 from hpctrain.run.life import LifeStamp
@@ -92,11 +93,13 @@ def _train(cfg: DictConfig, life: LifeStamp, early: EarlySignals) -> None:
         else:
             config, run = follow_rank0(cfg, rank, life)
         faults.point("train.before_launch")
-        from hpctrain.launch import launch_local  # torch is imported by the training itself
-
         stopped_by = launch_local(run.root, config.trainer.nprocs, config.slurm.signal, early)
     except SlurmEnvError as error:  # Slurm's environment, not the config: nothing was started
         fail(str(error))
+    except RankFailed as error:  # its traceback or the watchdog's stacks are above
+        print(f"error: {error}; the run dir {run.root} resumes from its newest checkpoint", file=sys.stderr)
+        # The rank's own code (77: a hang, hpctrain/run/exitcodes.py), or 128+N for a signal.
+        sys.exit(error.exit_code if error.exit_code > 0 else 128 - error.exit_code)
     except UserError as error:  # the worker (or a spawned rank) told it already, unless it never started
         if isinstance(error, steprun.StepError):
             fail(str(error))

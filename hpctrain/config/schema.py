@@ -88,8 +88,9 @@ class TrainerConfig:
     # Write periodic checkpoints in a background thread; training waits only for an in-memory copy.
     async_checkpoint: bool = True
     # End a process when no step finishes for this many seconds (a hang), so the job recovers
-    # instead of idling to its time limit; 0 disables. Covers start-up and the first step too
-    # (torch.compile included). Must be below collective_timeout_s.
+    # instead of idling to its time limit; 0 disables. Covers start-up from the rendezvous on
+    # (a peer that never joins is a hang too) and the first step (torch.compile included). Must
+    # be below collective_timeout_s.
     hang_timeout_s: int = 900
     # A progress bar on rank 0's stderr: auto shows it only when stderr is a terminal (never in
     # a Slurm .out file), on always, off never. The log lines are written either way.

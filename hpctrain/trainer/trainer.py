@@ -36,7 +36,7 @@ from hpctrain.trainer.evaluate import evaluate, flatten
 from hpctrain.trainer.progress import Progress
 from hpctrain.trainer.stop_vote import StopVote
 from hpctrain.tune.prune import TrialPruner
-from hpctrain.watchdog import Watchdog, hang_reporter
+from hpctrain.watchdog import Watchdog, start_watchdog
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,17 @@ class StopTraining(Exception):
 
 
 class Trainer:
-    def __init__(self, config: Config, ctx: DistContext, run_dir: Path, stop: StopFlag | None = None) -> None:
-        on_hang = hang_reporter(RunDir(Path(run_dir)).events, ctx.rank, ctx.life)
-        self.watchdog = Watchdog(config.trainer.hang_timeout_s, on_hang).start()
+    def __init__(
+        self,
+        config: Config,
+        ctx: DistContext,
+        run_dir: Path,
+        stop: StopFlag | None = None,
+        watchdog: Watchdog | None = None,
+    ) -> None:
+        # A training process starts its watchdog before the rendezvous (hpctrain.train_process),
+        # so a peer that stops answering while the group forms is a hang too; built here alone.
+        self.watchdog = watchdog or start_watchdog(config, ctx, Path(run_dir))
         self.config = config
         self.ctx = ctx
         self.run = RunDir(Path(run_dir))
