@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos_report import alive_processes, render, report  # noqa: F401  (chaos.py calls them here)
+from job_processes import processes, rank_pids
 
 from hpctrain.run.events import Start, read_events
 
@@ -281,10 +282,9 @@ def _victim_node(env: dict[str, str], soak: Soak, fault: Fault) -> str | None:
 
 
 def _rank_pid(soak: Soak, rank: int) -> int | None:
-    for pid, environ in alive_processes(soak.run_dir):
-        if environ.get("SLURM_JOB_ID") == soak.job_ids[-1] and environ.get("SLURM_PROCID") == str(rank):
-            return pid
-    return None
+    """Rank `rank` of the running life's newest step (a relaunch's, not the one it replaced)."""
+    pids = rank_pids(soak.job_ids[-1], rank, processes(str(soak.run_dir)))
+    return pids[0] if len(pids) == 1 else None
 
 
 def _checkpoints(run_dir: Path) -> list[Path]:

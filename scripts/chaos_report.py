@@ -6,9 +6,10 @@ model.pt; nothing here touches the cluster.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from job_processes import is_task, processes
 
 from hpctrain.run.causes import CheckpointReason
 from hpctrain.run.events import Cancelled, Checkpoint, Event, Failure, Relaunch, Requeue, Start, Stop, read_events
@@ -21,26 +22,10 @@ if TYPE_CHECKING:
 
 
 def alive_processes(run_dir: Path) -> list[tuple[int, dict[str, str]]]:
-    """Processes of this run (their command line names its run dir): (pid, environment).
-    The training tasks are those with SLURM_STEP_ID that are not srun itself."""
-    found = []
-    needle = str(run_dir).encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if needle not in b"\0".join(argv) or (entry / "stat").read_text().split(") ")[-1][:1] == "Z":
-                continue
-            raw = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        environ = dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
-        if Path(argv[0].decode(errors="replace")).name != "srun" and "SLURM_STEP_ID" in environ:
-            found.append((int(entry.name), environ))
-        elif Path(argv[0].decode(errors="replace")).name == "srun":
-            found.append((int(entry.name), {}))
-    return found
+    """Processes of this run (their command line names its run dir): (pid, environment), the
+    training tasks and srun (whose environment is left out)."""
+    named = processes(str(run_dir))
+    return [(p.pid, p.environ) for p in named if is_task(p)] + [(p.pid, {}) for p in named if p.program == "srun"]
 
 
 def report(soak: Soak, max_steps: int) -> dict[str, Any]:

@@ -11,6 +11,9 @@ decision table or with a stand-in Slurm:
   script charges a crash and requeues; the next life resumes from the newest complete checkpoint.
 - one rank SIGSTOPped (a process that stops answering, nothing exits): its peer waits in a
   collective until its watchdog reports the hang; charged as a hang, not a crash, and requeued.
+- one rank SIGSTOPped before it joins the process group (a node that falls silent during
+  start-up): its peer waits in the rendezvous; its watchdog, running from before the rendezvous,
+  reports the hang. Charged as a hang (before: a crash, after trainer.collective_timeout_s).
 - a preemption where the partition's GraceTime is 0 (Slurm's default): no grace, SIGTERM and then
   SIGKILL after KillWait (5 s here). The tasks save within KillWait, and nothing is redone.
 - a node lost by a 2-node job with `slurm.constraint=fast`, where no other node has the feature:
@@ -36,6 +39,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -61,6 +65,11 @@ from slurmtools import (
     wait_for_state,
     wait_for_step,
 )
+
+from hpctrain import faults
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from job_processes import rank_pid  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -89,32 +98,10 @@ def reference(slurm_env, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def rank_pid(job_id: str, rank: int) -> int:
-    """The pid of the training task of `rank` in the job (srun starts it; its own children, such
-    as data-loader workers, share its environment and are left out)."""
-    found: dict[int, int] = {}  # pid -> parent pid
-    steps: dict[int, int] = {}  # pid -> its step's number
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "environ").read_bytes().split(b"\0")
-            parent = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        environ = dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
-        if (
-            environ.get("SLURM_JOB_ID") == job_id
-            and environ.get("SLURM_PROCID") == str(rank)
-            and "SLURM_STEP_ID" in environ
-            and environ.get("SLURM_STEP_ID") != "batch"
-        ):
-            found[int(entry.name)] = parent
-            steps[int(entry.name)] = int(environ["SLURM_STEP_ID"])
-    newest = max(steps.values(), default=None)  # a relaunch's step, not the one it replaced
-    tasks = [pid for pid, parent in found.items() if parent not in found and steps[pid] == newest]
-    assert len(tasks) == 1, f"rank {rank} of job {job_id}: {found}"
-    return tasks[0]
+def task_of_rank(job_id: str, rank: int) -> int:
+    pid = rank_pid(job_id, rank)
+    assert pid is not None, f"rank {rank} of job {job_id} is not running"
+    return pid
 
 
 def requeue_as_an_admin(env: dict[str, str], run_dir: Path, job_id: str) -> None:
@@ -124,12 +111,12 @@ def requeue_as_an_admin(env: dict[str, str], run_dir: Path, job_id: str) -> None
 
 def kill_a_rank(env: dict[str, str], run_dir: Path, job_id: str) -> None:
     wait_for_step(run_dir, FAULT_AT_STEP)
-    os.kill(rank_pid(job_id, 1), signal.SIGKILL)
+    os.kill(task_of_rank(job_id, 1), signal.SIGKILL)
 
 
 def stop_a_rank(env: dict[str, str], run_dir: Path, job_id: str) -> None:
     wait_for_step(run_dir, FAULT_AT_STEP)
-    os.kill(rank_pid(job_id, 1), signal.SIGSTOP)
+    os.kill(task_of_rank(job_id, 1), signal.SIGSTOP)
 
 
 def stop_a_rank_then_requeue(env: dict[str, str], run_dir: Path, job_id: str) -> None:
@@ -138,20 +125,27 @@ def stop_a_rank_then_requeue(env: dict[str, str], run_dir: Path, job_id: str) ->
     subprocess.run(["scontrol", "requeue", job_id], env=env, check=True, capture_output=True)
 
 
+def armed_at_submit(env: dict[str, str], run_dir: Path, job_id: str) -> None:
+    """The fault is a fault point armed in the job's environment: nothing to do from outside."""
+
+
 FAULTS = {
     "admin_requeue": requeue_as_an_admin,
     "rank_sigkilled": kill_a_rank,
     "rank_sigstopped": stop_a_rank,
     "hang_then_admin_requeue": stop_a_rank_then_requeue,
+    "rank_stopped_before_rendezvous": armed_at_submit,
 }
 # A stopped rank: its peer's watchdog reports the hang after 20 s without a step (hpctrain's own
 # setting, not Slurm's; the default is 900 s), well before the peer's collective timeout.
 WATCHED = ["trainer.hang_timeout_s=20", "trainer.collective_timeout_s=600"]
-EXTRA = {"rank_sigstopped": WATCHED, "hang_then_admin_requeue": WATCHED}
+EXTRA = {"rank_sigstopped": WATCHED, "hang_then_admin_requeue": WATCHED, "rank_stopped_before_rendezvous": WATCHED}
+# Rank 1 of the first life stops itself once its stop handlers are in, before it joins.
+ARMED = {"rank_stopped_before_rendezvous": {faults.ENV: "worker.before_rendezvous=stop#1"}}
 
 
 def run_with_fault(env: dict[str, str], run_dir: Path, name: str) -> tuple[str, str]:
-    (job_id,), _ = submit(env, run_dir, *CONFIG, *EXTRA.get(name, []))
+    (job_id,), _ = submit({**env, **ARMED.get(name, {})}, run_dir, *CONFIG, *EXTRA.get(name, []))
     FAULTS[name](env, run_dir, job_id)
     lift_requeue_hold(env, job_id)
     return job_id, wait_finished(env, job_id, timeout_s=END_TIMEOUT_S, lift_holds=True)
@@ -166,7 +160,7 @@ def assert_exact(run_dir: Path, reference: Path) -> None:
     assert same_weights(run_dir, reference), f"{run_dir.name}: not bit-identical to the uninterrupted run"
 
 
-def test_admin_requeue_killed_rank_stopped_rank_and_both_while_training_side_by_side(
+def test_admin_requeue_killed_rank_stopped_rank_and_overlaps_side_by_side(
     slurm_env, reference: Path, tmp_path: Path
 ) -> None:
     runs = {name: tmp_path / name for name in FAULTS}
@@ -209,6 +203,16 @@ def test_admin_requeue_killed_rank_stopped_rank_and_both_while_training_side_by_
     assert of("stop", stopped) == [], events(stopped)
     assert of("start", stopped)[1]["resumed_from_step"] >= FAULT_AT_STEP - 20, events(stopped)
     assert job_restarts(slurm_env, stopped_job) == 1
+
+    # A peer stopped before it joined: rank 0's watchdog, running from before the rendezvous,
+    # reports the hang after 20 s (not the collective timeout's 600 s, then a crash). Nobody
+    # trained in the first life: the second starts at step 0.
+    silent, (silent_job, _) = runs["rank_stopped_before_rendezvous"], ended["rank_stopped_before_rendezvous"]
+    hangs = of("failure", silent)
+    assert {e["cause"] for e in hangs} == {"hang"} and hangs[0]["rank"] == 0, events(silent)
+    assert [e["cause"] for e in of("requeue", silent)] == ["hang"], events(silent)
+    assert [(s["restart"], s["resumed_from_step"]) for s in of("start", silent)] == [(1, 0)], events(silent)
+    assert job_restarts(slurm_env, silent_job) == 1
 
     # A hang under way, then an admin's requeue before the watchdog fires: Slurm's requeue,
     # charged to preempt; no hang, no crash. The ranks may or may not reach a step boundary to
@@ -321,7 +325,7 @@ def test_a_node_down_then_a_rank_killed_in_the_relaunched_step(slurm_env, refere
     node_state(slurm_env, victim, "down")
     try:
         wait_for_event(run_dir, "start", 2)  # the relaunched step trains (on the spare)
-        os.kill(rank_pid(job_id, 1), signal.SIGKILL)
+        os.kill(task_of_rank(job_id, 1), signal.SIGKILL)
         assert wait_finished(slurm_env, job_id, timeout_s=END_TIMEOUT_S, lift_holds=True) == "COMPLETED", job_output(
             run_dir
         )

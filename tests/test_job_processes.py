@@ -1,0 +1,58 @@
+"""Which pid is rank R of a Slurm job (scripts/job_processes.py), on real processes of this
+machine carrying a task's environment, as the dev cluster's slurmstepd gives it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from job_processes import processes, rank_pid, rank_pids  # noqa: E402
+
+JOB = "424242"
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def task(started: list[subprocess.Popen[bytes]], step: str, rank: str, command: str) -> int:
+    env = {**os.environ, "SLURM_JOB_ID": JOB, "SLURM_STEP_ID": step, "SLURM_PROCID": rank}
+    started.append(subprocess.Popen(["sh", "-c", command], env=env))
+    return started[-1].pid
+
+
+def settled(job: str, rank: int, count: int) -> list[int]:
+    """rank_pids once the shells have started their children (or `count` were never seen)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        named = [p for p in processes() if p.environ.get("SLURM_JOB_ID") == job]
+        if len(named) >= count:
+            return rank_pids(job, rank, named)
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {count} processes of job {job}")
+
+
+def test_a_task_is_the_newest_steps_process_whose_parent_is_not_a_task(started) -> None:
+    # Rank 1 of step 0, with a child that inherits its environment (a data-loader worker).
+    first = task(started, "0", "1", "sleep 60 & exec sleep 61")
+    assert settled(JOB, 1, 2) == [first]
+    assert rank_pid(JOB, 0) is None  # no such rank
+    # The relaunch on a spare: step 1's rank 1, while step 0's is still ending.
+    relaunched = task(started, "1", "1", "exec sleep 62")
+    assert settled(JOB, 1, 3) == [relaunched]
+    assert rank_pid(JOB, 1) == relaunched
+    # The batch step's shell and srun carry the job's variables too: never a task.
+    task(started, "batch", "0", "exec sleep 63")
+    assert settled(JOB, 0, 4) == []
