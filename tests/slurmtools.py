@@ -350,6 +350,55 @@ def set_grace(env: dict[str, str], seconds: int) -> None:
     )
 
 
+def current_job(run_dir: Path) -> str:
+    """The job that carries the run on: the first, or the one a guardian submitted since."""
+    import json
+
+    return json.loads((run_dir / "submission.json").read_text())["job_id"]
+
+
+def submission_field(run_dir: Path, name: str) -> str | None:
+    import json
+
+    return json.loads((run_dir / "submission.json").read_text()).get(name)
+
+
+def run_ends(env: dict[str, str], run_dir: Path, first_job: str, timeout_s: float) -> tuple[str, str]:
+    """Until the job that carries the run on has ended, requeue holds lifted. Returns (the first
+    job's end state, the last job's end state)."""
+    deadline = time.monotonic() + timeout_s
+    first_state = wait_for_state(env, first_job, ENDED, timeout_s, lift_holds=True)
+    while True:
+        job = current_job(run_dir)
+        state = wait_finished(env, job, max(1.0, deadline - time.monotonic()), lift_holds=True)
+        # The guardian may still be about to submit the run again: look once more after it ran.
+        guardian = submission_field(run_dir, "guardian_job_id")
+        if guardian:
+            wait_for_state(env, guardian, {*ENDED, "CANCELLED"}, max(1.0, deadline - time.monotonic()))
+        if current_job(run_dir) == job:
+            return first_state, state
+
+
+def cancel_run(env: dict[str, str], run_dir: Path) -> None:
+    """scancel what a run may have left queued or running (its job, its guardian)."""
+    if (run_dir / "submission.json").exists():
+        left = [current_job(run_dir), submission_field(run_dir, "guardian_job_id") or ""]
+        subprocess.run(["scancel", *filter(None, left)], env=env, capture_output=True)
+
+
+def wait_at_gate(env: dict[str, str], job_id: str, reached: Path, timeout_s: float) -> None:
+    """Until a process of the job is held at a fault point's gate (hpctrain.faults, gate:S),
+    lifting the job's requeue holds meanwhile (a gate of a later life)."""
+    deadline = time.monotonic() + timeout_s
+    while not reached.exists():
+        assert time.monotonic() < deadline, f"job {job_id}: {reached.name} not within {timeout_s:.0f} s"
+        state = job_state(env, job_id)
+        if state == "PENDING" and job_field(env, job_id, "Reason") == "BeginTime":
+            subprocess.run(["scontrol", "update", f"jobid={job_id}", LIFTED_START], env=env, capture_output=True)
+        assert state not in ENDED, f"job {job_id} ended {state} before {reached.name}"
+        time.sleep(0.3)
+
+
 def same_weights(a: Path, b: Path) -> bool:
     """model.pt of two run dirs, equal tensor for tensor and bit for bit."""
     import torch

@@ -29,7 +29,6 @@ step and save it, and the batch script decides a requeue (preempt). Slurm's requ
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -40,16 +39,18 @@ import pytest
 from helpers.paced import PAUSE_ENV
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
-    ENDED,
+    cancel_run,
+    current_job,
     events,
     job_output,
     job_restarts,
     job_state,
     of,
+    run_ends,
     same_weights,
     start_cluster,
     submit,
-    wait_finished,
+    wait_at_gate,
     wait_for_state,
     with_test_helpers,
 )
@@ -103,10 +104,6 @@ def slurm_env() -> dict[str, str]:
     return start_cluster()
 
 
-def current_job(run_dir: Path) -> str:
-    return json.loads((run_dir / "submission.json").read_text())["job_id"]
-
-
 def requeue_as_an_admin(env: dict[str, str], job_id: str) -> None:
     """`scontrol requeue` once the job runs its batch script's slurm.setup (held there 20 s)."""
     wait_for_state(env, job_id, {"RUNNING"}, 120)
@@ -121,35 +118,18 @@ def run_to_the_end(env: dict[str, str], run_dir: Path, first_job: str) -> tuple[
         requeue_as_an_admin(env, first_job)
     if run_dir.name == "scancel_during_requeue":
         reached, opened = faults.gate_files(gates_of(run_dir), "batch.before_requeue")
-        deadline = time.monotonic() + 180
-        while not reached.exists():
-            assert time.monotonic() < deadline, f"the requeue was never decided\n{job_output(run_dir)}"
-            time.sleep(0.1)
+        wait_at_gate(env, first_job, reached, 180)
         assert DECIDED in job_output(run_dir)
         # scancel returns once slurmctld marked the job CANCELLED: the control step, let go now,
         # finds it so with KillWait (5 s here) to spare.
         subprocess.run(["scancel", first_job], env=env, check=True)
         opened.touch()
-    deadline = time.monotonic() + END_TIMEOUT_S
-    first_state = wait_for_state(env, first_job, ENDED, END_TIMEOUT_S, lift_holds=True)
-    while True:
-        job = current_job(run_dir)
-        state = wait_finished(env, job, max(1.0, deadline - time.monotonic()), lift_holds=True)
-        # The guardian may still be about to submit the run again: look once more after it ran.
-        guardian = json_field(run_dir, "guardian_job_id")
-        if guardian:
-            wait_for_state(env, guardian, {*ENDED, "CANCELLED"}, max(1.0, deadline - time.monotonic()))
-        if current_job(run_dir) == job:
-            return first_state, state
+    return run_ends(env, run_dir, first_job, END_TIMEOUT_S)
 
 
 def gates_of(run_dir: Path) -> Path:
     """The folder of a cell's gate files (hpctrain.faults: gate:S)."""
     return run_dir.parent / "gates" / run_dir.name
-
-
-def json_field(run_dir: Path, name: str) -> str | None:
-    return json.loads((run_dir / "submission.json").read_text()).get(name)
 
 
 def test_faults_at_the_batch_scripts_worst_moments_side_by_side(slurm_env, tmp_path: Path) -> None:
@@ -181,9 +161,7 @@ def test_faults_at_the_batch_scripts_worst_moments_side_by_side(slurm_env, tmp_p
             states = {name: future.result() for name, future in ends.items()}
     finally:
         for run_dir in runs.values():
-            if (run_dir / "submission.json").exists():
-                leftover = [current_job(run_dir), json_field(run_dir, "guardian_job_id") or ""]
-                subprocess.run(["scancel", *filter(None, leftover)], env=slurm_env, capture_output=True)
+            cancel_run(slurm_env, run_dir)
     output, _ = trained.communicate(timeout=600)
     assert trained.returncode == 0, output[-3000:]
 

@@ -1,0 +1,168 @@
+"""Faults while a life starts, on the real dev cluster, side by side: the tasks held at an exact
+moment of their start-up (a fault point's gate), the fault sent by Slurm's own commands, then the
+tasks let go.
+
+Cells of the phase-by-fault matrix (README, "Phase by fault") for two phases:
+
+- the rendezvous (`worker.before_rendezvous`: stop handlers installed, the process group not
+  joined) of the first life;
+- the resume (`trainer.resume_loading`: the newest checkpoint read, not yet applied) of the second
+  life, after a first life that a preemption's SIGTERM to the task stopped at step 20 or soon after;
+
+crossed with three faults:
+
+- `scancel`: the job ends CANCELLED with one `cancelled`, never requeued again (Restarts stays);
+- an administrator's `scontrol requeue`: Slurm's own requeue, recorded as `preempt` by slurm, no
+  budget but preempt's charged; the next life resumes from the newest complete checkpoint;
+- the time-limit warning (`scancel --batch --signal=USR2`, what `--signal=B:USR2@N` makes Slurm
+  do): the tasks stop at their first step boundary with a `timelimit` save, the batch script
+  requeues, and the next life resumes at exactly that step (nothing redone).
+
+Every run that is not cancelled ends COMPLETED and bit-identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from helpers.paced import PAUSE_ENV
+from helpers.resumes import newest_checkpoint_before
+from slurmtools import (
+    cancel_run,
+    current_job,
+    events,
+    job_output,
+    job_restarts,
+    of,
+    run_ends,
+    same_weights,
+    start_cluster,
+    submit,
+    wait_at_gate,
+    with_test_helpers,
+)
+
+from hpctrain import faults
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STEPS = 120
+TRAIN = [
+    "model._target_=helpers.paced.PacedConvNet",
+    f"trainer.max_steps={STEPS}",
+    "trainer.log_every=10",
+    "trainer.eval_every=0",
+    "trainer.ckpt_every=50",
+    "slurm.nodes=1",
+    "slurm.ntasks_per_node=1",
+]
+PAUSE_S = "0.05"  # a step takes at least this: the first life outlasts its start
+GATE_S = 300  # a bound for a test that never opens the gate; it opens within seconds
+FIRST_LIFE_STOP = 20  # the second life's cells: the first stops from this step on (SIGTERM to the task)
+PHASES = {
+    "rendezvous": ("worker.before_rendezvous", f"worker.before_rendezvous=gate:{GATE_S}"),
+    "resume": ("trainer.resume_loading", f"trainer.step=term@{FIRST_LIFE_STOP},trainer.resume_loading=gate:{GATE_S}/2"),
+}
+FAULTS = ("scancel", "admin_requeue", "warning")
+CELLS = {f"{fault}_at_{phase}": (phase, fault) for phase in PHASES for fault in FAULTS}
+END_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def slurm_env() -> dict[str, str]:
+    return start_cluster()
+
+
+def send(env: dict[str, str], job_id: str, fault: str) -> None:
+    command = {
+        "scancel": ["scancel", job_id],
+        "admin_requeue": ["scontrol", "requeue", job_id],
+        "warning": ["scancel", "--batch", "--signal=USR2", job_id],
+    }[fault]
+    subprocess.run(command, env=env, check=True, capture_output=True)
+
+
+def run_cell(env: dict[str, str], run_dir: Path, gates: Path, phase: str, fault: str) -> tuple[str, str]:
+    point, arming = PHASES[phase]
+    armed = {**env, PAUSE_ENV: PAUSE_S, faults.ENV: arming, faults.GATES_ENV: str(gates)}
+    (job_id,), _ = submit(armed, run_dir, *TRAIN)
+    reached, opened = faults.gate_files(gates, point)
+    wait_at_gate(env, job_id, reached, END_TIMEOUT_S)
+    send(env, job_id, fault)
+    if fault == "warning":
+        time.sleep(1.0)  # the shell's trap passes USR2 on to srun, srun to the task
+    opened.touch()
+    return run_ends(env, run_dir, job_id, END_TIMEOUT_S)
+
+
+def test_scancel_admin_requeue_and_warning_at_the_rendezvous_and_the_resume(slurm_env, tmp_path: Path) -> None:
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    reference = tmp_path / "reference"
+    trained = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={reference}", *TRAIN],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    runs = {name: tmp_path / name for name in CELLS}
+    try:
+        with ThreadPoolExecutor(max_workers=len(CELLS)) as pool:
+            ends = {
+                name: pool.submit(run_cell, env, runs[name], tmp_path / "gates" / name, phase, fault)
+                for name, (phase, fault) in CELLS.items()
+            }
+            states = {name: future.result() for name, future in ends.items()}
+    finally:
+        for run_dir in runs.values():
+            cancel_run(slurm_env, run_dir)
+    output, _ = trained.communicate(timeout=600)
+    assert trained.returncode == 0, output[-3000:]
+
+    for name, (phase, fault) in CELLS.items():
+        run_dir = runs[name]
+        journal = events(run_dir)
+        told = f"{name}: {states[name]}\n{journal}\n{job_output(run_dir)}"
+        requeues = [(e["cause"], e.get("by")) for e in of("requeue", run_dir)]
+        # The second life's cells began with the first life's own stop from step 20: a preemption's
+        # SIGTERM to the task, saved, requeued by the batch script, nothing redone.
+        before = [("preempt", None)] if phase == "resume" else []
+        if phase == "resume":
+            # (The ranks agree on a stop at their next vote, a quarter second of steps on.)
+            first_stop = of("stop", run_dir)[0]
+            assert first_stop["reason"] == "preempt" and first_stop["step"] >= FIRST_LIFE_STOP, told
+            assert of("start", run_dir)[1]["resumed_from_step"] == first_stop["step"], told
+        assert of("failure", run_dir) == [], told  # no budget but preempt's and timelimit's charged
+
+        if fault == "scancel":
+            assert states[name] == ("CANCELLED", "CANCELLED"), told
+            assert len(of("cancelled", run_dir)) == 1 and of("finish", run_dir) == [], told
+            assert requeues == before, told
+            assert job_restarts(slurm_env, current_job(run_dir)) == len(before), told
+            continue
+
+        assert states[name][1] == "COMPLETED", told
+        assert of("cancelled", run_dir) == [], told
+        assert same_weights(run_dir, reference), f"{name}: not bit-identical to the uninterrupted run"
+        finish = of("finish", run_dir)
+        assert len(finish) == 1 and finish[0]["step"] == STEPS, told
+        # Every life resumed from the newest checkpoint complete before it (helpers/resumes.py).
+        for life, start in enumerate(of("start", run_dir)):
+            assert start["resumed_from_step"] >= newest_checkpoint_before(journal, life), told
+        if fault == "admin_requeue":
+            # Slurm's requeue, told by the shell's trap; the tasks may or may not have reached a
+            # step boundary to save within KillWait (5 s): either way resumed as checked above.
+            assert requeues == [*before, ("preempt", "slurm")], told
+        else:
+            # The warning held until the task could act: a `timelimit` save at its first step
+            # boundary, the batch script's requeue, and the next life starts exactly there.
+            assert requeues == [*before, ("timelimit", None)], told
+            stop = of("stop", run_dir)[-1]
+            saved = [c["step"] for c in of("checkpoint", run_dir) if c["reason"] == "timelimit"]
+            assert stop["reason"] == "timelimit" and saved == [stop["step"]], told
+            assert of("start", run_dir)[-1]["resumed_from_step"] == stop["step"], told
