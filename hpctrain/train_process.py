@@ -27,7 +27,7 @@ from hpctrain.errors import UserError
 from hpctrain.run.causes import Cause, StopReason
 from hpctrain.run.events import Failure, Journal, Stop
 from hpctrain.run.exitcodes import WORKER_FINISHED, WORKER_USER_ERROR
-from hpctrain.run.paths import RunDir, checkpoints_in
+from hpctrain.run.paths import RunDir, checkpoints_in, no_room, no_room_message
 from hpctrain.signals import StopFlag, exit_code
 from hpctrain.slurm.env import SlurmEnvError
 from hpctrain.trainer.trainer import StopTraining, Trainer
@@ -55,14 +55,19 @@ def _report(error: Exception, run_dir: Path, ctx: DistContext) -> None:
         log.error("%s", error)
         return
     print(f"error: {error}", file=sys.stderr, flush=True)
-    Journal(RunDir(run_dir).events).write_event(
-        Failure(
-            job_id=ctx.life.job_id,
-            restart=ctx.life.restart,
-            cause=Cause.USER_ERROR,
-            message=str(error),
+    try:
+        Journal(RunDir(run_dir).events).write_event(
+            Failure(
+                job_id=ctx.life.job_id,
+                restart=ctx.life.restart,
+                cause=Cause.USER_ERROR,
+                message=str(error),
+            )
         )
-    )
+    except OSError as unwritten:  # the error may be this very disk being full
+        if not no_room(unwritten):
+            raise
+        print(f"error: {no_room_message(run_dir, unwritten)}", file=sys.stderr, flush=True)
 
 
 def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopReason | None:

@@ -13,6 +13,14 @@ scancel followed by hpctrain-submit into the same run dir. Slurm's ~120 s hold o
 is lifted (scontrol update StartTime=now) so the soak spends its time on recovery.
 
 A fault waits until it can apply: the job RUNNING and training again since the last fault.
+With `--overlap P` (the overlap soak) each fault comes, with chance P, 0.5 to 6 s after the one
+before it instead, while the job still recovers from it (a node down, then a rank killed as the
+relaunched step starts; a preemption, then a node down inside the grace), and the catalogue
+adds an administrator's `scontrol requeue` and the loss of the node running the batch script
+(the job ends FAILED and its guardian submits the run again; the soak follows the new job):
+
+    python scripts/chaos.py --minutes 30 --seed 7 --overlap 0.5
+
 At the end it checks model.pt bit for bit against the reference, every step once in
 metrics.jsonl and no job or process left, prints a table (each fault, when, what hpctrain did,
 the time to the next finished step) and the goodput, and exits 1 if a check failed.
@@ -21,6 +29,7 @@ the time to the next finished step) and the goodput, and exits 1 if a check fail
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import signal
@@ -44,6 +53,10 @@ KINDS = (
     "torn_checkpoint",
     "cancel_resubmit",
 )
+# The overlap soak's catalogue adds what only lands well beside another fault: an administrator's
+# `scontrol requeue` and the loss of the node running the batch script (the guardian's path).
+FULL_KINDS = (*KINDS, "admin_requeue", "batch_node_down")
+OVERLAP_DELAY_S = (0.5, 6.0)  # an overlapping fault comes this long after the one before it
 WARMUP_S = 20.0  # training first runs this long undisturbed
 MEAN_GAP_S = 25.0  # by default a fault every ~25 s of training, so each one's recovery is seen
 START_S = 60.0  # of the soak's wall time: submission to the first step, and the end's checks
@@ -51,8 +64,8 @@ RECOVERY_S = 35.0  # wall time a fault costs on a busy 2-core machine (restart, 
 MIN_TRAINING_S = 120.0
 
 
-def fault_count(minutes: float) -> int:
-    return max(len(KINDS), int(minutes * 60 / (MEAN_GAP_S + RECOVERY_S)))
+def fault_count(minutes: float, kinds: tuple[str, ...] = KINDS) -> int:
+    return max(len(kinds), int(minutes * 60 / (MEAN_GAP_S + RECOVERY_S)))
 
 
 def training_seconds(minutes: float, count: int) -> float:
@@ -60,17 +73,23 @@ def training_seconds(minutes: float, count: int) -> float:
     return max(MIN_TRAINING_S, minutes * 60 - START_S - count * RECOVERY_S)
 
 
-def schedule(seed: int, minutes: float, count: int | None = None) -> list[Fault]:
+def schedule(seed: int, minutes: float, count: int | None = None, overlap: float = 0.0) -> list[Fault]:
     """The soak's faults for `seed`: the same seed gives the same list. Kinds come in shuffled
     rounds of the whole catalogue, so every kind appears once in every len(KINDS) faults; the
     gaps are exponential around the mean (a Poisson process) over the training time, after a
-    warm-up. Times count training from its first step; recoveries push the later ones back."""
+    warm-up. Times count training from its first step; recoveries push the later ones back.
+
+    With `overlap` > 0 (the overlap soak: FULL_KINDS), each fault after the first comes, with that
+    chance, OVERLAP_DELAY_S after the one before it, while the job still recovers from it. The
+    overlaps are drawn from a stream of their own: the kinds and times are the same whatever the
+    chance (above 0)."""
     rng = random.Random(seed)
-    count = fault_count(minutes) if count is None else count
+    catalogue = FULL_KINDS if overlap > 0 else KINDS
+    count = fault_count(minutes, catalogue) if count is None else count
     window_s = training_seconds(minutes, count) - WARMUP_S
     kinds: list[str] = []
     while len(kinds) < count:
-        round_ = list(KINDS)
+        round_ = list(catalogue)
         rng.shuffle(round_)
         kinds.extend(round_)
     gaps = [rng.expovariate(1.0) for _ in range(count)]
@@ -79,10 +98,15 @@ def schedule(seed: int, minutes: float, count: int | None = None) -> list[Fault]
     for gap in gaps:
         times.append(round(at, 1))
         at += gap * scale
-    return [
+    plan = [
         Fault(number=i + 1, at_s=times[i], kind=kinds[i], rank=rng.randrange(2), node_pick=rng.randrange(1 << 16))
         for i in range(count)
     ]
+    overlaps = random.Random(f"overlap {seed}")
+    for i in range(1, count if overlap > 0 else 0):
+        if overlaps.random() < overlap:
+            plan[i] = dataclasses.replace(plan[i], overlap_s=round(overlaps.uniform(*OVERLAP_DELAY_S), 1))
+    return plan
 
 
 def training_steps(minutes: float, count: int) -> int:
@@ -114,12 +138,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--minutes", type=float, required=True, help="length of the soak")
     parser.add_argument("--seed", type=int, required=True, help="the fault schedule's seed")
     parser.add_argument("--faults", type=int, default=None, help="how many faults (default: one a minute, 8 or more)")
+    parser.add_argument(
+        "--overlap",
+        type=float,
+        default=0.0,
+        help="the chance that a fault lands while the job still recovers from the one before (0 to 1; "
+        "above 0 the catalogue adds an admin's requeue and the batch host's loss)",
+    )
     parser.add_argument("--dir", default=None, help="the dev cluster's folder (scripts/devcluster.py)")
     parser.add_argument("--port-base", type=int, default=None, help="the dev cluster's first port")
     parser.add_argument("--out", type=Path, default=None, help="where the run dir and the reference go")
     args = parser.parse_args(argv)
     if args.minutes <= 0:
         parser.error(f"--minutes: must be > 0 (got {args.minutes:g})")
+    if not 0.0 <= args.overlap <= 1.0:
+        parser.error(f"--overlap: a chance from 0 to 1 (got {args.overlap:g})")
     if args.faults is not None and args.faults < 1:
         parser.error(f"--faults: must be >= 1 (got {args.faults})")
     return args
@@ -127,10 +160,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    plan = schedule(args.seed, args.minutes, args.faults)
-    print(f"chaos: seed {args.seed}, {args.minutes:g} minutes, {len(plan)} faults:")
+    plan = schedule(args.seed, args.minutes, args.faults, args.overlap)
+    overlapping = sum(fault.overlap_s is not None for fault in plan)
+    print(f"chaos: seed {args.seed}, {args.minutes:g} minutes, {len(plan)} faults, {overlapping} overlapping:")
     for fault in plan:
-        print(f"  #{fault.number:<2} at {fault.at_s:7.1f} s  {fault.kind:<16} rank {fault.rank}")
+        when = f"{fault.overlap_s:4.1f} s after #{fault.number - 1}" if fault.overlap_s is not None else ""
+        print(f"  #{fault.number:<2} at {fault.at_s:7.1f} s  {fault.kind:<16} rank {fault.rank}  {when}".rstrip())
     out = (args.out or REPO / "runs" / f"chaos-seed{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     soak = Soak(args.seed, args.minutes, out / "run", out / "reference")
     env = faults.cluster_env(args.dir, args.port_base)

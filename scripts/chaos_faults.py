@@ -6,6 +6,7 @@ where a refusal is an answer (a node already back in service refuses `state=resu
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -43,6 +44,9 @@ class Fault:
     kind: str
     rank: int  # for kill_rank / stop_rank: which rank's process
     node_pick: int  # for node_down / node_drain: which training node other than the batch node
+    # Overlap mode: injected this many seconds after the fault before it, while the job is still
+    # recovering from that one (not once it trains again); None: after the recovery.
+    overlap_s: float | None = None
 
 
 @dataclass
@@ -66,6 +70,7 @@ class Soak:
     run_dir: Path
     reference: Path
     job_ids: list[str] = field(default_factory=list)
+    guardian_ids: list[str] = field(default_factory=list)  # the guardians submission.json named
     injected: list[Injected] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     t0: float = 0.0  # when training first logged a step: fault times count from here
@@ -151,6 +156,34 @@ class StuckWatch:
         return self.since is not None and time.monotonic() - self.since > STUCK_S
 
 
+def follow(soak: Soak) -> None:
+    """The job that carries the run on, as submission.json names it: a guardian that found the
+    job lost with its batch node submits the run dir again, and the soak follows the new job."""
+    try:
+        submission = json.loads((soak.run_dir / "submission.json").read_text())
+    except (OSError, ValueError):  # being rewritten: look again next time
+        return
+    job, guardian = submission.get("job_id"), submission.get("guardian_job_id")
+    if guardian and guardian not in soak.guardian_ids:
+        soak.guardian_ids.append(guardian)
+    if job and job not in soak.job_ids:
+        soak.job_ids.append(job)
+        print(f"chaos: the run goes on in job {job} (submitted by its guardian)", flush=True)
+
+
+def carried_on(env: dict[str, str], soak: Soak) -> bool:
+    """Whether the run may still go on after its job ended: its guardian has not run yet (it
+    submits the run again when nobody ended it on purpose). Follows a new job."""
+    follow(soak)
+    state, _ = job_state(env, soak.job_ids[-1])
+    if state not in ENDED and state is not None:
+        return True
+    guardian = soak.guardian_ids[-1] if soak.guardian_ids else None
+    pending = guardian is not None and job_state(env, guardian)[0] not in (*ENDED, None)
+    follow(soak)
+    return pending or job_state(env, soak.job_ids[-1])[0] not in (*ENDED, None)
+
+
 def lift_hold(env: dict[str, str], job_id: str) -> None:
     """A requeued job waits ~120 s for its BeginTime: start it now (root on the dev cluster)."""
     state, reason = job_state(env, job_id)
@@ -192,6 +225,9 @@ def run_schedule(env: dict[str, str], soak: Soak, plan: list[Fault], config: lis
         if not _wait_ready(env, soak, fault):
             return
         injected = INJECT[fault.kind](env, soak, fault, config)
+        if fault.overlap_s is not None and soak.injected:
+            overlapped = f"{injected.at - soak.injected[-1].at:.1f} s after #{soak.injected[-1].fault.number}"
+            injected.note = "; ".join(filter(None, [f"overlapping: {overlapped}", injected.note]))
         soak.injected.append(injected)
         print(
             f"chaos: #{fault.number} {fault.kind} at {injected.at - soak.t0:.1f} s, step {injected.step}: "
@@ -205,10 +241,11 @@ def _wait_training(env: dict[str, str], soak: Soak, since: Callable[[], float | 
     returns that record's time."""
     deadline, stuck = time.monotonic() + FAULT_WAIT_S, StuckWatch()
     while time.monotonic() < deadline:
+        follow(soak)
         job = soak.job_ids[-1]
         lift_hold(env, job)
         state, reason = job_state(env, job)
-        if state in ENDED or state is None:
+        if (state in ENDED or state is None) and not carried_on(env, soak):
             raise ChaosError(f"job {job} ended ({state}) before training went on")
         if stuck.stuck(state, reason):
             raise ChaosError(f"job {job} stuck: PENDING with Reason={reason} for {STUCK_S:.0f} s")
@@ -245,7 +282,10 @@ def note_next_step(soak: Soak) -> None:
 
 def _wait_ready(env: dict[str, str], soak: Soak, fault: Fault) -> bool:
     """Until the fault's time has come, the job RUNNING and training again since the last fault,
-    and the fault can apply. False (the fault skipped, and the rest) when the job has ended."""
+    and the fault can apply. False (the fault skipped, and the rest) when the job has ended.
+    An overlapping fault waits only for its delay after the last one, and until it can apply."""
+    if fault.overlap_s is not None and soak.injected:
+        return _wait_overlapping(env, soak, fault)
     try:
         _wait_training(env, soak, since=lambda: _recovered_after(soak))
     except ChaosError as error:
@@ -260,6 +300,24 @@ def _wait_ready(env: dict[str, str], soak: Soak, fault: Fault) -> bool:
     return True
 
 
+def _wait_overlapping(env: dict[str, str], soak: Soak, fault: Fault) -> bool:
+    """`overlap_s` after the last fault, as soon as this one can apply (a rank to kill needs the
+    next life's task: a kill right after a requeued life starts). Skipped alone if it cannot
+    apply within FAULT_WAIT_S; False when the run is over."""
+    due, deadline = soak.injected[-1].at + (fault.overlap_s or 0.0), time.monotonic() + FAULT_WAIT_S
+    while time.time() < due or not _applies(env, soak, fault):
+        follow(soak)
+        lift_hold(env, soak.job_ids[-1])
+        if not carried_on(env, soak):
+            soak.skipped.append(f"#{fault.number} {fault.kind} and later: the run ended")
+            return False
+        if time.monotonic() > deadline:
+            soak.skipped.append(f"#{fault.number} {fault.kind}: could not apply within {FAULT_WAIT_S:.0f} s")
+            return True  # the next fault waits for the recovery as usual
+        time.sleep(0.3)
+    return True
+
+
 def _applies(env: dict[str, str], soak: Soak, fault: Fault) -> bool:
     if fault.kind in ("node_down", "node_drain"):
         return _victim_node(env, soak, fault) is not None
@@ -267,7 +325,18 @@ def _applies(env: dict[str, str], soak: Soak, fault: Fault) -> bool:
         return _rank_pid(soak, fault.rank) is not None
     if fault.kind == "torn_checkpoint":
         return len(_checkpoints(soak.run_dir)) >= 2  # one to tear and one to resume from
+    if fault.kind == "batch_node_down":
+        return _batch_host(env, soak) is not None
+    if fault.kind in ("time_limit", "admin_requeue"):  # signals and requeues of a running job
+        return job_state(env, soak.job_ids[-1])[0] == "RUNNING"
     return True
+
+
+def _batch_host(env: dict[str, str], soak: Soak) -> str | None:
+    """The node running the job's batch script, while the job runs."""
+    done = slurm(env, "scontrol", "show", "job", "-o", soak.job_ids[-1], check=False)
+    state, batch = re.search(r"\bJobState=(\S+)", done.stdout), re.search(r"\bBatchHost=(\S+)", done.stdout)
+    return batch.group(1) if state and state.group(1) == "RUNNING" and batch else None
 
 
 def _victim_node(env: dict[str, str], soak: Soak, fault: Fault) -> str | None:
@@ -309,6 +378,23 @@ def node_state(env: dict[str, str], soak: Soak, fault: Fault, state: str) -> Inj
     done = _injected(soak, fault, node)
     slurm(env, "scontrol", "update", f"nodename={node}", f"state={state}", "reason=chaos")
     soak.touched_nodes.add(node)
+    return done
+
+
+def batch_node_down(env: dict[str, str], soak: Soak, fault: Fault, config: list[str]) -> Injected:
+    """The node running the batch script lost: Slurm ends the job FAILED (it runs with
+    --no-kill) and the run's guardian submits it again; the soak follows the new job."""
+    node = _batch_host(env, soak)
+    assert node is not None  # _applies checked it
+    done = _injected(soak, fault, f"{node} (the batch host)")
+    slurm(env, "scontrol", "update", f"nodename={node}", "state=down", "reason=chaos")
+    soak.touched_nodes.add(node)
+    return done
+
+
+def admin_requeue(env: dict[str, str], soak: Soak, fault: Fault, config: list[str]) -> Injected:
+    done = _injected(soak, fault, f"scontrol requeue {soak.job_ids[-1]}")
+    slurm(env, "scontrol", "requeue", soak.job_ids[-1])
     return done
 
 
@@ -375,6 +461,8 @@ INJECT = {
     "time_limit": time_limit,
     "torn_checkpoint": torn_checkpoint,
     "cancel_resubmit": cancel_resubmit,
+    "admin_requeue": admin_requeue,
+    "batch_node_down": batch_node_down,
 }
 
 
@@ -390,9 +478,9 @@ def wait_done(env: dict[str, str], soak: Soak, timeout_s: float) -> None:
         lift_hold(env, job)
         note_next_step(soak)
         state, reason = job_state(env, job)
-        if state in ENDED or state is None:
+        if (state in ENDED or state is None) and not carried_on(env, soak):
             note_next_step(soak)
-            soak.final_state = state or "GONE"
+            soak.final_state = job_state(env, soak.job_ids[-1])[0] or "GONE"
             return
         if stuck.stuck(state, reason):
             soak.final_state = f"STUCK (PENDING, Reason={reason} for {STUCK_S:.0f} s)"
@@ -421,4 +509,4 @@ def clean_up(env: dict[str, str], soak: Soak) -> None:
 
 def _jobs_left(env: dict[str, str], soak: Soak) -> list[str]:
     done = slurm(env, "squeue", "-h", "-o", "%i")
-    return [job for job in done.stdout.split() if job in soak.job_ids]
+    return [job for job in done.stdout.split() if job in (*soak.job_ids, *soak.guardian_ids)]

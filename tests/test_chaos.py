@@ -112,3 +112,18 @@ def test_the_end_checks_fail_on_a_step_twice_other_weights_or_a_job_left(tmp_pat
         "every step once in metrics.jsonl",
         "no job left",
     }
+
+
+def test_the_overlap_soak_draws_its_overlaps_from_the_seed_and_keeps_the_rest() -> None:
+    plan = chaos.schedule(9, 30, overlap=0.5)
+    assert plan == chaos.schedule(9, 30, overlap=0.5)
+    assert {fault.kind for fault in plan} == set(chaos.FULL_KINDS)  # the batch host and admin requeue too
+    overlapping = [fault for fault in plan if fault.overlap_s is not None]
+    assert plan[0].overlap_s is None and 0.25 * len(plan) <= len(overlapping) <= 0.75 * len(plan)
+    assert all(chaos.OVERLAP_DELAY_S[0] <= f.overlap_s <= chaos.OVERLAP_DELAY_S[1] for f in overlapping)  # type: ignore[operator]
+    # Another chance changes which faults overlap, not the faults themselves.
+    others = chaos.schedule(9, 30, overlap=0.9)
+    assert [(f.kind, f.at_s, f.rank) for f in others] == [(f.kind, f.at_s, f.rank) for f in plan]
+    assert sum(f.overlap_s is not None for f in others) > len(overlapping)
+    # Without overlap, the classic catalogue and no overlapping fault.
+    assert all(f.overlap_s is None and f.kind in chaos.KINDS for f in chaos.schedule(9, 30))

@@ -12,24 +12,31 @@ uninterrupted run.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from helpers.paced import PAUSE_ENV
 from slurmtools import (
+    ENDED,
     job_output,
     of,
     same_weights,
     start_cluster,
     submit,
+    wait_at_gate,
     wait_finished,
+    wait_for_state,
     with_test_helpers,
 )
 
+from hpctrain import faults
 from hpctrain.checkpoint import store
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -118,4 +125,98 @@ def test_a_full_checkpoint_disk_keeps_the_newest_checkpoint_and_the_retry_resume
 
     starts = [(s["job_id"], s["resumed_from_step"]) for s in of("start", run_dir)]
     assert starts == [(jobs[0], 0), (jobs[1], 50)], starts
+    assert same_weights(run_dir, reference)
+
+
+def fill(folder: Path, leave: int = 0) -> Path:
+    """A file that takes every byte left on the filesystem of `folder` but `leave`."""
+    filler = folder / "filler"
+    chunk = b"\0" * 65536
+    with open(filler, "wb", buffering=0) as out:
+        try:
+            while True:
+                out.write(chunk)
+        except OSError:
+            pass
+        try:  # the last bytes, smaller than a chunk
+            while True:
+                out.write(b"\0" * 512)
+        except OSError:
+            pass
+    os.truncate(filler, max(0, filler.stat().st_size - leave))
+    return filler
+
+
+def test_a_run_dir_with_no_room_is_not_submitted_again_by_the_guardian(small_disk: Path, tmp_path: Path) -> None:
+    """The run dir's filesystem all but full (another job's output, a user's files: 16 KiB left)
+    when the batch script dies before anything was recorded: the guardian would submit the run
+    again (nobody ended it on purpose), but it probes the run dir first (64 KiB written, synced,
+    removed) and submits nothing, saying why: the new job would fail at its first checkpoint.
+    Once there is room, `hpctrain-submit --retry` runs it to the end, bit-identical."""
+    slurm_env = start_cluster()
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    reference = tmp_path / "reference"
+    trained = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={reference}", *TRAIN],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    run_dir, gates = small_disk / "run", tmp_path / "gates"
+    # Held at slurm.setup while the test fills the disk, then the batch shell killed before its
+    # `control begin` (as an OOM killer would): the job ends FAILED, nothing recorded.
+    armed = {
+        **env,
+        PAUSE_ENV: "0.1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        faults.ENV: "batch.setup=gate:300,batch.before_begin=kill",
+        faults.GATES_ENV: str(gates),
+    }
+    jobs: list[str] = []
+    started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
+    try:
+        (job,), _ = submit(armed, run_dir, *TRAIN)
+        jobs.append(job)
+        reached, opened = faults.gate_files(gates, "batch.setup")
+        wait_at_gate(slurm_env, job, reached, 180)
+        # 16 KiB left: room for a few lines of output (the guardian says why it stops), not for
+        # a job's start, metrics and checkpoints.
+        filler = fill(small_disk, leave=16 * 1024)
+        opened.touch()
+        assert wait_finished(slurm_env, job, timeout_s=300) == "FAILED", job_output(run_dir)
+        guardian = json.loads((run_dir / "submission.json").read_text())["guardian_job_id"]
+        assert wait_for_state(slurm_env, guardian, ENDED, 300) == "FAILED"  # it said why, and left it
+        assert json.loads((run_dir / "submission.json").read_text())["job_id"] == job  # nothing new
+        assert "has no room (No space left on device)" in (run_dir / f"guardian-{guardian}.out").read_text()
+        # Slurm's own list of every job since this one: the run's job and its guardian, no third.
+        listed = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-o", "JobID,JobName,State", "-S", started],
+            env=slurm_env,
+            capture_output=True,
+            text=True,
+        )
+        since = [line.split("|")[0] for line in listed.stdout.split() if int(line.split("|")[0]) >= int(job)]
+        assert sorted(since) == sorted([job, guardian]), listed.stdout  # ids grow: none before this job
+
+        # Room again: the retry trains it from the start (nothing was recorded) to the end.
+        filler.unlink()
+        subprocess.run(["mount", "-o", f"remount,size={ROOMY}", str(small_disk)], check=True)
+        retried = subprocess.run(
+            [sys.executable, "-m", "hpctrain.cli.submit", "--retry", str(run_dir)],
+            env={**env, PAUSE_ENV: "0.1"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert retried.returncode == 0, retried.stdout + retried.stderr
+        (new_job,) = re.findall(r"^Submitted batch job (\d+)$", retried.stdout, re.M)
+        jobs.append(new_job)
+        assert wait_finished(slurm_env, new_job, timeout_s=300) == "COMPLETED", job_output(run_dir)
+    finally:
+        subprocess.run(["scancel", *jobs], env=slurm_env, capture_output=True)
+    output, _ = trained.communicate(timeout=600)
+    assert trained.returncode == 0, output[-3000:]
+    assert [s["job_id"] for s in of("start", run_dir)] == [jobs[1]]
+    assert of("requeue", run_dir) == []  # the guardian recorded nothing: there was no room
     assert same_weights(run_dir, reference)

@@ -3,12 +3,29 @@ job read. No other module spells a run-dir file name."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+
+def no_room(error: BaseException) -> bool:
+    """The filesystem is full, or the user's quota is: writing again will not help until
+    someone makes room."""
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_room_message(run_dir: Path, error: OSError) -> str:
+    """What to tell the user when the run dir cannot be written for want of room."""
+    return (
+        f"the run dir {run_dir} has no room ({error.strerror}): nothing more can be recorded, so this "
+        f"run stops here and is not submitted again; make room, then `hpctrain-submit --retry {run_dir}` "
+        "resumes it from its newest complete checkpoint"
+    )
+
 
 # sbatch's --output in a run dir: every life of a job appends to its file (%j: the job id).
 SLURM_OUTPUT_PATTERN = "slurm-%j.out"
@@ -122,6 +139,24 @@ class RunDir:
             for key in ("array_job_id", "array_task_id", "array_script"):
                 record.pop(key, None)
         self.write_submission(record)
+
+    def room_left(self, probe_bytes: int = 64 * 1024) -> OSError | None:
+        """None when the run dir's filesystem takes `probe_bytes` more (written, synced and
+        removed again), else why not (ENOSPC, EDQUOT). A job submitted into a run dir that
+        cannot record its own start would fail at once, and its record of that too."""
+        probe = self.root / f".room-probe-{os.getpid()}"
+        try:
+            with open(probe, "wb") as file:
+                file.write(b"\0" * probe_bytes)
+                file.flush()
+                os.fsync(file.fileno())
+        except OSError as error:
+            if not no_room(error):
+                raise
+            return error
+        finally:
+            probe.unlink(missing_ok=True)
+        return None
 
     def slurm_outputs(self) -> list[Path]:
         """The jobs' output files (SLURM_OUTPUT_PATTERN), oldest job first."""

@@ -49,7 +49,7 @@ from hpctrain.run.events import Failure, Journal, read_events
 from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes, parse_time_left
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.life import LifeStamp
-from hpctrain.run.paths import RunDir
+from hpctrain.run.paths import RunDir, no_room, no_room_message
 from hpctrain.slurm import client
 from hpctrain.slurm.constraints import nodes_meeting, parse_sinfo_features
 from hpctrain.slurm.env import parse_node_list
@@ -396,6 +396,17 @@ def _controller(run_dir: str) -> Controller:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    try:
+        _dispatch(args)
+    except OSError as error:
+        if not no_room(error) or len(args) < 2:
+            raise
+        # One line, not a traceback: the journal cannot be written, so the step's decision cannot
+        # be kept; the shell ends the job (an empty answer) and the guardian finds no room either.
+        sys.exit(f"hpctrain: {no_room_message(Path(args[1]), error)}")
+
+
+def _dispatch(args: list[str]) -> None:
     if len(args) == 2 and args[0] == "begin":
         sys.exit(_controller(args[1]).begin())
     if len(args) == 7 and args[0] == "after-step":

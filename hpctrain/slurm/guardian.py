@@ -34,7 +34,7 @@ from hpctrain.run.decide import History, decide_guard, lineage
 from hpctrain.run.events import Failure, Journal, read_events
 from hpctrain.run.facts import Budgets, JobEnd
 from hpctrain.run.jsonlines import locked
-from hpctrain.run.paths import RunDir
+from hpctrain.run.paths import RunDir, no_room_message
 from hpctrain.slurm import client
 from hpctrain.slurm.records import JobRecord, parse_job_record
 
@@ -97,6 +97,11 @@ class Guardian:
             decision = decide_guard(History(self.job_id, ended.restarts, events, (), aliases), ended, self.budgets)
             print(f"hpctrain guardian: job {self.job_id}: {decision.message}", file=sys.stderr)
             if decision.action is Action.REQUEUE:
+                full = self.run.room_left()
+                if full is not None:  # the new job could not even record its start
+                    print(f"hpctrain guardian: {no_room_message(self.run.root, full)}", file=sys.stderr)
+                    self._trial_ended("fail")
+                    return 1
                 return self._resubmit(decision.events)
             for event in decision.events:
                 self.journal.write_event(event)
