@@ -350,6 +350,27 @@ def set_grace(env: dict[str, str], seconds: int) -> None:
     )
 
 
+class Reference:
+    """The uninterrupted run a faulted job must match bit for bit, trained on this machine beside
+    the job (`hpctrain-train`, the test helpers importable): started at once, awaited at the end."""
+
+    def __init__(self, env: dict[str, str], run_dir: Path, overrides: list[str]) -> None:
+        self.run_dir = run_dir
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={run_dir}", *overrides],
+            env={**env, "PYTHONPATH": with_test_helpers(env)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def trained(self, timeout_s: float = 600) -> Path:
+        """The run dir, once the run ended well (asserted, its output shown otherwise)."""
+        output, _ = self.process.communicate(timeout=timeout_s)
+        assert self.process.returncode == 0, output[-3000:]
+        return self.run_dir
+
+
 def current_job(run_dir: Path) -> str:
     """The job that carries the run on: the first, or the one a guardian submitted since."""
     import json

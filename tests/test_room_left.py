@@ -4,30 +4,19 @@ other write errors, and probed for room before the guardian submits a job into i
 from __future__ import annotations
 
 import errno
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.disks import small_tmpfs
 
 from hpctrain.run.paths import RunDir, no_room, no_room_message
 
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 256 KiB tmpfs (root, as in CI; skipped elsewhere)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (root needed): {done.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "256k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "--lazy", str(mount)], capture_output=True)
 
 
 @pytest.mark.parametrize(

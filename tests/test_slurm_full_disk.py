@@ -15,16 +15,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.disks import small_tmpfs
 from helpers.paced import PAUSE_ENV
 from slurmtools import (
     ENDED,
+    Reference,
     job_output,
     of,
     same_weights,
@@ -55,18 +57,9 @@ ROOMY = "64m"
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (root needed): {done.stderr.decode().strip()}")
-    try:
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    with small_tmpfs(tmp_path / "disk", DISK) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "--lazy", str(mount)], capture_output=True)
 
 
 def test_a_full_checkpoint_disk_keeps_the_newest_checkpoint_and_the_retry_resumes_from_it(
@@ -75,13 +68,7 @@ def test_a_full_checkpoint_disk_keeps_the_newest_checkpoint_and_the_retry_resume
     slurm_env = start_cluster()
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     reference = tmp_path / "reference"
-    trained = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={reference}", *TRAIN],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    trained = Reference(env, reference, TRAIN)
     run_dir = small_disk / "run"
     jobs: list[str] = []
     try:
@@ -120,8 +107,7 @@ def test_a_full_checkpoint_disk_keeps_the_newest_checkpoint_and_the_retry_resume
         assert wait_finished(slurm_env, new_job, timeout_s=300) == "COMPLETED", job_output(run_dir)
     finally:
         subprocess.run(["scancel", *jobs], env=slurm_env, capture_output=True)
-    output, _ = trained.communicate(timeout=600)
-    assert trained.returncode == 0, output[-3000:]
+    trained.trained()
 
     starts = [(s["job_id"], s["resumed_from_step"]) for s in of("start", run_dir)]
     assert starts == [(jobs[0], 0), (jobs[1], 50)], starts
@@ -156,13 +142,7 @@ def test_a_run_dir_with_no_room_is_not_submitted_again_by_the_guardian(small_dis
     slurm_env = start_cluster()
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     reference = tmp_path / "reference"
-    trained = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={reference}", *TRAIN],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    trained = Reference(env, reference, TRAIN)
     run_dir, gates = small_disk / "run", tmp_path / "gates"
     # Held at slurm.setup while the test fills the disk, then the batch shell killed before its
     # `control begin` (as an OOM killer would): the job ends FAILED, nothing recorded.
@@ -215,8 +195,7 @@ def test_a_run_dir_with_no_room_is_not_submitted_again_by_the_guardian(small_dis
         assert wait_finished(slurm_env, new_job, timeout_s=300) == "COMPLETED", job_output(run_dir)
     finally:
         subprocess.run(["scancel", *jobs], env=slurm_env, capture_output=True)
-    output, _ = trained.communicate(timeout=600)
-    assert trained.returncode == 0, output[-3000:]
+    trained.trained()
     assert [s["job_id"] for s in of("start", run_dir)] == [jobs[1]]
     assert of("requeue", run_dir) == []  # the guardian recorded nothing: there was no room
     assert same_weights(run_dir, reference)

@@ -30,7 +30,6 @@ step and save it, and the batch script decides a requeue (preempt). Slurm's requ
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,6 +38,7 @@ import pytest
 from helpers.paced import PAUSE_ENV
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
+    Reference,
     cancel_run,
     current_job,
     events,
@@ -135,13 +135,7 @@ def gates_of(run_dir: Path) -> Path:
 def test_faults_at_the_batch_scripts_worst_moments_side_by_side(slurm_env, tmp_path: Path) -> None:
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     reference = tmp_path / "reference"
-    trained = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={reference}", *TRAIN],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    trained = Reference(env, reference, TRAIN)
     runs = {name: tmp_path / name for name in CELLS}
     jobs: dict[str, str] = {}
     try:
@@ -162,8 +156,7 @@ def test_faults_at_the_batch_scripts_worst_moments_side_by_side(slurm_env, tmp_p
     finally:
         for run_dir in runs.values():
             cancel_run(slurm_env, run_dir)
-    output, _ = trained.communicate(timeout=600)
-    assert trained.returncode == 0, output[-3000:]
+    trained.trained()
 
     # scancel while the batch script asked for its requeue: the user's word stands. Before, the
     # requeue was asked all the same, Slurm granted it (Restarts=1) and the cancelled job trained on.

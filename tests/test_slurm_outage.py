@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import pytest
 from helpers.paced import PAUSE_ENV
 from slurmtools import (
     CLUSTER_DIR,
+    Reference,
     _controller_pid,
     devcluster,
     events,
@@ -65,13 +65,7 @@ def slurm_env() -> dict[str, str]:
 def test_slurmctld_stopped_for_30_s_during_the_requeue(slurm_env, tmp_path: Path) -> None:
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     reference = tmp_path / "reference"
-    trained = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={reference}", *TRAIN],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    trained = Reference(env, reference, TRAIN)
     run_dir = tmp_path / "run"
     (job,), _ = submit({**env, PAUSE_ENV: "0.1", faults.ENV: ARMING}, run_dir, *TRAIN)
     module = devcluster()
@@ -91,8 +85,7 @@ def test_slurmctld_stopped_for_30_s_during_the_requeue(slurm_env, tmp_path: Path
         state = wait_finished(slurm_env, job, timeout_s=600, lift_holds=True)
     finally:
         subprocess.run(["scancel", job], env=slurm_env, capture_output=True)
-    output, _ = trained.communicate(timeout=600)
-    assert trained.returncode == 0, output[-3000:]
+    trained.trained()
 
     journal = events(run_dir)
     assert state == "COMPLETED", f"{journal}\n{job_output(run_dir)}"

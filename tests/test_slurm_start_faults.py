@@ -24,7 +24,6 @@ Every run that is not cancelled ends COMPLETED and bit-identical to an uninterru
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,6 +32,7 @@ import pytest
 from helpers.paced import PAUSE_ENV
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
+    Reference,
     cancel_run,
     current_job,
     events,
@@ -103,13 +103,7 @@ def run_cell(env: dict[str, str], run_dir: Path, gates: Path, phase: str, fault:
 def test_scancel_admin_requeue_and_warning_at_the_rendezvous_and_the_resume(slurm_env, tmp_path: Path) -> None:
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     reference = tmp_path / "reference"
-    trained = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={reference}", *TRAIN],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    trained = Reference(env, reference, TRAIN)
     runs = {name: tmp_path / name for name in CELLS}
     try:
         with ThreadPoolExecutor(max_workers=len(CELLS)) as pool:
@@ -121,8 +115,7 @@ def test_scancel_admin_requeue_and_warning_at_the_rendezvous_and_the_resume(slur
     finally:
         for run_dir in runs.values():
             cancel_run(slurm_env, run_dir)
-    output, _ = trained.communicate(timeout=600)
-    assert trained.returncode == 0, output[-3000:]
+    trained.trained()
 
     for name, (phase, fault) in CELLS.items():
         run_dir = runs[name]

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from clitools import assert_refused, describe, fake_slurm, files, lines, run_cli, world_writable
+from helpers.disks import small_tmpfs
 
 from hpctrain.checkpoint import Checkpointer, CheckpointMismatch, store
 from hpctrain.dist import DistContext
@@ -279,19 +281,10 @@ def test_the_batch_script_stops_instead_of_requeueing_after_a_user_error(tmp_pat
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path):
+def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 512 KiB tmpfs: room for one checkpoint of the MLP (~330 KB), not two."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (root needed): {done.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "512k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], capture_output=True)
 
 
 def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one_and_says_so(small_disk: Path) -> None:
