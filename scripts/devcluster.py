@@ -366,7 +366,8 @@ def ensure_installed(with_accounting: bool) -> None:
     env["PATH"] = _path_with_system_dirs(env.get("PATH", ""))
     for args in (
         ["apt-get", "update"],
-        ["apt-get", "install", "-y", *packages],
+        # A CI image's own apt (unattended-upgrades at boot) may hold dpkg's lock: wait for it.
+        ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", *packages],
     ):
         # Let apt's output through: a slow mirror should be visible, not a silent hang.
         result = subprocess.run(args, env=env, stdout=sys.stderr, check=False)
@@ -746,6 +747,21 @@ def locked(paths: Paths) -> Iterator[None]:
         yield
 
 
+# Slurm's packages and munged are the machine's, not one cluster's: clusters brought up at once
+# from other folders (parallel pytest workers on a fresh machine) install and start them one at a
+# time, and the later ones find them there. Without it two apt-gets raced for dpkg's lock and
+# every cluster but one failed to come up.
+MACHINE_LOCK = Path("/var/lock" if Path("/var/lock").is_dir() else "/tmp") / "hpctrain-devcluster-machine.lock"
+
+
+@contextlib.contextmanager
+def machine_locked() -> Iterator[None]:
+    """Serialize what every cluster on this machine shares: installing packages, munged."""
+    with open(MACHINE_LOCK, "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        yield
+
+
 def up(shape: Shape, directory: str) -> dict[str, str]:
     """Make sure a healthy cluster of this shape runs from `directory`; return its env."""
     require_root()
@@ -755,8 +771,9 @@ def up(shape: Shape, directory: str) -> dict[str, str]:
 
 
 def _up_locked(shape: Shape, paths: Paths) -> dict[str, str]:
-    ensure_installed(shape.accounting)
-    ensure_munge()
+    with machine_locked():
+        ensure_installed(shape.accounting)
+        ensure_munge()
     expected_conf = render_slurm_conf(shape, paths, short_hostname())
     same_shape = read_shape(paths) == shape and _read_text(paths.conf) == expected_conf
     if same_shape and is_up(paths, shape):
