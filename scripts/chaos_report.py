@@ -39,6 +39,8 @@ def report(soak: Soak, max_steps: int) -> dict[str, Any]:
             steps == list(range(1, max_steps + 1)),
             f"{len(steps)} lines, {len(set(steps))} distinct, expected steps 1..{max_steps}",
         ),
+        # A fault skipped: the job ended early, stuck PENDING or never trained again after one.
+        "every fault applied": (not soak.skipped, f"skipped: {soak.skipped}" if soak.skipped else "none skipped"),
         "no job left": (not soak.jobs_left, f"left: {soak.jobs_left}"),
         "no process left": (not soak.processes_left, f"left: {soak.processes_left}"),
     }

@@ -94,6 +94,7 @@ class Row:
     action: Action = Action.REQUEUE
     events: list[str] = field(default_factory=list)
     excluded: tuple[str, ...] = ()
+    requeue_nodes: int | None = None  # the requeued job's lowered node count (None: unchanged)
     ends_run: bool | None = None  # None: as the action says (finish, fail, stop end it)
 
 
@@ -251,24 +252,39 @@ ROWS = {
         nodes="node_down_while_held",
         **{**SPARE, "allocated": ("node1", "node3")},
         preempting=True,
-        events=["failure:node_failure", "requeue:node_failure"],  # 3 nodes held, 3 listed: none kept out
+        events=["failure:node_failure", "requeue:node_failure"],
+        excluded=("node2",),  # 2 nodes left for its 3: it starts again on them, the spare given up
+        requeue_nodes=2,
     ),
     # ---- the cases of the issue ----
-    "drained spare + time limit: requeue, not relaunch": Row(
+    # node3, the spare, drained: the 3-node job would wait for the end of its maintenance. Its
+    # two training nodes can run it: it starts again on 2, the spare given up.
+    "drained spare + time limit: requeue on the training nodes, not relaunch": Row(
         EARLIER,
         TIMELIMIT_SAVE,
         out(WORKER_SAVED_FOR_TIMELIMIT, warned=True),
         nodes="spare_draining",
         **SPARE,
         events=["requeue:timelimit"],
+        requeue_nodes=2,
     ),
-    "drained spare + preemption: requeue, not relaunch": Row(
+    "drained spare + preemption: requeue on the training nodes, not relaunch": Row(
         EARLIER,
         PREEMPT_SAVE,
         out(WORKER_SAVED_AND_STOPPED),
         nodes="spare_draining",
         **SPARE,
         events=["requeue:preempt"],
+        requeue_nodes=2,
+    ),
+    "drained spare, 2 nodes to train on 1: requeue keeps one spare": Row(
+        EARLIER,
+        TIMELIMIT_SAVE,
+        replace(out(WORKER_SAVED_FOR_TIMELIMIT, warned=True), nodes_wanted=1),
+        nodes="spare_draining",
+        **SPARE,
+        events=["requeue:timelimit"],
+        requeue_nodes=2,
     ),
     "node failing after the time-limit warning: requeue": Row(
         EARLIER,
@@ -279,12 +295,24 @@ ROWS = {
         events=["failure:node_failure", "requeue:timelimit"],
         excluded=("node2",),
     ),
-    "a requeue that would leave too few nodes keeps no failed node out (it would wait for ever)": Row(
+    # Before: it kept no failed node out and waited, 3 nodes held, for node2's repair.
+    "a requeue that would leave fewer nodes than the job holds keeps the failed one out and gives up the spare": Row(
         EARLIER,
         (start("node1", "node2"),),
         out(137, warned=True, user_exclude=("node9",)),
         nodes="node_down_while_held",
         **{**SPARE, "allocated": ("node1", "node3")},
+        events=["failure:node_failure", "requeue:timelimit"],
+        excluded=("node2", "node9"),
+        requeue_nodes=2,
+    ),
+    "a requeue that would leave too few nodes to train keeps no failed node out (it would wait for ever)": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(137, warned=True, user_exclude=("node9",)),
+        nodes="node_down_while_held",
+        allocated=("node1",),
+        partition_nodes=("node1", "node2"),
         events=["failure:node_failure", "requeue:timelimit"],
         excluded=("node9",),
     ),
@@ -296,7 +324,8 @@ ROWS = {
         **{**SPARE, "allocated": ("node1", "node3")},
         time_left_s=45.0,
         events=["failure:node_failure", "requeue:node_failure"],
-        excluded=(),  # all 3 nodes needed: keeping node2 out would leave the job waiting for ever
+        excluded=("node2",),  # 2 nodes left for its 3: it starts again on them, the spare given up
+        requeue_nodes=2,
     ),
     "node failure, time left unknown: requeue": Row(
         EARLIER,
@@ -306,7 +335,8 @@ ROWS = {
         **{**SPARE, "allocated": ("node1", "node3")},
         time_left_s=None,
         events=["failure:node_failure", "requeue:node_failure"],
-        excluded=(),  # all 3 nodes needed: keeping node2 out would leave the job waiting for ever
+        excluded=("node2",),  # 2 nodes left for its 3: it starts again on them, the spare given up
+        requeue_nodes=2,
     ),
     "life dying before start after a time-limit stop: crash": Row(
         (*EARLIER, ckpt(55, "timelimit", 60.0), requeue("timelimit", 61.0)),
@@ -467,6 +497,9 @@ def test_decide(row: Row) -> None:
     ends = row.action in (Action.FINISH, Action.FAIL, Action.STOP) if row.ends_run is None else row.ends_run
     assert decision.ends_run is ends
     assert decision.excluded == row.excluded
+    assert [e.nodes for e in decision.events if isinstance(e, Requeue)] == [
+        row.requeue_nodes for e in decision.events if isinstance(e, Requeue)
+    ]
     for event in decision.events:
         assert (event.job_id, event.restart) == (JOB, 0)
 

@@ -175,11 +175,13 @@ def fail_a_node_after_the_warning(env: dict[str, str], job_id: str, run_dir: Pat
     touched.add(victim)
     scontrol(env, "update", f"nodename={victim}", "state=down", "reason=hpctrain-test")
     wait_for_state(env, job_id, {"PENDING"}, 120)
-    # The job needs all three nodes: keeping the failed one out would leave it waiting for ever
-    # (Slurm: BadConstraints) once the node is back, so the requeue keeps none out. The node is
-    # back in service, and the ~120 s hold is lifted as every recovery test does; no other help.
-    resume(env, victim)
+    # Two nodes are left for the three it held: the requeue keeps the failed one out and gives up
+    # the spare, so the job starts again while the node is still down (before: it kept none out
+    # and waited, 3 nodes held, for the node's repair). The ~120 s hold is lifted as every
+    # recovery test does; no other help.
     scontrol(env, "update", f"jobid={job_id}", SAFE_START)
+    wait_for_state(env, job_id, {"RUNNING"}, 120)
+    resume(env, victim)  # back for the 3-node job submitted next
     return victim
 
 
@@ -204,10 +206,8 @@ def fault_at_step_20(env: dict[str, str], jobs: dict[str, str], runs: dict[str, 
             faults.pop(name)()
         time.sleep(0.2)
     assert not faults, f"{sorted(faults)}: no step 20 within 240 s"
-    # Requeued for the time limit, the job waits for its drained spare until it is back.
-    wait_for_state(env, jobs["drained_spare"], {"PENDING"}, 120)
-    for node in touched:
-        resume(env, node)
+    # Requeued for the time limit, the job starts again on its two training nodes, its spare
+    # given up, while the spare is still drained (before: it waited for the maintenance's end).
 
 
 def test_recovery_after_the_time_limit_warning_side_by_side(slurm_env, tmp_path: Path) -> None:
@@ -263,16 +263,21 @@ def test_recovery_after_the_time_limit_warning_side_by_side(slurm_env, tmp_path:
     failing = runs["node_fails"]
     failed = of("failure", failing)
     assert [(e["cause"], e["nodes"], e["restart"]) for e in failed] == [("node_failure", [victim], 0)], events(failing)
-    assert of("requeue", failing)[0]["excluded"] == []  # 3 nodes needed of 3: none kept out
+    requeue = of("requeue", failing)[0]
+    assert (requeue["excluded"], requeue["nodes"]) == ([victim], 2), events(failing)
     assert [c["reason"] for c in of("checkpoint", failing)].count("timelimit") == 0
     starts = of("start", failing)
     assert [s["restart"] for s in starts] == [0, 1], events(failing)
+    assert victim not in starts[1]["nodes"] and len(starts[1]["nodes"]) == 2, events(failing)
     assert starts[1]["resumed_from_step"] >= newest_checkpoint_before(events(failing), 1), events(failing)
 
     # The drained spare is neither a failure nor a node to relaunch on: a plain time-limit requeue
     # that resumes at the step it saved.
     drained = runs["drained_spare"]
     assert of("failure", drained) == []
+    assert [e["nodes"] for e in of("requeue", drained)] == [2], events(drained)
+    (spare,) = touched - {victim}  # drained until the test ended
+    assert spare not in of("start", drained)[1]["nodes"], events(drained)
     saved = [c["step"] for c in of("checkpoint", drained) if c["reason"] == "timelimit"]
     starts = of("start", drained)
     assert len(saved) == 1 and [s["resumed_from_step"] for s in starts] == [0, saved[0]], events(drained)

@@ -99,9 +99,11 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
                 tuple(relaunch.excluded),
                 f"relaunch on {','.join(relaunch.nodes)}",
             )
-    excluded = sorted(_requeue_exclusion(keep_out, outcome, cluster))
-    written.append(Requeue(**mark, cause=cause, excluded=excluded))
-    return Decision(Action.REQUEUE, tuple(written), tuple(excluded), f"requeue ({cause.value})")
+    kept_out, nodes = _requeue_shape(keep_out, outcome, cluster)
+    excluded = sorted(kept_out)
+    written.append(Requeue(**mark, cause=cause, excluded=excluded, nodes=nodes))
+    given_up = f"; on {nodes} nodes, the spares it cannot have given up" if nodes is not None else ""
+    return Decision(Action.REQUEUE, tuple(written), tuple(excluded), f"requeue ({cause.value}{given_up})")
 
 
 def decide_cancelled(history: History, requeued_by_slurm: bool = False, timed_out: bool = False) -> Decision:
@@ -349,23 +351,28 @@ def _keep_out(outcome: Outcome, cluster: ClusterView, lost: list[str]) -> set[st
     return set(outcome.user_exclude) | set(lost) | (earlier - set(outcome.user_exclude))
 
 
-def _requeue_exclusion(keep_out: set[str], outcome: Outcome, cluster: ClusterView) -> set[str]:
-    """The requeued job's ExcNodeList. It needs as many nodes as it holds (training nodes and
-    spares): if keeping failed nodes out leaves Slurm fewer than that, the job would wait for
-    ever once they are back (Reason=BadConstraints). Then only slurm.exclude stays: Slurm does not
-    start a job on a node while it is down anyway. Counted are the nodes that could run it: its
-    partition's (not another partition's), with the features its --constraint asks for, and not
-    drained by an administrator."""
+def _requeue_shape(keep_out: set[str], outcome: Outcome, cluster: ClusterView) -> tuple[set[str], int | None]:
+    """The requeued job's ExcNodeList, and its node count when it must shrink (None: as it is).
+
+    It holds training nodes and spares. Counted are the nodes that could run it: its partition's
+    (not another partition's), with the features its --constraint asks for, not kept out and not
+    drained by an administrator. Enough for all it holds: keep the failed nodes out. Fewer, but
+    enough to train: give up the spares it cannot have now and keep the failed nodes out, rather
+    than wait for a drained node's maintenance or a dead node's repair. Too few to train: keep
+    only slurm.exclude out, so the job starts once they are back (kept out, it would wait for
+    ever: Reason=BadConstraints); Slurm starts no job on a down node anyway."""
     needed = len(cluster.original or cluster.allocated)
     if not cluster.nodes:
-        return keep_out
+        return keep_out, None
     pool = set(cluster.partition_nodes or cluster.nodes) - keep_out
     if cluster.constraint_nodes is not None:
         pool &= cluster.constraint_nodes
     usable = {n for n in pool if cluster.service(n) is not Service.DRAINED}
     if len(usable) >= needed:
-        return keep_out
-    return set(outcome.user_exclude)
+        return keep_out, None
+    if len(usable) >= outcome.nodes_wanted:
+        return keep_out, len(usable)
+    return set(outcome.user_exclude), None
 
 
 def _previous_life(history: History) -> Sequence[Event]:

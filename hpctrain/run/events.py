@@ -115,6 +115,9 @@ class Requeue(Event):
     cause: Cause
     excluded: list[str] | None = None  # the job's ExcNodeList for its next start
     by: str | None = None  # None: hpctrain asked; BY_SLURM: Slurm did it on its own
+    # The job's node count for its next start when hpctrain lowered it (spares it could not have
+    # given up: too few nodes in service); None: as it was.
+    nodes: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

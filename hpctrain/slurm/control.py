@@ -45,7 +45,7 @@ from hpctrain.run import exitcodes
 from hpctrain.run.before_requeue import BeforeRequeue, before_requeue
 from hpctrain.run.causes import Cause
 from hpctrain.run.decide import Decision, History, decide, decide_begin, decide_cancelled, lineage
-from hpctrain.run.events import Failure, Journal, read_events
+from hpctrain.run.events import Failure, Journal, Requeue, read_events
 from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes, parse_time_left
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.life import LifeStamp
@@ -55,7 +55,7 @@ from hpctrain.slurm.constraints import nodes_meeting, parse_sinfo_features
 from hpctrain.slurm.env import parse_node_list
 from hpctrain.slurm.guardian import submit_guardian
 from hpctrain.slurm.records import JobRecord, parse_job_record, parse_partition
-from hpctrain.slurm.requeue import ask_requeue, exclude_nodes, requeue_without_answer
+from hpctrain.slurm.requeue import ask_requeue, exclude_nodes, lower_node_count, requeue_without_answer
 
 # All the Slurm calls of one control step: a step ended by SIGTERM (scancel, a preemption's
 # grace) is killed KillWait seconds later (30 by default), and its decision must be written by
@@ -332,14 +332,40 @@ class Controller:
         return self._restarted_past_me(self._job_record(meaning="taking the requeue as refused"))
 
     def _exclude(self, excluded: str) -> None:
+        """Shape the requeued job's next start: the nodes kept out, and fewer nodes when the
+        decision gave up spares it cannot have now."""
         done = exclude_nodes(self.job_id, excluded, self.until)
         if not done.ok:
             print(
                 f"hpctrain: ExcNodeList={excluded} not set ({done.why()}); the job may start on them", file=sys.stderr
             )
+        nodes = self._requeue_node_count()
+        if nodes is not None:
+            lowered = lower_node_count(self.job_id, nodes, self.until)
+            if not lowered.ok:
+                print(
+                    f"hpctrain: NumNodes={nodes} not set ({lowered.why()}); the job waits for all its nodes",
+                    file=sys.stderr,
+                )
+
+    def _requeue_node_count(self) -> int | None:
+        """The node count this life's requeue decision asked for (None: unchanged)."""
+        asked = [
+            e.nodes
+            for e in read_events(self.run.events)
+            if isinstance(e, Requeue) and e.by is None and (e.job_id, e.restart) == (self.job_id, self.restart)
+        ]
+        return asked[-1] if asked else None
 
     def _sbatch_again(self, excluded: str) -> tuple[str | None, str]:
-        command = ["sbatch", "--parsable", *([f"--exclude={excluded}"] if excluded else []), str(self.run.job_script)]
+        nodes = self._requeue_node_count()
+        command = [
+            "sbatch",
+            "--parsable",
+            *([f"--exclude={excluded}"] if excluded else []),
+            *([f"--nodes={nodes}"] if nodes is not None else []),
+            str(self.run.job_script),
+        ]
         env = client.outside_job_env(self.env)
         done = self._ask(*command, env=env, policy=RESUBMIT, meaning="the run cannot go on in a new job")
         job_id = done.stdout.strip().split(";")[0]

@@ -1,0 +1,49 @@
+"""A short seeded overlap soak on the dev cluster (scripts/chaos.py --overlap): faults that come
+while the job still recovers from the one before, the node running the batch script and an
+administrator's requeue among them, and still one exact result. A module of its own, so it runs
+beside the classic soak (tests/test_chaos.py) on another worker's cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from slurmtools import CLUSTER_DIR, PORT_BASE, REPO, start_cluster
+
+sys.path.insert(0, str(REPO / "scripts"))
+import chaos  # noqa: E402
+
+SOAK_MINUTES = 6
+SEED = 3
+OVERLAP = 0.5
+
+
+def test_the_seed_overlaps_what_the_soak_is_for() -> None:
+    """The schedule this test runs: the whole catalogue once, some faults overlapping."""
+    plan = chaos.schedule(SEED, SOAK_MINUTES, overlap=OVERLAP)
+    assert sorted(f.kind for f in plan) == sorted(chaos.FULL_KINDS)
+    assert sum(f.overlap_s is not None for f in plan) >= 3, plan
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.soak
+def test_a_short_overlap_soak_ends_exact_with_every_fault_applied(tmp_path: Path) -> None:
+    start_cluster()  # the worker's own cluster, stopped when the run ends; chaos.py reuses it
+    command = [
+        sys.executable,
+        str(REPO / "scripts" / "chaos.py"),
+        *("--minutes", str(SOAK_MINUTES), "--seed", str(SEED), "--overlap", str(OVERLAP)),
+        *("--dir", CLUSTER_DIR, "--port-base", str(PORT_BASE), "--out", str(tmp_path)),
+    ]
+    # The soak's own budget (its minutes, then up to 10 for the job to end) and room to clean up.
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1500)
+    output = f"exit {done.returncode}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+    result = json.loads((tmp_path / "chaos-report.json").read_text())
+    assert {row["kind"] for row in result["faults"]} == set(chaos.FULL_KINDS), output
+    failed = {name: check["detail"] for name, check in result["checks"].items() if not check["passed"]}
+    assert not failed, output
+    assert done.returncode == 0, output
