@@ -21,6 +21,7 @@ from hpctrain.config.schema import SlurmConfig
 from hpctrain.run import exitcodes
 from hpctrain.run.facts import Budgets
 from hpctrain.slurm import control
+from hpctrain.slurm import requeue as requeue_calls
 from hpctrain.slurm.control import Controller
 
 RUNNING = (FIXTURES / "scontrol" / "running.txt").read_text()  # JobId=1, Restarts=0
@@ -174,6 +175,44 @@ def test_an_accepted_requeue_then_excludes_the_failed_nodes(tmp_path: Path, slur
         ["scontrol", "update", "jobid=1", "ExcNodeList=node2"],
     ]
     assert events(root) == []
+
+
+def _decided_on_two_nodes(root: Path) -> None:
+    """after-step's record: requeue without node2, the job's spare given up (2 nodes of its 3)."""
+    record = {"event": "requeue", "time": 100.0, "job_id": "1", "restart": 0, "cause": "timelimit"}
+    (root / "events.jsonl").write_text(json.dumps({**record, "excluded": ["node2"], "nodes": 2}) + "\n")
+
+
+def test_a_requeue_that_gives_up_the_spare_lowers_the_count_before_it_keeps_nodes_out(
+    tmp_path: Path, slurm: FakeSlurm
+) -> None:
+    slurm.says("scontrol.show", Said(out=RUNNING)).says("scontrol.requeue", Said()).says("scontrol.update", Said())
+    root = run_dir(tmp_path / "run", "slurm:\n  nodes: 2\n  ntasks_per_node: 2\n")
+    _decided_on_two_nodes(root)
+    assert requeue(root) == exitcodes.BATCH_REQUEUED
+    assert slurm.calls("scontrol")[2:] == [
+        ["scontrol", "update", "jobid=1", "NumNodes=2", "NumTasks=4"],
+        ["scontrol", "update", "jobid=1", "ExcNodeList=node2"],
+    ]
+
+
+def test_a_count_slurm_will_not_lower_keeps_no_failed_node_out(
+    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """node2 kept out of a job that still asks for its 3 nodes would leave it waiting for ever."""
+    monkeypatch.setattr(requeue_calls, "EXCLUDE_TRIES", 1)
+    refused = Said(err=(FIXTURES / "scontrol" / "numnodes_refused.err").read_text(), rc=1)
+    slurm.says("scontrol.show", Said(out=RUNNING)).says("scontrol.requeue", Said())
+    slurm.says("scontrol.update", refused, Said())
+    root = run_dir(tmp_path / "run", "slurm:\n  nodes: 2\n  exclude: node9\n")
+    _decided_on_two_nodes(root)
+    assert requeue(root) == exitcodes.BATCH_REQUEUED
+    assert slurm.calls("scontrol")[2:] == [
+        ["scontrol", "update", "jobid=1", "NumNodes=2", "NumTasks=2"],
+        ["scontrol", "update", "jobid=1", "ExcNodeList=node9"],
+    ]
+    said = capsys.readouterr().err
+    assert "NumNodes=2 not set" in said and "Requested operation not supported" in said and "ExcNodeList=node9" in said
 
 
 def test_a_requeue_without_answer_is_looked_at_before_anything_else(tmp_path: Path, slurm: FakeSlurm) -> None:

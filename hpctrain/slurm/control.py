@@ -334,19 +334,23 @@ class Controller:
     def _exclude(self, excluded: str) -> None:
         """Shape the requeued job's next start: the nodes kept out, and fewer nodes when the
         decision gave up spares it cannot have now."""
+        nodes = self._requeue_node_count()
+        if nodes is not None:
+            # The count first: failed nodes kept out of a job that still asks for all its nodes
+            # would leave it waiting for ever. Not lowered: only slurm.exclude is kept out.
+            lowered = lower_node_count(self.job_id, nodes, nodes * self.slurm.tasks_per_node, self.until)
+            if not lowered.ok:
+                excluded = self.slurm.exclude or ""
+                print(
+                    f"hpctrain: NumNodes={nodes} not set ({lowered.why()}); the job waits for all its nodes, "
+                    f"ExcNodeList={excluded}",
+                    file=sys.stderr,
+                )
         done = exclude_nodes(self.job_id, excluded, self.until)
         if not done.ok:
             print(
                 f"hpctrain: ExcNodeList={excluded} not set ({done.why()}); the job may start on them", file=sys.stderr
             )
-        nodes = self._requeue_node_count()
-        if nodes is not None:
-            lowered = lower_node_count(self.job_id, nodes, self.until)
-            if not lowered.ok:
-                print(
-                    f"hpctrain: NumNodes={nodes} not set ({lowered.why()}); the job waits for all its nodes",
-                    file=sys.stderr,
-                )
 
     def _requeue_node_count(self) -> int | None:
         """The node count this life's requeue decision asked for (None: unchanged)."""

@@ -59,17 +59,20 @@ def requeue_without_answer(job_id: str, restart: int, until: float) -> Settled:
 def exclude_nodes(job_id: str, excluded: str, until: float) -> client.Reply:
     """ExcNodeList of a requeued job: slurm.exclude and the nodes failed now (empty too, so a
     node Slurm returned to service is allowed back). Slurm's last reply."""
-    return _update_pending(job_id, f"ExcNodeList={excluded}", until)
+    return _update_pending(job_id, until, f"ExcNodeList={excluded}")
 
 
-def lower_node_count(job_id: str, nodes: int, until: float) -> client.Reply:
-    """NumNodes of a requeued job, lowered to what can run it now (its spares given up). Slurm
-    lets a job's owner lower the node count of a pending job; raising it takes an operator."""
-    return _update_pending(job_id, f"NumNodes={nodes}", until)
+def lower_node_count(job_id: str, nodes: int, tasks: int, until: float) -> client.Reply:
+    """A requeued job's node count lowered to what can run it now (its spares given up), and its
+    task count with it: the job's --ntasks-per-node made that nodes x tasks per node, and with
+    more tasks than its nodes hold Slurm calls the job never runnable ("Requested node
+    configuration is not available"). Slurm lets a job's owner lower the node count of a
+    pending job (seen on the dev cluster)."""
+    return _update_pending(job_id, until, f"NumNodes={nodes}", f"NumTasks={tasks}")
 
 
-def _update_pending(job_id: str, setting: str, until: float) -> client.Reply:
-    command = ["scontrol", "update", f"jobid={job_id}", setting]
+def _update_pending(job_id: str, until: float, *settings: str) -> client.Reply:
+    command = ["scontrol", "update", f"jobid={job_id}", *settings]
     done = client.run(command, _EXCLUDE, until=until)
     for _ in range(EXCLUDE_TRIES - 1):
         if done.ok or time.monotonic() + 1 > until:
