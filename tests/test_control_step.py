@@ -183,36 +183,48 @@ def _decided_on_two_nodes(root: Path) -> None:
     (root / "events.jsonl").write_text(json.dumps({**record, "excluded": ["node2"], "nodes": 2}) + "\n")
 
 
+NUMNODES_REFUSED = Said(err=(FIXTURES / "scontrol" / "numnodes_refused.err").read_text(), rc=1)
+
+
+@pytest.mark.parametrize(
+    ("config", "updates", "calls", "told"),
+    [
+        # The count first (and the tasks with it, 2 a node here), then the failed node kept out.
+        (
+            "slurm:\n  nodes: 2\n  ntasks_per_node: 2\n",
+            [Said()],
+            [["NumNodes=2", "NumTasks=4"], ["ExcNodeList=node2"]],
+            [],
+        ),
+        # Not lowered: node2 kept out of a job still asking for its 3 nodes would leave it
+        # waiting for ever. Only slurm.exclude is kept out.
+        (
+            "slurm:\n  nodes: 2\n  exclude: node9\n",
+            [NUMNODES_REFUSED, Said()],
+            [["NumNodes=2", "NumTasks=2"], ["ExcNodeList=node9"]],
+            ["NumNodes=2 not set", "Requested operation not supported", "ExcNodeList=node9"],
+        ),
+    ],
+    ids=["lowered", "refused"],
+)
 def test_a_requeue_that_gives_up_the_spare_lowers_the_count_before_it_keeps_nodes_out(
-    tmp_path: Path, slurm: FakeSlurm
+    tmp_path: Path,
+    slurm: FakeSlurm,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    config: str,
+    updates: list[Said],
+    calls: list[list[str]],
+    told: list[str],
 ) -> None:
-    slurm.says("scontrol.show", Said(out=RUNNING)).says("scontrol.requeue", Said()).says("scontrol.update", Said())
-    root = run_dir(tmp_path / "run", "slurm:\n  nodes: 2\n  ntasks_per_node: 2\n")
+    monkeypatch.setattr(requeue_calls, "EXCLUDE_TRIES", 1)  # a refusal not asked again for 20 s
+    slurm.says("scontrol.show", Said(out=RUNNING)).says("scontrol.requeue", Said()).says("scontrol.update", *updates)
+    root = run_dir(tmp_path / "run", config)
     _decided_on_two_nodes(root)
     assert requeue(root) == exitcodes.BATCH_REQUEUED
-    assert slurm.calls("scontrol")[2:] == [
-        ["scontrol", "update", "jobid=1", "NumNodes=2", "NumTasks=4"],
-        ["scontrol", "update", "jobid=1", "ExcNodeList=node2"],
-    ]
-
-
-def test_a_count_slurm_will_not_lower_keeps_no_failed_node_out(
-    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """node2 kept out of a job that still asks for its 3 nodes would leave it waiting for ever."""
-    monkeypatch.setattr(requeue_calls, "EXCLUDE_TRIES", 1)
-    refused = Said(err=(FIXTURES / "scontrol" / "numnodes_refused.err").read_text(), rc=1)
-    slurm.says("scontrol.show", Said(out=RUNNING)).says("scontrol.requeue", Said())
-    slurm.says("scontrol.update", refused, Said())
-    root = run_dir(tmp_path / "run", "slurm:\n  nodes: 2\n  exclude: node9\n")
-    _decided_on_two_nodes(root)
-    assert requeue(root) == exitcodes.BATCH_REQUEUED
-    assert slurm.calls("scontrol")[2:] == [
-        ["scontrol", "update", "jobid=1", "NumNodes=2", "NumTasks=2"],
-        ["scontrol", "update", "jobid=1", "ExcNodeList=node9"],
-    ]
+    assert slurm.calls("scontrol")[2:] == [["scontrol", "update", "jobid=1", *call] for call in calls]
     said = capsys.readouterr().err
-    assert "NumNodes=2 not set" in said and "Requested operation not supported" in said and "ExcNodeList=node9" in said
+    assert all(words in said for words in told), said
 
 
 def test_a_requeue_without_answer_is_looked_at_before_anything_else(tmp_path: Path, slurm: FakeSlurm) -> None:
