@@ -427,7 +427,10 @@ ROWS = {
         allocated=("node1",),
         original=("node1", "node2", "node3"),
         events=["failure:node_failure", "requeue:node_failure"],
-        excluded=(),  # all 3 nodes needed (see above): none kept out
+        # One node in service of the 2 it trains on: none kept out (it would wait for ever), and
+        # it asks for its 2 training nodes only, so either failed node coming back will do.
+        excluded=(),
+        requeue_nodes=2,
     ),
     "the same node failing twice": Row(
         (

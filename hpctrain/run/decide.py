@@ -354,25 +354,26 @@ def _keep_out(outcome: Outcome, cluster: ClusterView, lost: list[str]) -> set[st
 def _requeue_shape(keep_out: set[str], outcome: Outcome, cluster: ClusterView) -> tuple[set[str], int | None]:
     """The requeued job's ExcNodeList, and its node count when it must shrink (None: as it is).
 
-    It holds training nodes and spares. Counted are the nodes that could run it: its partition's
-    (not another partition's), with the features its --constraint asks for, not kept out and not
-    drained by an administrator. Enough for all it holds: keep the failed nodes out. Fewer, but
-    enough to train: give up the spares it cannot have now and keep the failed nodes out, rather
-    than wait for a drained node's maintenance or a dead node's repair. Too few to train: keep
-    only slurm.exclude out, so the job starts once they are back (kept out, it would wait for
-    ever: Reason=BadConstraints); Slurm starts no job on a down node anyway."""
+    It holds training nodes and spares. Counted are the nodes that could run it now: its
+    partition's (not another partition's), with the features its --constraint asks for, not kept
+    out, and in service (not down, not drained by an administrator). Enough for all it holds: keep
+    the failed nodes out. Fewer, but enough to train: keep them out and give up the spares it
+    cannot have now, rather than wait for a repair or the end of a maintenance. Too few to train:
+    keep only slurm.exclude out, so the job starts once nodes are back (failed ones kept out, it
+    could wait for ever: Reason=BadConstraints), and ask only for its training nodes, so any of
+    them coming back will do. Slurm starts no job on a down node anyway."""
     needed = len(cluster.original or cluster.allocated)
     if not cluster.nodes:
         return keep_out, None
     pool = set(cluster.partition_nodes or cluster.nodes) - keep_out
     if cluster.constraint_nodes is not None:
         pool &= cluster.constraint_nodes
-    usable = {n for n in pool if cluster.service(n) is not Service.DRAINED}
+    usable = {n for n in pool if cluster.service(n) is Service.UP}
     if len(usable) >= needed:
         return keep_out, None
     if len(usable) >= outcome.nodes_wanted:
         return keep_out, len(usable)
-    return set(outcome.user_exclude), None
+    return set(outcome.user_exclude), (outcome.nodes_wanted if needed > outcome.nodes_wanted else None)
 
 
 def _previous_life(history: History) -> Sequence[Event]:
