@@ -4,13 +4,13 @@ that must end with the same weights as an uninterrupted run, each step once, not
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from slurmtools import CLUSTER_DIR, PORT_BASE, REPO, start_cluster
+from helpers.soak import run_soak
+from slurmtools import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 import chaos  # noqa: E402
@@ -52,31 +52,12 @@ def test_a_count_of_faults_can_be_asked_for() -> None:
 @pytest.mark.slow
 @pytest.mark.soak
 def test_a_short_soak_ends_exact_with_nothing_left(tmp_path: Path) -> None:
-    # The suite's own cluster, started (and so stopped when the run ends) through slurmtools;
-    # chaos.py finds it up and reuses it.
-    start_cluster()
-    command = [
-        sys.executable,
-        str(REPO / "scripts" / "chaos.py"),
-        "--minutes",
-        str(SHORT_SOAK_MINUTES),
-        "--seed",
-        "1",
-        "--dir",
-        CLUSTER_DIR,
-        "--port-base",
-        str(PORT_BASE),
-        "--out",
-        str(tmp_path),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1200)
-    output = f"exit {done.returncode}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
-    result = json.loads((tmp_path / "chaos-report.json").read_text())
+    result, output, returncode = run_soak(tmp_path, "--minutes", str(SHORT_SOAK_MINUTES), "--seed", "1")
     assert len(result["faults"]) >= 8, output
     assert {row["kind"] for row in result["faults"]} == set(chaos.KINDS), output
     failed = {name: check["detail"] for name, check in result["checks"].items() if not check["passed"]}
     assert not failed, output
-    assert done.returncode == 0, output
+    assert returncode == 0, output
 
 
 def _run_dir(root: Path, steps: list[int], weights: dict) -> Path:

@@ -5,13 +5,12 @@ beside the classic soak (tests/test_chaos.py) on another worker's cluster."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from slurmtools import CLUSTER_DIR, PORT_BASE, REPO, start_cluster
+from helpers.soak import run_soak
+from slurmtools import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 import chaos  # noqa: E402
@@ -32,18 +31,9 @@ def test_the_seed_overlaps_what_the_soak_is_for() -> None:
 @pytest.mark.slow
 @pytest.mark.soak
 def test_a_short_overlap_soak_ends_exact_with_every_fault_applied(tmp_path: Path) -> None:
-    start_cluster()  # the worker's own cluster, stopped when the run ends; chaos.py reuses it
-    command = [
-        sys.executable,
-        str(REPO / "scripts" / "chaos.py"),
-        *("--minutes", str(SOAK_MINUTES), "--seed", str(SEED), "--overlap", str(OVERLAP)),
-        *("--dir", CLUSTER_DIR, "--port-base", str(PORT_BASE), "--out", str(tmp_path)),
-    ]
-    # The soak's own budget (its minutes, then up to 10 for the job to end) and room to clean up.
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1500)
-    output = f"exit {done.returncode}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
-    result = json.loads((tmp_path / "chaos-report.json").read_text())
+    args = ("--minutes", str(SOAK_MINUTES), "--seed", str(SEED), "--overlap", str(OVERLAP))
+    result, output, returncode = run_soak(tmp_path, *args)
     assert {row["kind"] for row in result["faults"]} == set(chaos.FULL_KINDS), output
     failed = {name: check["detail"] for name, check in result["checks"].items() if not check["passed"]}
     assert not failed, output
-    assert done.returncode == 0, output
+    assert returncode == 0, output
