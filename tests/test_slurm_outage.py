@@ -1,4 +1,5 @@
-"""Slurm away for 30 s at the worst moment: slurmctld stopped while a job asks for its own requeue.
+"""Slurm away for 30 s at the worst moments: slurmctld stopped while a job asks for its own requeue,
+while lives start, and while a step is judged.
 
 A one-node job gets the time-limit warning at step 40, saves and stops; its batch script decides
 the requeue and waits at a fault point (`batch.before_requeue=sleep:5`) while the test stops
@@ -7,6 +8,12 @@ step's `scontrol requeue` gets no answer; it looks again (`scontrol show job`) a
 within REQUEUE_WAIT_S (60 s), and never submits a second job while the first may still come back.
 Once slurmctld answers, the job is requeued, resumes from its time-limit save and ends
 bit-identical to an uninterrupted run, with one requeue and no failure in its journal.
+
+The same 30 s while lives start and while a step is judged, four jobs side by side, each held at a
+gate while slurmctld is stopped, then let go into the outage: in `slurm.setup`, before `control
+begin`, before the worker's imports, and in `after-step` judging a warned step. None fails: the
+three starts train on (one life, no requeue), the warned step's facts fall back and its requeue
+waits for Slurm; every job ends COMPLETED, bit-identical, without the guardian.
 
 In a module of its own: the stopped controller is this worker's cluster's, and nothing else of
 this worker runs on it meanwhile (pytest-xdist hands out whole modules).
@@ -18,6 +25,7 @@ import os
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,12 +34,16 @@ from slurmtools import (
     CLUSTER_DIR,
     Reference,
     _controller_pid,
+    cancel_run,
     devcluster,
     events,
     job_output,
+    of,
+    run_ends,
     same_weights,
     start_cluster,
     submit,
+    wait_at_gate,
     wait_finished,
     wait_for_output,
     wait_for_step,
@@ -62,15 +74,20 @@ def slurm_env() -> dict[str, str]:
     return start_cluster()
 
 
+def controller_pid() -> int:
+    module = devcluster()
+    pid = _controller_pid(module, module.Paths(Path(CLUSTER_DIR).absolute()))
+    assert pid is not None, "the dev cluster's slurmctld is not running"
+    return pid
+
+
 def test_slurmctld_stopped_for_30_s_during_the_requeue(slurm_env, tmp_path: Path) -> None:
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     reference = tmp_path / "reference"
     trained = Reference(env, reference, TRAIN)
     run_dir = tmp_path / "run"
     (job,), _ = submit({**env, PAUSE_ENV: "0.1", faults.ENV: ARMING}, run_dir, *TRAIN)
-    module = devcluster()
-    controller = _controller_pid(module, module.Paths(Path(CLUSTER_DIR).absolute()))
-    assert controller is not None
+    controller = controller_pid()
     try:
         wait_for_step(run_dir, 40)
         subprocess.run(["scancel", "--batch", "--signal=USR2", job], env=slurm_env, check=True)
@@ -103,3 +120,70 @@ def test_slurmctld_stopped_for_30_s_during_the_requeue(slurm_env, tmp_path: Path
     assert starts[1]["time"] > back_at, (stopped_at, back_at, starts[1]["time"])
     assert same_weights(run_dir, reference)
     print(f"slurmctld stopped {back_at - stopped_at:.1f} s; training again {starts[1]['time'] - back_at:.1f} s after")
+
+
+# Slurm away while a life starts and while the batch script judges an ended step: each job held at
+# a gate, slurmctld stopped, the gates opened, slurmctld let go 30 s later. Cell -> the point held
+# (a time-limit warning first for `after_step`).
+GATE_S = 300
+OUTAGE_CELLS = {
+    "setup": "batch.setup",
+    "begin": "batch.before_begin",
+    "imports": "worker.before_imports",
+    "after_step": "control.after_step",
+}
+
+
+def held_at(env: dict[str, str], run_dir: Path, gates: Path, point: str) -> str:
+    armed = {**env, PAUSE_ENV: "0.05", faults.ENV: f"{point}=gate:{GATE_S}", faults.GATES_ENV: str(gates)}
+    (job,), _ = submit(armed, run_dir, *TRAIN)
+    if point == "control.after_step":
+        wait_for_step(run_dir, 40)
+        subprocess.run(["scancel", "--batch", "--signal=USR2", job], env=env, check=True)
+    wait_at_gate(env, job, faults.gate_files(gates, point)[0], 600)
+    return job
+
+
+def test_slurmctld_stopped_for_30_s_as_a_life_starts_and_as_a_step_is_judged(slurm_env, tmp_path: Path) -> None:
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    trained = Reference(env, tmp_path / "reference", TRAIN)
+    runs = {name: tmp_path / name for name in OUTAGE_CELLS}
+    gates = {name: tmp_path / "gates" / name for name in OUTAGE_CELLS}
+    try:
+        with ThreadPoolExecutor(max_workers=len(OUTAGE_CELLS)) as pool:
+            holding = {
+                name: pool.submit(held_at, env, runs[name], gates[name], point) for name, point in OUTAGE_CELLS.items()
+            }
+            jobs = {name: future.result() for name, future in holding.items()}
+            controller = controller_pid()
+            os.kill(controller, signal.SIGSTOP)
+            try:
+                for name, point in OUTAGE_CELLS.items():
+                    faults.gate_files(gates[name], point)[1].touch()
+                time.sleep(OUTAGE_S)
+            finally:
+                os.kill(controller, signal.SIGCONT)
+            ending = {name: pool.submit(run_ends, env, runs[name], jobs[name], 600) for name in OUTAGE_CELLS}
+            states = {name: future.result() for name, future in ending.items()}
+    finally:
+        for run_dir in runs.values():
+            cancel_run(slurm_env, run_dir)
+    trained.trained()
+
+    for name in OUTAGE_CELLS:
+        run_dir = runs[name]
+        told = f"{name}: {states[name]}\n{events(run_dir)}\n{job_output(run_dir)}"
+        # One job all along: nothing failed, nothing was submitted again, bit-identical.
+        assert states[name] == ("COMPLETED", "COMPLETED"), told
+        assert of("failure", run_dir) == [] and of("cancelled", run_dir) == [], told
+        assert not list(run_dir.glob("guardian-*.out")), f"{name}: the guardian ran\n{told}"
+        assert [f["step"] for f in of("finish", run_dir)] == [200], told
+        assert same_weights(run_dir, tmp_path / "reference"), f"{name}: not bit-identical"
+        starts = [(s["restart"], s["resumed_from_step"]) for s in of("start", run_dir)]
+        if name != "after_step":
+            assert of("requeue", run_dir) == [] and starts == [(0, 0)], told
+            continue
+        # The warned step judged while Slurm was away: its facts fell back, its requeue waited.
+        assert [e["cause"] for e in of("requeue", run_dir)] == ["timelimit"], told
+        (saved,) = [c["step"] for c in of("checkpoint", run_dir) if c["reason"] == "timelimit"]
+        assert starts == [(0, 0), (1, saved)], told

@@ -1,0 +1,178 @@
+"""A preemption while a life starts, on the real dev cluster: with a grace (GraceTime 20, the
+dev cluster's `batch`) and without one (GraceTime 0, Slurm's default and many sites'), at the
+rendezvous of a first life and at the resume of a second.
+
+Four cells of the phase-by-fault matrix (README, "Phase by fault"), one round: four one-task jobs
+held at a fault point's gate side by side (`worker.before_rendezvous`, or the second life's
+`trainer.resume_loading`), then one job of the `urgent` partition that needs every node preempts
+them all at once, then the gates open. Two of the jobs run in a partition made for the test,
+`nograce`, the same nodes with GraceTime 0.
+
+- with a grace: SIGTERM to the tasks; the batch script requeues (`preempt`, by the batch script).
+- without a grace: Slurm requeues the job at once, SIGTERM to the batch shell and the tasks
+  together, SIGKILL KillWait (5 s) later; the shell's trap records Slurm's requeue (`preempt`,
+  by slurm).
+
+Either way the task's stop handlers hold the signal through the gate (and the rendezvous, or the
+loading): the task stops at its first step boundary (step 1, or the resumed step's next vote),
+saves it within the time Slurm gives, and the next life starts exactly there: nothing redone.
+
+No cell charges a budget but `preempt`'s; every job ends COMPLETED and bit-identical to an
+uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from helpers.paced import PAUSE_ENV
+from slurmtools import (
+    Reference,
+    cancel_run,
+    events,
+    job_output,
+    of,
+    preempt_everything,
+    run_ends,
+    same_weights,
+    start_cluster,
+    submit,
+    wait_at_gate,
+    wait_finished,
+    with_test_helpers,
+)
+
+from hpctrain import faults
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STEPS = 120
+TRAIN = [
+    "model._target_=helpers.paced.PacedConvNet",
+    f"trainer.max_steps={STEPS}",
+    "trainer.log_every=10",
+    "trainer.eval_every=0",
+    "trainer.ckpt_every=50",
+    "slurm.nodes=1",
+    "slurm.ntasks_per_node=1",
+]
+PAUSE_S = "0.05"  # a step takes at least this: the first life outlasts its start
+GATE_S = 300  # a bound for a test that never opens the gate; it opens within seconds
+FIRST_LIFE_STOP = 20  # the resume cells: the first life stops from this step on (SIGTERM to the task)
+PHASES = {
+    "rendezvous": ("worker.before_rendezvous", f"worker.before_rendezvous=gate:{GATE_S}"),
+    "resume": ("trainer.resume_loading", f"trainer.step=term@{FIRST_LIFE_STOP},trainer.resume_loading=gate:{GATE_S}/2"),
+}
+PARTITIONS = {"grace": "batch", "no_grace": "nograce"}
+CELLS = {f"preempt_{grace}_at_{phase}": (phase, grace) for phase in PHASES for grace in PARTITIONS}
+END_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def slurm_env() -> Iterator[dict[str, str]]:
+    """The dev cluster with a partition `nograce`: `batch`'s nodes, priority and PreemptMode, and
+    GraceTime 0. Removed again at the end (a partition made by scontrol lives until slurmctld
+    restarts)."""
+    env = start_cluster()
+    batch = subprocess.run(
+        ["scontrol", "show", "partition", "-o", "batch"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    nodes = re.search(r"\bNodes=(\S+)", batch)
+    assert nodes, batch
+    subprocess.run(
+        ["scontrol", "delete", "PartitionName=nograce"], env=env, capture_output=True
+    )  # left by an interrupted run
+    subprocess.run(
+        [
+            "scontrol",
+            "create",
+            "PartitionName=nograce",
+            f"Nodes={nodes.group(1)}",
+            "PriorityTier=1",
+            "PreemptMode=REQUEUE",
+            "GraceTime=0",
+            "OverSubscribe=NO",
+            "MaxTime=INFINITE",
+            "State=UP",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    yield env
+    subprocess.run(["scontrol", "delete", "PartitionName=nograce"], env=env, capture_output=True)
+
+
+def held(env: dict[str, str], run_dir: Path, gates: Path, phase: str, grace: str) -> str:
+    """Submit the cell's job and wait until its task is held at the phase's gate: its job id."""
+    point, arming = PHASES[phase]
+    armed = {**env, PAUSE_ENV: PAUSE_S, faults.ENV: arming, faults.GATES_ENV: str(gates)}
+    (job_id,), _ = submit(armed, run_dir, *TRAIN, f"slurm.partition={PARTITIONS[grace]}")
+    wait_at_gate(env, job_id, faults.gate_files(gates, point)[0], END_TIMEOUT_S)
+    return job_id
+
+
+def test_a_preemption_with_and_without_grace_at_the_rendezvous_and_the_resume(slurm_env, tmp_path: Path) -> None:
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    trained = Reference(env, tmp_path / "reference", TRAIN)
+    runs = {name: tmp_path / name for name in CELLS}
+    gates = {name: tmp_path / "gates" / name for name in CELLS}
+    try:
+        with ThreadPoolExecutor(max_workers=len(CELLS)) as pool:
+            holding = {
+                name: pool.submit(held, env, runs[name], gates[name], phase, grace)
+                for name, (phase, grace) in CELLS.items()
+            }
+            jobs = {name: future.result() for name, future in holding.items()}
+            # Every task held at its gate: one urgent job needing every node preempts them all.
+            urgent = preempt_everything(env)
+            time.sleep(1.0)  # the SIGTERMs delivered while the tasks are still held
+            for name, (phase, _) in CELLS.items():
+                faults.gate_files(gates[name], PHASES[phase][0])[1].touch()
+            assert wait_finished(env, urgent, timeout_s=END_TIMEOUT_S) == "COMPLETED"
+            ending = {name: pool.submit(run_ends, env, runs[name], jobs[name], END_TIMEOUT_S) for name in CELLS}
+            states = {name: future.result() for name, future in ending.items()}
+    finally:
+        for run_dir in runs.values():
+            cancel_run(slurm_env, run_dir)
+    trained.trained()
+
+    for name, (phase, grace) in CELLS.items():
+        run_dir = runs[name]
+        journal = events(run_dir)
+        told = f"{name}: {states[name]}\n{journal}\n{job_output(run_dir)}"
+        assert states[name][1] == "COMPLETED", told
+        assert of("failure", run_dir) == [] and of("cancelled", run_dir) == [], told  # preempt's budget only
+        assert same_weights(run_dir, tmp_path / "reference"), f"{name}: not bit-identical to the uninterrupted run"
+        assert [f["step"] for f in of("finish", run_dir)] == [STEPS], told
+
+        # The resume cells' first life stopped itself from step 20 (a SIGTERM to its task).
+        before = [("preempt", None)] if phase == "resume" else []
+        by = None if grace == "grace" else "slurm"  # without a grace Slurm requeues at once
+        assert [(e["cause"], e.get("by")) for e in of("requeue", run_dir)] == [*before, ("preempt", by)], told
+
+        # Preempted at the phase's moment, the stop agreed at the first step boundary the task
+        # reached, saved within the time Slurm gives (the grace, or KillWait), and the next life
+        # starts exactly there: no step redone.
+        starts, stops = of("start", run_dir), of("stop", run_dir)
+        preempted = stops[-1]
+        saved = [c["step"] for c in of("checkpoint", run_dir) if c["reason"] == "preempt"]
+        assert preempted["reason"] == "preempt" and saved[-1] == preempted["step"], told
+        assert starts[-1]["resumed_from_step"] == preempted["step"], told
+        limit = 20 if grace == "grace" else 5  # GraceTime, or KillWait when there is no grace
+        assert 0 < preempted["deadline_s"] <= limit, told
+        if phase == "rendezvous":
+            # The handlers were in: the signal held through the rendezvous, acted on at step 1.
+            assert len(starts) == 2 and preempted["step"] == 1, told
+        else:
+            # The first life stopped itself from step 20; the second resumed there and was
+            # preempted while it loaded that checkpoint.
+            first = stops[0]
+            assert len(starts) == 3 and len(stops) == 2 and first["step"] >= FIRST_LIFE_STOP, told
+            assert starts[1]["resumed_from_step"] == first["step"] <= preempted["step"], told
