@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from hpctrain.checkpoint.deadline import (
     DEFAULT_KILL_WAIT_S,
     ForcedSavePlan,
     SigtermTimes,
+    SigtermTimesReading,
     deadline_s,
     grace_time_s,
     plan_forced_save,
@@ -177,6 +179,24 @@ def test_killwait_and_grace_from_the_environment_then_slurm_then_the_default(
     with caplog.at_level(logging.WARNING):
         assert sigterm_times({"SLURM_JOB_ID": "7", "PATH": str(tmp_path / "none")}).kill_wait_s == DEFAULT_KILL_WAIT_S
     assert "could not read KillWait" in caplog.text and "HPCTRAIN_KILL_WAIT_S" in caplog.text
+
+
+def test_a_start_does_not_wait_for_slurm_to_tell_what_a_sigterm_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # slurmctld away: scontrol answers, as on the dev cluster, only after a while.
+    slow = captured("stopped_scontrol_show_job")
+    install(tmp_path, monkeypatch).says("scontrol", replace(slow, sleep_s=3.0), replace(slow, sleep_s=3.0))
+    began = time.monotonic()
+    reading = SigtermTimesReading({**os.environ, "SLURM_JOB_ID": "7"})
+    assert time.monotonic() - began < 0.5  # the life starts at once
+    with caplog.at_level(logging.WARNING):
+        times = reading.get(wait_s=0.2)  # a SIGTERM before Slurm answered: Slurm's defaults
+    assert times == SigtermTimes(DEFAULT_GRACE_S, DEFAULT_KILL_WAIT_S)
+    assert "not read yet" in caplog.text and "HPCTRAIN_KILL_WAIT_S" in caplog.text
+    # Answered by then (here: from the environment), the reading is the answer.
+    known = SigtermTimesReading({"SLURM_JOB_ID": "7", "HPCTRAIN_GRACE_TIME_S": "20", "HPCTRAIN_KILL_WAIT_S": "5"})
+    assert known.get() == SigtermTimes(20.0, 5.0)
 
 
 # Printed by `scontrol show partition --oneliner batch` and `scontrol show job --oneliner ID`

@@ -163,6 +163,7 @@ def test_slurmctld_stopped_for_30_s_as_a_life_starts_and_as_a_step_is_judged(slu
                 time.sleep(OUTAGE_S)
             finally:
                 os.kill(controller, signal.SIGCONT)
+            back_at = time.time()
             ending = {name: pool.submit(run_ends, env, runs[name], jobs[name], 600) for name in OUTAGE_CELLS}
             states = {name: future.result() for name, future in ending.items()}
     finally:
@@ -180,6 +181,11 @@ def test_slurmctld_stopped_for_30_s_as_a_life_starts_and_as_a_step_is_judged(slu
         assert [f["step"] for f in of("finish", run_dir)] == [200], told
         assert same_weights(run_dir, tmp_path / "reference"), f"{name}: not bit-identical"
         starts = [(s["restart"], s["resumed_from_step"]) for s in of("start", run_dir)]
+        if name == "imports":
+            # Let go into the outage before its imports: it joined the group, trained and wrote
+            # its step-50 checkpoint (both renames) while Slurm was still away.
+            first_save = of("checkpoint", run_dir)[0]
+            assert of("start", run_dir)[0]["time"] < first_save["time"] < back_at, (back_at, told)
         if name != "after_step":
             assert of("requeue", run_dir) == [] and starts == [(0, 0)], told
             continue

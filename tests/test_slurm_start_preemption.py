@@ -68,6 +68,9 @@ FIRST_LIFE_STOP = 20  # the resume cells: the first life stops from this step on
 PHASES = {
     "rendezvous": ("worker.before_rendezvous", f"worker.before_rendezvous=gate:{GATE_S}"),
     "resume": ("trainer.resume_loading", f"trainer.step=term@{FIRST_LIFE_STOP},trainer.resume_loading=gate:{GATE_S}/2"),
+    # The batch script's own moments, before any task runs.
+    "setup": ("batch.setup", f"batch.setup=gate:{GATE_S}/1"),
+    "begin": ("batch.before_begin", f"batch.before_begin=gate:{GATE_S}/1"),
 }
 PARTITIONS = {"grace": "batch", "no_grace": "nograce"}
 CELLS = {f"preempt_{grace}_at_{phase}": (phase, grace) for phase in PHASES for grace in PARTITIONS}
@@ -118,33 +121,38 @@ def held(env: dict[str, str], run_dir: Path, gates: Path, phase: str, grace: str
     return job_id
 
 
+def preempt_held(env: dict[str, str], tmp_path: Path, cells: list[str]) -> dict[str, tuple[str, str]]:
+    """The cells' jobs held at their gates, one urgent job preempting them all, the gates opened:
+    each cell's (first job's end state, last job's end state)."""
+    runs = {name: tmp_path / name for name in cells}
+    gates = {name: tmp_path / "gates" / name for name in cells}
+    try:
+        with ThreadPoolExecutor(max_workers=len(cells)) as pool:
+            holding = {name: pool.submit(held, env, runs[name], gates[name], *CELLS[name]) for name in cells}
+            jobs = {name: future.result() for name, future in holding.items()}
+            # Every job held at its gate: one urgent job needing every node preempts them all.
+            urgent = preempt_everything(env)
+            time.sleep(1.0)  # the SIGTERMs delivered while the jobs are still held
+            for name in cells:
+                faults.gate_files(gates[name], PHASES[CELLS[name][0]][0])[1].touch()
+            assert wait_finished(env, urgent, timeout_s=END_TIMEOUT_S) == "COMPLETED"
+            ending = {name: pool.submit(run_ends, env, runs[name], jobs[name], END_TIMEOUT_S) for name in cells}
+            return {name: future.result() for name, future in ending.items()}
+    finally:
+        for run_dir in runs.values():
+            cancel_run(env, run_dir)
+
+
 def test_a_preemption_with_and_without_grace_at_the_rendezvous_and_the_resume(slurm_env, tmp_path: Path) -> None:
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     trained = Reference(env, tmp_path / "reference", TRAIN)
-    runs = {name: tmp_path / name for name in CELLS}
-    gates = {name: tmp_path / "gates" / name for name in CELLS}
-    try:
-        with ThreadPoolExecutor(max_workers=len(CELLS)) as pool:
-            holding = {
-                name: pool.submit(held, env, runs[name], gates[name], phase, grace)
-                for name, (phase, grace) in CELLS.items()
-            }
-            jobs = {name: future.result() for name, future in holding.items()}
-            # Every task held at its gate: one urgent job needing every node preempts them all.
-            urgent = preempt_everything(env)
-            time.sleep(1.0)  # the SIGTERMs delivered while the tasks are still held
-            for name, (phase, _) in CELLS.items():
-                faults.gate_files(gates[name], PHASES[phase][0])[1].touch()
-            assert wait_finished(env, urgent, timeout_s=END_TIMEOUT_S) == "COMPLETED"
-            ending = {name: pool.submit(run_ends, env, runs[name], jobs[name], END_TIMEOUT_S) for name in CELLS}
-            states = {name: future.result() for name, future in ending.items()}
-    finally:
-        for run_dir in runs.values():
-            cancel_run(slurm_env, run_dir)
+    cells = [name for name, (phase, _) in CELLS.items() if phase in ("rendezvous", "resume")]
+    states = preempt_held(env, tmp_path, cells)
     trained.trained()
 
-    for name, (phase, grace) in CELLS.items():
-        run_dir = runs[name]
+    for name in cells:
+        phase, grace = CELLS[name]
+        run_dir = tmp_path / name
         journal = events(run_dir)
         told = f"{name}: {states[name]}\n{journal}\n{job_output(run_dir)}"
         assert states[name][1] == "COMPLETED", told
@@ -176,3 +184,19 @@ def test_a_preemption_with_and_without_grace_at_the_rendezvous_and_the_resume(sl
             first = stops[0]
             assert len(starts) == 3 and len(stops) == 2 and first["step"] >= FIRST_LIFE_STOP, told
             assert starts[1]["resumed_from_step"] == first["step"] <= preempted["step"], told
+
+
+def test_a_preemption_with_and_without_grace_while_the_batch_script_starts(slurm_env, tmp_path: Path) -> None:
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    trained = Reference(env, tmp_path / "reference", TRAIN)
+    cells = [name for name, (phase, _) in CELLS.items() if phase in ("setup", "begin")]
+    states = preempt_held(env, tmp_path, cells)
+    trained.trained()
+    for name in cells:
+        run_dir = tmp_path / name
+        print(name, states[name])
+        for e in events(run_dir):
+            if e["event"] != "checkpoint":
+                print("   ", e)
+        print(job_output(run_dir)[-3000:])
+    assert False

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -181,6 +182,42 @@ def sigterm_times(environ: Mapping[str, str] | None = None) -> SigtermTimes:
     if kill_wait is None:
         kill_wait = _read_kill_wait(env) if in_job else DEFAULT_KILL_WAIT_S
     return SigtermTimes(grace, kill_wait)
+
+
+# At a forced save, how long to wait for a reading still under way: a stop that comes within the
+# first moments of a life (a signal held through the start) finds it done unless Slurm is away.
+READING_WAIT_S = 1.0
+
+
+class SigtermTimesReading:
+    """`sigterm_times` read in a thread of its own from the moment a life starts: a start never
+    waits for Slurm (with slurmctld away, each of its two scontrol calls would hold the first step
+    back by up to client.IN_JOB's timeout), and only a SIGTERM needs the answer."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self._env = dict(os.environ if environ is None else environ)
+        self._times: SigtermTimes | None = None
+        self._thread = threading.Thread(target=self._read, name="hpctrain-sigterm-times", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        self._times = sigterm_times(self._env)
+
+    def get(self, wait_s: float = READING_WAIT_S) -> SigtermTimes:
+        """The times read, waiting up to `wait_s` for them; still unread (Slurm has not answered
+        since the start), Slurm's defaults, as for times that could not be read."""
+        self._thread.join(wait_s)
+        if self._times is not None:
+            return self._times
+        log.warning(
+            "GraceTime and KillWait not read yet (Slurm has not answered since the start); this save "
+            "assumes Slurm's defaults (GraceTime %.0f s, KillWait %.0f s; set %s and %s to override)",
+            DEFAULT_GRACE_S,
+            DEFAULT_KILL_WAIT_S,
+            GRACE_ENV,
+            KILL_WAIT_ENV,
+        )
+        return SigtermTimes(DEFAULT_GRACE_S, DEFAULT_KILL_WAIT_S)
 
 
 def _read_kill_wait(environ: Mapping[str, str]) -> float:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from hpctrain import faults
 from hpctrain.checkpoint import Checkpointer, rng
-from hpctrain.checkpoint.deadline import deadline_s, preempted_now, sigterm_s, sigterm_times
+from hpctrain.checkpoint.deadline import SigtermTimesReading, deadline_s, preempted_now, sigterm_s
 from hpctrain.checkpoint.writer import DiskFull
 from hpctrain.config import Config, fingerprint, identity
 from hpctrain.data.splits import Splits
@@ -96,8 +96,9 @@ class Trainer:
         )
         # A trial of hpctrain-tune with a pruner: asked at evaluation steps (None otherwise).
         self.pruner = TrialPruner.for_run(self.run, config, ctx)
-        # Read once at start-up: what a SIGTERM gives for the forced save (GraceTime, KillWait).
-        self.sigterm_times = sigterm_times() if ctx.is_main else None
+        # What a SIGTERM gives for the forced save (GraceTime, KillWait): read once, beside the
+        # start rather than before it, so a start never waits for Slurm to answer.
+        self.sigterm_times = SigtermTimesReading() if ctx.is_main else None
 
     # ---- the run -------------------------------------------------------------------------
 
@@ -255,7 +256,7 @@ class Trainer:
         sigterm_given_s = 0.0
         if reason is StopReason.PREEMPT and self.sigterm_times is not None:
             # A preemption's grace or KillWait: asked of Slurm only when the two differ.
-            times = self.sigterm_times
+            times = self.sigterm_times.get()
             sigterm_given_s = sigterm_s(times, preempted_now() if times.preemption_differs else False)
         since_signal_s = time.monotonic() - (self.stop.requested_at or time.monotonic())
         deadline = deadline_s(reason, since_signal_s, self.config.slurm.signal_delay_s, sigterm_given_s)
