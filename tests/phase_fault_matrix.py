@@ -60,12 +60,12 @@ def na(why: str) -> Cell:
 DECIDE = "tests/test_decide.py::test_decide"
 GUARD = "tests/test_guardian.py::test_decide_guard"
 MOMENTS = "tests/test_slurm_moments.py::test_faults_at_the_batch_scripts_worst_moments_side_by_side"
-START = "tests/test_slurm_start_faults.py::test_scancel_admin_requeue_and_warning_at_the_rendezvous_and_the_resume"
+START = "tests/test_slurm_start_faults.py::test_scancel_admin_requeue_and_warning_as_a_life_starts"
 START_PREEMPT = (
     "tests/test_slurm_start_preemption.py::test_a_preemption_with_and_without_grace_at_the_rendezvous_and_the_resume"
 )
-START_RANKS = "tests/test_slurm_start_node_faults.py::test_a_rank_killed_or_stopped_at_the_rendezvous_and_the_resume"
-START_NODE = "tests/test_slurm_start_node_faults.py::test_a_node_down_at_the_rendezvous_and_the_resume"
+START_RANKS = "tests/test_slurm_start_node_faults.py::test_a_rank_killed_or_stopped_as_a_life_starts"
+START_NODE = "tests/test_slurm_start_node_faults.py::test_a_node_down_as_a_life_starts"
 OUTAGE_START = "tests/test_slurm_outage.py::test_slurmctld_stopped_for_30_s_as_a_life_starts_and_as_a_step_is_judged"
 OUTAGE_REQUEUE = "tests/test_slurm_outage.py::test_slurmctld_stopped_for_30_s_during_the_requeue"
 TRAINING = "tests/test_slurm_training_faults.py::test_admin_requeue_killed_rank_stopped_rank_and_overlaps_side_by_side"

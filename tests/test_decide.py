@@ -353,6 +353,21 @@ ROWS = {
     "scancel before srun started": Row(
         EARLIER, (), out(None, terminated=True), action=Action.STOP, events=["cancelled"]
     ),
+    # Preempted while the batch script started (tests/test_slurm_start_preemption.py, GraceTime 20):
+    # `control begin` saw the grace and launched nothing; or srun was starting the step when
+    # Slurm's SIGTERM reached it, before the task could hold it (143). Before: charged as a crash.
+    "preemption's grace running before srun started (no step launched)": Row(
+        EARLIER, (), out(None), preempting=True, events=["requeue:preempt"]
+    ),
+    "a step SIGTERMed as it started inside a preemption's grace: preempt, not crash": Row(
+        EARLIER, (), out(143), preempting=True, events=["requeue:preempt"]
+    ),
+    "a step SIGTERMed outside any grace is still a crash": Row(
+        EARLIER, (), out(143), events=["failure:crash", "requeue:crash"]
+    ),
+    "a crash inside a preemption's grace is still a crash": Row(
+        EARLIER, (start("node1", "node2"),), out(1), preempting=True, events=["failure:crash", "requeue:crash"]
+    ),
     "slurm.exclude is kept in the requeue's ExcNodeList": Row(
         EARLIER,
         (start("node1", "node2"),),

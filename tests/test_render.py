@@ -60,7 +60,10 @@ def test_the_batch_scripts_exit_codes_come_from_the_table() -> None:
     template = (builtin_templates() / "ddp.sbatch.j2").read_text()
     assert not re.findall(r"\bexit [0-9]", template)
     # `control begin` fails the job, finish, `control requeue`'s own code, stop or fail.
-    assert re.findall(r"\bexit (\S+)", rendered()) == ["$?", str(exitcodes.BATCH_FINISHED), '"${rc}"', "1"]
+    script = rendered()
+    assert re.findall(r"\bexit (\S+)", script) == ['"${begun}"', str(exitcodes.BATCH_FINISHED), '"${rc}"', "1"]
+    # ... unless it found a preemption's grace running: then nothing is launched.
+    assert f'if [ "${{begun}}" = {exitcodes.CONTROL_PREEMPTING} ]; then' in script
     assert exitcodes.BATCH_FAILED == 1
     # Through a container prefix without control_python, the shell's own requeue: requeued, or
     # `control requeue-refused`'s code.

@@ -2,8 +2,10 @@
 moment of their start-up (a fault point's gate), the fault sent by Slurm's own commands, then the
 tasks let go.
 
-Cells of the phase-by-fault matrix (README, "Phase by fault") for two phases:
+Cells of the phase-by-fault matrix (README, "Phase by fault") for three phases:
 
+- a task's start before it imports torch (`worker.before_imports`: the stop signals held from the
+  first moment, nothing read yet) of the first life;
 - the rendezvous (`worker.before_rendezvous`: stop handlers installed, the process group not
   joined) of the first life;
 - the resume (`trainer.resume_loading`: the newest checkpoint read, not yet applied) of the second
@@ -65,6 +67,7 @@ PAUSE_S = "0.05"  # a step takes at least this: the first life outlasts its star
 GATE_S = 300  # a bound for a test that never opens the gate; it opens within seconds
 FIRST_LIFE_STOP = 20  # the second life's cells: the first stops from this step on (SIGTERM to the task)
 PHASES = {
+    "imports": ("worker.before_imports", f"worker.before_imports=gate:{GATE_S}"),
     "rendezvous": ("worker.before_rendezvous", f"worker.before_rendezvous=gate:{GATE_S}"),
     "resume": ("trainer.resume_loading", f"trainer.step=term@{FIRST_LIFE_STOP},trainer.resume_loading=gate:{GATE_S}/2"),
 }
@@ -100,7 +103,7 @@ def run_cell(env: dict[str, str], run_dir: Path, gates: Path, phase: str, fault:
     return run_ends(env, run_dir, job_id, END_TIMEOUT_S)
 
 
-def test_scancel_admin_requeue_and_warning_at_the_rendezvous_and_the_resume(slurm_env, tmp_path: Path) -> None:
+def test_scancel_admin_requeue_and_warning_as_a_life_starts(slurm_env, tmp_path: Path) -> None:
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     reference = tmp_path / "reference"
     trained = Reference(env, reference, TRAIN)
@@ -151,6 +154,13 @@ def test_scancel_admin_requeue_and_warning_at_the_rendezvous_and_the_resume(slur
             # Slurm's requeue, told by the shell's trap; the tasks may or may not have reached a
             # step boundary to save within KillWait (5 s): either way resumed as checked above.
             assert requeues == [*before, ("preempt", "slurm")], told
+        elif phase == "imports":
+            # Held before torch was imported: the task leaves without joining, nothing to save
+            # (a `stop` at the newest checkpoint's step, none), the next life starts at 0.
+            assert requeues == [("timelimit", None)], told
+            (stop,) = of("stop", run_dir)
+            assert (stop["reason"], stop["step"], stop["deadline_s"]) == ("timelimit", 0, 0), told
+            assert [s["resumed_from_step"] for s in of("start", run_dir)] == [0], told
         else:
             # The warning held until the task could act: a `timelimit` save at its first step
             # boundary, the batch script's requeue, and the next life starts exactly there.

@@ -1,7 +1,8 @@
 """A node or a rank lost while a life starts, on the real dev cluster: the rank cells side by side,
 then the node cells one after the other (a node set down ends every job on it).
 
-Cells of the phase-by-fault matrix (README, "Phase by fault") for the rendezvous of a first life
+Cells of the phase-by-fault matrix (README, "Phase by fault") for a task's start before it imports
+torch (`worker.before_imports`) and the rendezvous of a first life
 (`worker.before_rendezvous`: stop handlers in, the process group not joined) and the resume of a
 second (`trainer.resume_loading`: the newest checkpoint read, not applied; the first life stopped
 itself by a SIGTERM to its task from step 20 on), crossed with:
@@ -72,7 +73,11 @@ SHAPES = {
 PAUSE_S = "0.05"  # a step takes at least this: the first life outlasts its start
 GATE_S = 300
 FIRST_LIFE_STOP = 20
-POINTS = {"rendezvous": "worker.before_rendezvous", "resume": "trainer.resume_loading"}
+POINTS = {
+    "imports": "worker.before_imports",
+    "rendezvous": "worker.before_rendezvous",
+    "resume": "trainer.resume_loading",
+}
 # What rank 1 does at the phase's point (first life, or the second life for the resume).
 ACTIONS = {"node_down": f"gate:{GATE_S}", "rank_sigkilled": "kill", "rank_sigstopped": "stop"}
 CELLS = {f"{fault}_at_{phase}": (phase, fault) for phase in POINTS for fault in SHAPES}
@@ -88,7 +93,7 @@ def slurm_env() -> dict[str, str]:
 
 def arming(phase: str, fault: str) -> str:
     point = POINTS[phase]
-    if phase == "rendezvous":
+    if phase != "resume":
         return f"{point}={ACTIONS[fault]}#1"
     return f"trainer.step=term@{FIRST_LIFE_STOP},{point}={ACTIONS[fault]}/2#1"
 
@@ -175,12 +180,12 @@ def assert_cell(name: str, run_dir: Path, ended: tuple[str, str, str], reference
     if fault == "rank_sigstopped":
         assert of("failure", run_dir)[0]["rank"] == 0, told  # the peer's watchdog saw it
     # Nothing of the faulted life was saved: the last life starts at the first life's stop
-    # (resume cells) or at step 0 (rendezvous cells).
+    # (resume cells) or at step 0 (the first life's cells).
     resumed = of("start", run_dir)[-1]["resumed_from_step"]
     assert resumed == (of("stop", run_dir)[0]["step"] if phase == "resume" else 0), told
 
 
-def test_a_rank_killed_or_stopped_at_the_rendezvous_and_the_resume(slurm_env, reference, tmp_path: Path) -> None:
+def test_a_rank_killed_or_stopped_as_a_life_starts(slurm_env, reference, tmp_path: Path) -> None:
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     cells = [name for name, (_, fault) in CELLS.items() if fault != "node_down"]
     ends = run_side_by_side(env, tmp_path, cells)
@@ -188,7 +193,7 @@ def test_a_rank_killed_or_stopped_at_the_rendezvous_and_the_resume(slurm_env, re
         assert_cell(name, tmp_path / name, ends[name], reference())
 
 
-def test_a_node_down_at_the_rendezvous_and_the_resume(slurm_env, reference, tmp_path: Path) -> None:
+def test_a_node_down_as_a_life_starts(slurm_env, reference, tmp_path: Path) -> None:
     # One at a time, apart from the rank cells: a node set down ends every job on it, and the
     # two 2-node jobs would share one.
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}

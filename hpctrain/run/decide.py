@@ -79,7 +79,7 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
         # requeues a preempted job whose grace ran out on its own; decide_begin then tells so.
         return decide_cancelled(history, cluster.requeued_by_slurm, cluster.timed_out)
     lost = lost_nodes(since, outcome, cluster)
-    cause = classify(since, outcome, lost)
+    cause = classify(since, outcome, lost, preempting=cluster.preempting)
     written: list[Event] = []
     if lost:
         written.append(Failure(**mark, cause=Cause.NODE_FAILURE, nodes=lost, exit_code=outcome.exit_code))
@@ -232,6 +232,9 @@ def decide_guard(history: History, ended: JobEnd, budgets: Budgets) -> Decision:
     return Decision(Action.REQUEUE, written, message=f"{said}: submitting the run again ({cause.value})")
 
 
+# srun's exit code for a task ended by SIGTERM's default action (128 + 15).
+SIGTERMED = 143
+
 # Slurm's end state -> the restart budget a guardian's resubmission is charged to. Any other
 # state (FAILED, NODE_FAIL, BOOT_FAIL, or a record Slurm no longer has): the batch node was lost.
 _GUARDED_CAUSES = {
@@ -245,14 +248,20 @@ _GUARDED_CAUSES = {
 # ---- the pieces, each a pure function of the facts ------------------------------------------------
 
 
-def classify(since: Sequence[Event], outcome: Outcome, lost: list[str]) -> Cause:
+def classify(since: Sequence[Event], outcome: Outcome, lost: list[str], preempting: bool = False) -> Cause:
     """Why the step ended, judged only by this step's events: a life that died before `start`
-    is not judged by the previous life's stop."""
+    is not judged by the previous life's stop. `preempting`: the job's record shows a PreemptTime
+    (a preemption's grace runs)."""
     saved = next((r for r in map(_saved_for, reversed(since)) if r), None)
     if outcome.warned or saved is StopReason.TIMELIMIT or outcome.exit_code == WORKER_SAVED_FOR_TIMELIMIT:
         return Cause.TIMELIMIT  # the allocation ends soon: only a requeue helps, whatever else failed
     if saved in (StopReason.PREEMPT, StopReason.INTERRUPT) or outcome.exit_code == WORKER_SAVED_AND_STOPPED:
         return Cause.PREEMPT  # SIGTERM to the tasks but not to this shell: Slurm's preemption
+    if preempting and not lost and outcome.exit_code in (None, SIGTERMED):
+        # Inside a preemption's grace: no step launched (`control begin` saw the grace), or one
+        # that Slurm's SIGTERM reached before the task could hold it (srun was still starting
+        # it). Before: charged as a crash, and the crash budget is 1.
+        return Cause.PREEMPT
     if lost:
         return Cause.NODE_FAILURE
     if outcome.exit_code == WORKER_HUNG or any(_is(e, Cause.HANG) for e in since):

@@ -30,6 +30,10 @@ CONTROL_NO_SLURM = 5
 # `control requeue` found the job cancelled (scancel) while the step ended: it asked for no
 # requeue, which Slurm would have granted, bringing the cancelled job back.
 BATCH_CANCELLED = 6
+# `control begin` found the job inside a preemption's grace (its record shows a PreemptTime): the
+# batch shell launches nothing, and after-step requeues it as the preemption it is. A step started
+# now would be warned by nobody, and SIGTERMed as it starts at the grace's end.
+CONTROL_PREEMPTING = 7
 
 # ---- console scripts ----------------------------------------------------------------------------
 CLI_OK = 0

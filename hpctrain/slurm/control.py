@@ -204,13 +204,18 @@ class Controller:
     # ---- the steps -------------------------------------------------------------------------------
 
     def begin(self) -> int:
-        decision = decide_begin(self.history(), self.cluster(), self.budgets())
-        if decision is None:
-            return 0
-        self._record(decision)
-        if decision.action.value == "fail":
-            self._trial_ended("fail")
-            return exitcodes.CONTROL_BUDGET_SPENT
+        cluster = self.cluster()
+        decision = decide_begin(self.history(), cluster, self.budgets())
+        if decision is not None:
+            self._record(decision)
+            if decision.action.value == "fail":
+                self._trial_ended("fail")
+                return exitcodes.CONTROL_BUDGET_SPENT
+        if cluster.preempting:
+            # Preempted while the batch script started (a grace running): a step launched now
+            # would get Slurm's SIGTERM as it starts, at the grace's end, warned by nobody.
+            print("hpctrain: preempted before the step started (a preemption's grace runs): no launch", flush=True)
+            return exitcodes.CONTROL_PREEMPTING
         return 0
 
     def after_step(
