@@ -64,6 +64,9 @@ START = "tests/test_slurm_start_faults.py::test_scancel_admin_requeue_and_warnin
 START_PREEMPT = (
     "tests/test_slurm_start_preemption.py::test_a_preemption_with_and_without_grace_at_the_rendezvous_and_the_resume"
 )
+START_PREEMPT_BATCH = (
+    "tests/test_slurm_start_preemption.py::test_a_preemption_with_and_without_grace_while_the_batch_script_starts"
+)
 START_RANKS = "tests/test_slurm_start_node_faults.py::test_a_rank_killed_or_stopped_as_a_life_starts"
 START_NODE = "tests/test_slurm_start_node_faults.py::test_a_node_down_as_a_life_starts"
 OUTAGE_START = "tests/test_slurm_outage.py::test_slurmctld_stopped_for_30_s_as_a_life_starts_and_as_a_step_is_judged"
@@ -87,8 +90,14 @@ SAVED_REQUEUE = "saved at the stop step, requeued (`preempt`); nothing redone"
 
 CELLS: dict[str, dict[str, Cell]] = {
     "begin": {
-        "preempt_0": Cell("requeue", "Slurm requeues; the shell's trap records it (`preempt`, by slurm)"),
-        "preempt_grace": Cell("requeue", "no task to warn; at the grace's end Slurm requeues, the trap records it"),
+        "preempt_0": Cell(
+            "requeue", "Slurm requeues; the shell's trap records it (`preempt`, by slurm)", (START_PREEMPT_BATCH,)
+        ),
+        "preempt_grace": Cell(
+            "requeue",
+            "`control begin` sees PreemptTime: nothing launched, requeued (`preempt`); no crash charged",
+            (START_PREEMPT_BATCH, f"{DECIDE}[preemption's grace running before srun started (no step launched)]"),
+        ),
         "scancel": Cell("cancel", "`cancelled`, nothing launched", (f"{DECIDE}[scancel before srun started]",)),
         "admin_requeue": Cell("requeue", "the trap records Slurm's requeue (`preempt`, by slurm); no `failure`"),
         "warning": Cell(
@@ -109,8 +118,14 @@ CELLS: dict[str, dict[str, Cell]] = {
         "disk_full": Cell("stop", "the journal cannot be written: the control step says so in one line, the job ends"),
     },
     "setup": {
-        "preempt_0": Cell("requeue", "the trap records Slurm's requeue (`preempt`, by slurm); no `failure`"),
-        "preempt_grace": Cell("requeue", "no task to warn; at the grace's end Slurm requeues, the trap records it"),
+        "preempt_0": Cell(
+            "requeue", "the trap records Slurm's requeue (`preempt`, by slurm); no `failure`", (START_PREEMPT_BATCH,)
+        ),
+        "preempt_grace": Cell(
+            "requeue",
+            "`control begin` sees PreemptTime: nothing launched, requeued (`preempt`)",
+            (START_PREEMPT_BATCH,),
+        ),
         "scancel": Cell("cancel", "`cancelled`, nothing launched", (f"{DECIDE}[scancel before srun started]",)),
         "admin_requeue": Cell(
             "requeue", "the trap records Slurm's requeue (`preempt`, by slurm); no `failure`", (MOMENTS,)
@@ -135,12 +150,22 @@ CELLS: dict[str, dict[str, Cell]] = {
         "preempt_grace": Cell(
             "requeue", "held, left before the rendezvous; requeued (`preempt`); nothing lost", (EARLY,)
         ),
-        "scancel": Cell("cancel", "held, left before the rendezvous; `cancelled`"),
-        "admin_requeue": Cell("requeue", "held, left; the trap records Slurm's requeue (`preempt`, by slurm)"),
-        "warning": Cell("requeue", "held, left before the rendezvous (exit 140); requeued (`timelimit`)", (EARLY,)),
-        "node_down": Cell("requeue", "srun ends the step: `node_failure`, requeued without the node (or relaunch)"),
-        "rank_kill": Cell("requeue", "`crash` charged, requeued from the newest checkpoint"),
-        "rank_stop": Cell("requeue", "the peers' watchdogs report a `hang` after `trainer.hang_timeout_s`"),
+        "scancel": Cell("cancel", "held, left before the rendezvous; `cancelled`, CANCELLED", (START,)),
+        "admin_requeue": Cell(
+            "requeue", "held, left; the trap records Slurm's requeue (`preempt`, by slurm)", (START,)
+        ),
+        "warning": Cell(
+            "requeue", "held, left before the rendezvous (exit 140); requeued (`timelimit`)", (EARLY, START)
+        ),
+        "node_down": Cell("requeue", "srun ends the step: `node_failure` (the node named), requeued", (START_NODE,)),
+        "rank_kill": Cell(
+            "requeue",
+            "`crash` charged (srun's SIGTERM to the peer is no preemption), requeued",
+            (START_RANKS, f"{DECIDE}[a rank dying at start-up: srun's SIGTERM to the others is no preemption]"),
+        ),
+        "rank_stop": Cell(
+            "requeue", "the peer's watchdog: `hang` after `trainer.hang_timeout_s`, requeued", (START_RANKS,)
+        ),
         "slurmctld": Cell(
             "trains on", "GraceTime/KillWait unread: Slurm's defaults assumed, said in the log", (OUTAGE_START,)
         ),

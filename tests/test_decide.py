@@ -86,7 +86,7 @@ class Row:
     budgets: dict = field(default_factory=lambda: dict(DEFAULTS))
     max_restarts: int | None = None
     requeued_by_slurm: bool = False  # the job's record counts a restart past this life's
-    preempting: bool = False  # the job's record shows a PreemptTime
+    preempting: bool | None = False  # the job's record shows a PreemptTime (None: not read)
     partition_nodes: tuple[str, ...] = ()  # the job's partition's nodes (empty: not known)
     timed_out: bool = False  # the job's record says its time limit ended it (Reason=TimeLimit)
     constraint_nodes: frozenset[str] | None = None  # the nodes that meet the job's --constraint
@@ -154,14 +154,32 @@ ROWS = {
     # The ranks agreed to stop, then the save was killed (OOM, a rank SIGKILLed): no checkpoint,
     # no forced_save, only the `stop`; srun passes the kill on. Before: charged as a crash.
     "preemption whose save was killed": Row(
-        EARLIER, (start("node1", "node2", t=100.0), stop(55, "preempt", 159.0)), out(137), events=["requeue:preempt"]
+        EARLIER,
+        (start("node1", "node2", t=100.0), stop(55, "preempt", 159.0)),
+        out(137),
+        preempting=True,
+        events=["requeue:preempt"],
     ),
     "time limit whose save was killed": Row(
         EARLIER, (start("node1", "node2", t=100.0), stop(55, "timelimit", 159.0)), out(9), events=["requeue:timelimit"]
     ),
     # A signal before the tasks' handlers (torch still importing): the worker records it, writes
     # the `stop` and leaves before the rendezvous (hpctrain.worker); the other tasks are killed.
-    "preemption before any start": Row(EARLIER, (stop(40, "preempt", 101.0),), out(137), events=["requeue:preempt"]),
+    "preemption before any start": Row(
+        EARLIER, (stop(40, "preempt", 101.0),), out(137), preempting=True, events=["requeue:preempt"]
+    ),
+    # Rank 1 SIGKILLed before it imported torch (tests/test_slurm_start_node_faults.py): srun's
+    # --kill-on-bad-exit SIGTERMs rank 0, which leaves with a `preempt` stop; no PreemptTime, no
+    # SIGTERM to the shell: the rank's death is the cause (before: charged to preempt).
+    "a rank dying at start-up: srun's SIGTERM to the others is no preemption": Row(
+        EARLIER, (stop(40, "preempt", 101.0),), out(137), events=["failure:crash", "requeue:crash"]
+    ),
+    "the same while Slurm did not answer: the stop's word is kept": Row(
+        EARLIER, (stop(40, "preempt", 101.0),), out(137), preempting=None, events=["requeue:preempt"]
+    ),
+    "every task stopped cleanly on a SIGTERM Slurm did not send as a preemption": Row(
+        EARLIER, (start("node1", "node2"), stop(55, "preempt", 159.0)), out(76), events=["requeue:preempt"]
+    ),
     "hang (srun passes the watchdog's 77 on as another code)": Row(
         EARLIER, (start("node1", "node2"), failure("hang", rank=1)), out(137), events=["requeue:hang"]
     ),

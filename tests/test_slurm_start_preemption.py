@@ -174,24 +174,29 @@ def test_a_preemption_with_and_without_grace_at_the_rendezvous_and_the_resume(sl
         assert [(e["cause"], e.get("by")) for e in of("requeue", run_dir)] == [*before, ("preempt", by)], told
 
         # Preempted at the phase's moment, the stop agreed at the first step boundary the task
-        # reached, saved within the time Slurm gives (the grace, or KillWait), and the next life
-        # starts exactly there: no step redone.
-        starts, stops = of("start", run_dir), of("stop", run_dir)
-        preempted = stops[-1]
-        saved = [c["step"] for c in of("checkpoint", run_dir) if c["reason"] == "preempt"]
-        assert preempted["reason"] == "preempt" and saved[-1] == preempted["step"], told
-        assert starts[-1]["resumed_from_step"] == preempted["step"], told
-        limit = 20 if grace == "grace" else 5  # GraceTime, or KillWait when there is no grace
-        assert 0 < preempted["deadline_s"] <= limit, told
-        if phase == "rendezvous":
-            # The handlers were in: the signal held through the rendezvous, acted on at step 1.
-            assert len(starts) == 2 and preempted["step"] == 1, told
+        # reached (step 1, or the resumed step's next vote), saved within the time Slurm gives,
+        # and the next life starts exactly there: no step redone. Without a grace that time is
+        # KillWait (5 s) from the SIGTERM, and a loaded machine may spend it on the rendezvous
+        # or the loading: then SIGKILL comes first, nothing of this life is saved and nothing is
+        # lost either (it trained no step), and the next life starts where this one did.
+        faulted = 0 if phase == "rendezvous" else 1
+        starts = of("start", run_dir)
+        mine = [e for e in of("stop", run_dir) if e["restart"] == faulted]
+        saved = {c["step"] for c in of("checkpoint", run_dir) if c["reason"] == "preempt"}
+        if grace == "grace" or mine and mine[0]["step"] in saved:
+            (preempted,) = mine
+            assert preempted["reason"] == "preempt" and preempted["step"] in saved, told
+            assert starts[-1]["resumed_from_step"] == preempted["step"], told
+            limit = 20 if grace == "grace" else 5  # GraceTime, or KillWait without a grace
+            assert 0 < preempted["deadline_s"] <= limit, told
+            assert preempted["step"] == (1 if phase == "rendezvous" else starts[1]["resumed_from_step"] + 1), told
         else:
-            # The first life stopped itself from step 20; the second resumed there and was
-            # preempted while it loaded that checkpoint.
-            first = stops[0]
-            assert len(starts) == 3 and len(stops) == 2 and first["step"] >= FIRST_LIFE_STOP, told
-            assert starts[1]["resumed_from_step"] == first["step"] <= preempted["step"], told
+            assert starts[-1]["resumed_from_step"] == (0 if phase == "rendezvous" else starts[1]["resumed_from_step"])
+        if phase == "resume":
+            # The first life stopped itself from step 20; the second resumed there.
+            first = of("stop", run_dir)[0]
+            assert first["restart"] == 0 and first["step"] >= FIRST_LIFE_STOP, told
+            assert starts[1]["resumed_from_step"] == first["step"], told
 
 
 def test_a_preemption_with_and_without_grace_while_the_batch_script_starts(slurm_env, tmp_path: Path) -> None:

@@ -248,14 +248,26 @@ _GUARDED_CAUSES = {
 # ---- the pieces, each a pure function of the facts ------------------------------------------------
 
 
-def classify(since: Sequence[Event], outcome: Outcome, lost: list[str], preempting: bool = False) -> Cause:
+def classify(since: Sequence[Event], outcome: Outcome, lost: list[str], preempting: bool | None = False) -> Cause:
     """Why the step ended, judged only by this step's events: a life that died before `start`
     is not judged by the previous life's stop. `preempting`: the job's record shows a PreemptTime
-    (a preemption's grace runs)."""
+    (a preemption's grace runs); None: the record could not be read."""
     saved = next((r for r in map(_saved_for, reversed(since)) if r), None)
     if outcome.warned or saved is StopReason.TIMELIMIT or outcome.exit_code == WORKER_SAVED_FOR_TIMELIMIT:
         return Cause.TIMELIMIT  # the allocation ends soon: only a requeue helps, whatever else failed
-    if saved in (StopReason.PREEMPT, StopReason.INTERRUPT) or outcome.exit_code == WORKER_SAVED_AND_STOPPED:
+    # A `preempt` stop whose SIGTERM Slurm did not send as a preemption (no PreemptTime, and this
+    # shell got none, or decide_cancelled would judge), while not every task stopped cleanly
+    # (srun's code is not 76): srun's --kill-on-bad-exit ended the step after a task died, and
+    # the others took its SIGTERM for a stop. The task's death is the cause (before: charged to
+    # `preempt`, whose budget of 50 let a rank that dies at every start loop 50 times).
+    peer_died = (
+        saved is StopReason.PREEMPT
+        and preempting is False
+        and outcome.exit_code not in (WORKER_SAVED_AND_STOPPED, None)
+    )
+    if not peer_died and (
+        saved in (StopReason.PREEMPT, StopReason.INTERRUPT) or outcome.exit_code == WORKER_SAVED_AND_STOPPED
+    ):
         return Cause.PREEMPT  # SIGTERM to the tasks but not to this shell: Slurm's preemption
     if preempting and not lost and outcome.exit_code in (None, SIGTERMED):
         # Inside a preemption's grace: no step launched (`control begin` saw the grace), or one

@@ -104,7 +104,8 @@ class ClusterView:
     requeued_by_slurm: bool = False
     # The job's record shows a PreemptTime: Slurm chose it for preemption and its grace runs. A
     # step launched now would never be warned (the tasks' SIGTERM was the warning), only killed.
-    preempting: bool = False
+    # None: the record could not be read (Slurm did not answer).
+    preempting: bool | None = False
     # The nodes of the job's partition (`scontrol show partition` Nodes=): the only ones that can
     # ever run it. Empty: not known (every node sinfo lists counts).
     partition_nodes: tuple[str, ...] = ()

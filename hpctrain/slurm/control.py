@@ -122,7 +122,7 @@ class Controller:
             time_left_s=self._time_left(),
             requeued_by_slurm=self._restarted_past_me(record),
             timed_out=record is not None and record.timed_out,
-            preempting=record is not None and record.preempt_time is not None,
+            preempting=None if record is None else record.preempt_time is not None,
             partition_nodes=tuple(self._partition_nodes(record)),
             constraint_nodes=self._constraint_nodes(record),
         )
