@@ -317,7 +317,11 @@ CELLS: dict[str, dict[str, Cell]] = {
         "disk_full": Cell("stop", "the `.json` cannot be written: the `.pt` is resumed from with a warning"),
     },
     "after_step": {
-        "preempt_0": Cell("requeue", "the trap records Slurm's requeue; the control step asks nothing twice"),
+        "preempt_0": Cell(
+            "requeue",
+            "Slurm requeues at once: its SIGTERM to the shell is no cancel; the requeue recorded once",
+            (f"{DECIDE}[SIGTERM to the shell while Slurm requeues the job]",),
+        ),
         "preempt_grace": Cell("requeue", "decided as a preemption (`preempt`)", (f"{DECIDE}[preemption]",)),
         "scancel": Cell(
             "cancel",
@@ -350,7 +354,11 @@ CELLS: dict[str, dict[str, Cell]] = {
         "preempt_0": Cell("requeue", "Slurm's requeue and ours are one: Restarts read first"),
         "preempt_grace": Cell("requeue", "the requeue already decided; asked once"),
         "scancel": Cell("cancel", "no requeue asked: CANCELLED, `Restarts=0`", (MOMENTS,)),
-        "admin_requeue": Cell("requeue", "Restarts show it done: asked no more"),
+        "admin_requeue": Cell(
+            "requeue",
+            "Restarts show it done: asked no more",
+            ("tests/test_control_step.py::test_a_requeue_without_answer_is_looked_at_before_anything_else",),
+        ),
         "warning": Cell("requeue", "the requeue already decided; asked once"),
         "node_down": Cell(
             "guardian",
@@ -374,7 +382,11 @@ CELLS: dict[str, dict[str, Cell]] = {
         ),
         "admin_requeue": na("Slurm refuses to requeue a pending job"),
         "warning": na("no signal reaches a pending job"),
-        "node_down": Cell("requeue", "the job starts elsewhere, or waits for the node when it needs it"),
+        "node_down": Cell(
+            "requeue",
+            "the count lowered to the nodes in service: it starts without the node",
+            ("tests/test_slurm_recovery_more.py::test_recovery_after_the_time_limit_warning_side_by_side",),
+        ),
         "rank_kill": na("no rank runs"),
         "rank_stop": na("no rank runs"),
         "slurmctld": Cell("trains on", "the job starts once Slurm is back"),

@@ -180,6 +180,11 @@ ROWS = {
     "every task stopped cleanly on a SIGTERM Slurm did not send as a preemption": Row(
         EARLIER, (start("node1", "node2"), stop(55, "preempt", 159.0)), out(76), events=["requeue:preempt"]
     ),
+    # A stop the ranks agreed on (after their `start`), one rank gone with 76, srun's SIGTERM to
+    # the last (143): a stop, not a crash, whoever sent the SIGTERM (tests/test_slurm_start_node_faults.py).
+    "an agreed stop that srun ended with 143 after the first rank left": Row(
+        EARLIER, (start("node1", "node2"), stop(55, "preempt", 159.0)), out(143), events=["requeue:preempt"]
+    ),
     "hang (srun passes the watchdog's 77 on as another code)": Row(
         EARLIER, (start("node1", "node2"), failure("hang", rank=1)), out(137), events=["requeue:hang"]
     ),

@@ -1,8 +1,8 @@
-"""Faults while a life starts, on the real dev cluster, side by side: the tasks held at an exact
-moment of their start-up (a fault point's gate), the fault sent by Slurm's own commands, then the
-tasks let go.
+"""Faults while a life starts or a checkpoint is written, on the real dev cluster, side by side:
+the process held at an exact moment (a fault point's gate), the fault sent by Slurm's own
+commands, then the process let go.
 
-Cells of the phase-by-fault matrix (README, "Phase by fault") for three phases:
+Cells of the phase-by-fault matrix (README, "Phase by fault"), in two rounds. The start of a life:
 
 - a task's start before it imports torch (`worker.before_imports`: the stop signals held from the
   first moment, nothing read yet) of the first life;
@@ -10,6 +10,11 @@ Cells of the phase-by-fault matrix (README, "Phase by fault") for three phases:
   joined) of the first life;
 - the resume (`trainer.resume_loading`: the newest checkpoint read, not yet applied) of the second
   life, after a first life that a preemption's SIGTERM to the task stopped at step 20 or soon after;
+
+then a checkpoint being written, the tasks training on meanwhile: the first life's step-50
+periodic write held in its writer thread half-written (`checkpoint.periodic_in_flight`), or
+between its `.pt`'s rename and its `.json` (`checkpoint.between_renames`); the forced save the
+fault brings waits for it or abandons it, whichever loses less;
 
 crossed with three faults:
 
@@ -70,7 +75,12 @@ PHASES = {
     "imports": ("worker.before_imports", f"worker.before_imports=gate:{GATE_S}"),
     "rendezvous": ("worker.before_rendezvous", f"worker.before_rendezvous=gate:{GATE_S}"),
     "resume": ("trainer.resume_loading", f"trainer.step=term@{FIRST_LIFE_STOP},trainer.resume_loading=gate:{GATE_S}/2"),
+    # The step-50 checkpoint's background write held half-written, or between its two renames,
+    # while training goes on.
+    "periodic": ("checkpoint.periodic_in_flight", f"checkpoint.periodic_in_flight=gate:{GATE_S}"),
+    "renames": ("checkpoint.between_renames", f"checkpoint.between_renames=gate:{GATE_S}"),
 }
+STARTS = ("imports", "rendezvous", "resume")
 FAULTS = ("scancel", "admin_requeue", "warning")
 CELLS = {f"{fault}_at_{phase}": (phase, fault) for phase in PHASES for fault in FAULTS}
 END_TIMEOUT_S = 600
@@ -104,15 +114,23 @@ def run_cell(env: dict[str, str], run_dir: Path, gates: Path, phase: str, fault:
 
 
 def test_scancel_admin_requeue_and_warning_as_a_life_starts(slurm_env, tmp_path: Path) -> None:
+    run_round(slurm_env, tmp_path, [name for name, (phase, _) in CELLS.items() if phase in STARTS])
+
+
+def test_scancel_admin_requeue_and_warning_while_a_checkpoint_is_written(slurm_env, tmp_path: Path) -> None:
+    run_round(slurm_env, tmp_path, [name for name, (phase, _) in CELLS.items() if phase not in STARTS])
+
+
+def run_round(slurm_env: dict[str, str], tmp_path: Path, cells: list[str]) -> None:
+    """The cells' jobs side by side, each to its end, then each asserted."""
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     reference = tmp_path / "reference"
     trained = Reference(env, reference, TRAIN)
-    runs = {name: tmp_path / name for name in CELLS}
+    runs = {name: tmp_path / name for name in cells}
     try:
-        with ThreadPoolExecutor(max_workers=len(CELLS)) as pool:
+        with ThreadPoolExecutor(max_workers=len(cells)) as pool:
             ends = {
-                name: pool.submit(run_cell, env, runs[name], tmp_path / "gates" / name, phase, fault)
-                for name, (phase, fault) in CELLS.items()
+                name: pool.submit(run_cell, env, runs[name], tmp_path / "gates" / name, *CELLS[name]) for name in cells
             }
             states = {name: future.result() for name, future in ends.items()}
     finally:
@@ -120,7 +138,8 @@ def test_scancel_admin_requeue_and_warning_as_a_life_starts(slurm_env, tmp_path:
             cancel_run(slurm_env, run_dir)
     trained.trained()
 
-    for name, (phase, fault) in CELLS.items():
+    for name in cells:
+        phase, fault = CELLS[name]
         run_dir = runs[name]
         journal = events(run_dir)
         told = f"{name}: {states[name]}\n{journal}\n{job_output(run_dir)}"

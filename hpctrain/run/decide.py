@@ -255,15 +255,19 @@ def classify(since: Sequence[Event], outcome: Outcome, lost: list[str], preempti
     saved = next((r for r in map(_saved_for, reversed(since)) if r), None)
     if outcome.warned or saved is StopReason.TIMELIMIT or outcome.exit_code == WORKER_SAVED_FOR_TIMELIMIT:
         return Cause.TIMELIMIT  # the allocation ends soon: only a requeue helps, whatever else failed
-    # A `preempt` stop whose SIGTERM Slurm did not send as a preemption (no PreemptTime, and this
-    # shell got none, or decide_cancelled would judge), while not every task stopped cleanly
-    # (srun's code is not 76): srun's --kill-on-bad-exit ended the step after a task died, and
-    # the others took its SIGTERM for a stop. The task's death is the cause (before: charged to
-    # `preempt`, whose budget of 50 let a rank that dies at every start loop 50 times).
+    # A `preempt` stop one task wrote alone while it started (no `start` in this step: the ranks
+    # never met to agree on it), whose SIGTERM Slurm did not send as a preemption (no PreemptTime,
+    # and this shell got none, or decide_cancelled would judge), while not every task stopped
+    # cleanly (srun's code is not 76): srun's --kill-on-bad-exit ended the step after another
+    # task died, and this one took its SIGTERM for a stop. The death is the cause (before:
+    # charged to `preempt`, whose budget of 50 let a rank that dies at every start loop 50 times).
+    # A stop the ranks agreed on after their `start` stays a stop, whatever srun's code (srun
+    # SIGTERMs the last ranks once the first has left with 76).
     peer_died = (
         saved is StopReason.PREEMPT
         and preempting is False
         and outcome.exit_code not in (WORKER_SAVED_AND_STOPPED, None)
+        and not any(isinstance(e, Start) for e in since)
     )
     if not peer_died and (
         saved in (StopReason.PREEMPT, StopReason.INTERRUPT) or outcome.exit_code == WORKER_SAVED_AND_STOPPED
