@@ -61,6 +61,7 @@ DECIDE = "tests/test_decide.py::test_decide"
 GUARD = "tests/test_guardian.py::test_decide_guard"
 MOMENTS = "tests/test_slurm_moments.py::test_faults_at_the_batch_scripts_worst_moments_side_by_side"
 START = "tests/test_slurm_start_faults.py::test_scancel_admin_requeue_and_warning_as_a_life_starts"
+WRITES = "tests/test_slurm_start_faults.py::test_scancel_admin_requeue_and_warning_while_a_checkpoint_is_written"
 START_PREEMPT = (
     "tests/test_slurm_start_preemption.py::test_a_preemption_with_and_without_grace_at_the_rendezvous_and_the_resume"
 )
@@ -252,12 +253,14 @@ CELLS: dict[str, dict[str, Cell]] = {
                 f"{DECIDE}[preemption during a background write]",
             ),
         ),
-        "scancel": Cell("cancel", "as a preemption's save, then `cancelled`"),
-        "admin_requeue": Cell("requeue", "as a zero-grace preemption: a save within KillWait"),
+        "scancel": Cell("cancel", "the forced save waits for or abandons the write; `cancelled`, CANCELLED", (WRITES,)),
+        "admin_requeue": Cell(
+            "requeue", "Slurm's requeue (`preempt`, by slurm); from the newest complete checkpoint", (WRITES,)
+        ),
         "warning": Cell(
             "requeue",
-            "the stop step written, the write under way abandoned",
-            (f"{DECIDE}[time-limit stop that abandoned a background write and wrote the stop step]",),
+            "the stop step written (the write under way waited for or abandoned); nothing redone",
+            (WRITES, f"{DECIDE}[time-limit stop that abandoned a background write and wrote the stop step]"),
         ),
         "node_down": Cell("requeue", "the write lost with the node; the newest complete checkpoint stands"),
         "rank_kill": Cell("requeue", "the `.pt.tmp` never counts; resumed from the checkpoint before", (POINTS_RUN,)),
@@ -303,9 +306,11 @@ CELLS: dict[str, dict[str, Cell]] = {
     "renames": {
         "preempt_0": Cell("requeue", "the `.pt` is whole: a later start may resume from it"),
         "preempt_grace": Cell("requeue", "the rename pair completes before the handler's flag is read"),
-        "scancel": Cell("cancel", "as a preemption's save, then `cancelled`"),
-        "admin_requeue": Cell("requeue", "as a zero-grace preemption"),
-        "warning": Cell("requeue", "the rename pair completes; requeued (`timelimit`)"),
+        "scancel": Cell("cancel", "the held write completes or is abandoned; `cancelled`, CANCELLED", (WRITES,)),
+        "admin_requeue": Cell(
+            "requeue", "Slurm's requeue (`preempt`, by slurm); from the newest complete checkpoint", (WRITES,)
+        ),
+        "warning": Cell("requeue", "the stop step written after the held write; nothing redone", (WRITES,)),
         "node_down": Cell("requeue", "the `.pt` without its `.json` is used when nothing newer is"),
         "rank_kill": Cell(
             "requeue",
