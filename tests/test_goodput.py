@@ -18,8 +18,8 @@ from hpctrain.run.paths import RunDir
 from hpctrain.status.goodput import goodput, goodput_of
 
 
-def start(t: float, resumed: int, job: str | None = "7", restart: int = 0) -> Start:
-    return Start(time=t, job_id=job, restart=restart, resumed_from_step=resumed)
+def start(t: float, resumed: int, job: str | None = "7", restart: int = 0, allocated: float | None = None) -> Start:
+    return Start(time=t, job_id=job, restart=restart, resumed_from_step=resumed, allocated_at=allocated)
 
 
 def ckpt(t: float, step: int, reason: str = "periodic", blocking: float = 0.0, write: float = 0.0) -> Checkpoint:
@@ -60,6 +60,22 @@ CASES = [
         [m(10, 10), m(20, 50)],
         None,
         (27.1, 20, 0, 0.1, 7.0, 23.9, ["requeue", "finish"]),
+    ),
+    (
+        # Each life's batch script started (allocated_at) 4 s before its `start`: set-up, imports
+        # and the rendezvous are allocated time lost to start-up, not a wait between lives.
+        "the time from the batch script's start to `start` counts as start-up",
+        [
+            start(0, 0, allocated=-4),
+            ckpt(10.2, 10, "periodic", 0.1, 0.1),
+            ev("failure", 16, cause="crash"),
+            ev("requeue", 16.1, cause="crash"),
+            start(40, 10, restart=1, allocated=36),
+            ev("finish", 51, step=20),
+        ],
+        [m(10, 10), m(20, 50)],
+        None,
+        (35.1, 20, 8, 0.1, 7.0, 19.9, ["requeue", "finish"]),
     ),
     (
         "relaunch on a spare: the allocation is held, the start-up counts",

@@ -23,3 +23,13 @@ def test_life_stamp_from_env(env: dict[str, str], job_id: str | None, restart: i
     life = LifeStamp.from_env(env)
     assert (life.job_id, life.restart, life.aliases) == (job_id, restart, aliases)
     assert life.in_slurm is (job_id is not None)
+
+
+def test_the_batch_scripts_start_is_read_when_it_set_it() -> None:
+    # The batch script exports it as its first act (`date +%s.%N`); a user's own script does not.
+    assert (
+        LifeStamp.from_env({"SLURM_JOB_ID": "36", "HPCTRAIN_ALLOCATED_AT": "1795600000.25"}).allocated_at
+        == 1795600000.25
+    )
+    assert LifeStamp.from_env({"SLURM_JOB_ID": "36"}).allocated_at is None
+    assert LifeStamp.from_env({"HPCTRAIN_ALLOCATED_AT": "soon"}).allocated_at is None

@@ -56,6 +56,7 @@ class Start(Event):
     resumed_from_step: int = 0
     total_steps: int | None = None
     ranks: list[Any] | None = None  # each rank's node, GPU and device
+    allocated_at: float | None = None  # when Slurm started this life's batch script (hpctrain's own)
 
 
 @dataclass(frozen=True)

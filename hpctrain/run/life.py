@@ -17,6 +17,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# Set by the batch script as its first act (UNIX seconds): when Slurm started this life.
+ALLOCATED_AT_ENV = "HPCTRAIN_ALLOCATED_AT"
+
 
 @dataclass(frozen=True)
 class LifeStamp:
@@ -25,6 +28,7 @@ class LifeStamp:
     number: str | None = None  # SLURM_JOB_ID, the job's own number (an array task's differs from job_id)
     array_job_id: str | None = None  # SLURM_ARRAY_JOB_ID
     array_task_id: int | None = None  # SLURM_ARRAY_TASK_ID
+    allocated_at: float | None = None  # HPCTRAIN_ALLOCATED_AT: when Slurm started the batch script
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifeStamp:
@@ -32,9 +36,10 @@ class LifeStamp:
         number = env.get("SLURM_JOB_ID", "") or None
         array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
         restart = env.get("SLURM_RESTART_COUNT", "0")
+        allocated_at = _seconds(env.get(ALLOCATED_AT_ENV, ""))
         if array.isdigit() and task.isdigit():
-            return cls(f"{array}_{task}", _count(restart), number, array, int(task))
-        return cls(number, _count(restart), number)
+            return cls(f"{array}_{task}", _count(restart), number, array, int(task), allocated_at)
+        return cls(number, _count(restart), number, allocated_at=allocated_at)
 
     @property
     def in_slurm(self) -> bool:
@@ -49,3 +54,10 @@ class LifeStamp:
 def _count(text: str) -> int:
     # Slurm always sets a number; anything else (a user's own export) counts as the first life.
     return int(text) if text.strip().isdigit() else 0
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None  # unset (a user's own batch script, hpctrain-train), or not a time

@@ -11,8 +11,9 @@ and metrics.jsonl (each record's `step` and `time`). Definitions (also in the RE
   or, while a run has not finished, into its last logged step. Walking back from there, each
   life keeps the steps from the step it resumed from to the step the next kept life resumed
   from; a life whose checkpoints were all lost (torn) keeps nothing.
-- lost, split into: startup (allocated before the life's `start`: process start, rendezvous and
-  resume after a relaunch), checkpoint stalls (blocking_s; forced saves also block for write_s),
+- lost, split into: startup (allocated before the life's `start`: from the batch script's start,
+  its `start`'s `allocated_at`, or from a relaunch: set-up, process start, imports, rendezvous and
+  resume), checkpoint stalls (blocking_s; forced saves also block for write_s),
   redone (from a life's last kept step to its end: steps the next life trains again, and the
   stop itself: noticing a hang or a dead node, exiting).
 - wait: from one life's end to the next one's allocated start (Slurm's requeue hold, the queue,
@@ -187,6 +188,10 @@ def _life(
     ]
     if relaunches:
         began = min(started, relaunches[-1].time)
+    elif start.allocated_at is not None:
+        # Slurm started the batch script then: set-up, Python, imports and the rendezvous are
+        # this run's allocated time (before the field: counted from `start`, that time a wait).
+        began = min(started, start.allocated_at)
     checkpoints = [e for e in own if isinstance(e, Checkpoint)]
     kept_until = (
         _time_of_step(kept_to, started, ended, resumed_from, mine, checkpoints) if kept_to > resumed_from else started

@@ -350,6 +350,7 @@ class Trainer:
                 resumed_from_step=self.state.step,
                 total_steps=self.total_steps,
                 ranks=ranks,
+                allocated_at=self.ctx.life.allocated_at,
             )
         )
 
