@@ -158,7 +158,7 @@ CELLS: dict[str, dict[str, Cell]] = {
         "warning": Cell(
             "requeue", "held, left before the rendezvous (exit 140); requeued (`timelimit`)", (EARLY, START)
         ),
-        "node_down": Cell("requeue", "srun ends the step: `node_failure` (the node named), requeued", (START_NODE,)),
+        "node_down": Cell("requeue", "srun ends the step: `node_failure` (the node named), requeued"),
         "rank_kill": Cell(
             "requeue",
             "`crash` charged (srun's SIGTERM to the peer is no preemption), requeued",
@@ -281,11 +281,13 @@ CELLS: dict[str, dict[str, Cell]] = {
         ),
         "scancel": Cell(
             "cancel",
-            "the save killed: `cancelled`, the newest complete checkpoint stands",
-            (f"{DECIDE}[scancel during a forced save (killed before it was written)]",),
+            "the save completes or is killed: `cancelled`; the newest complete checkpoint stands",
+            (WRITES, f"{DECIDE}[scancel during a forced save (killed before it was written)]"),
         ),
-        "admin_requeue": Cell("requeue", "Slurm's requeue; the `stop` journaled before the save"),
-        "warning": Cell("requeue", "the save goes on; requeued (`timelimit`)"),
+        "admin_requeue": Cell(
+            "requeue", "Slurm's requeue; the save completes within KillWait; from the newest complete one", (WRITES,)
+        ),
+        "warning": Cell("requeue", "the save goes on; requeued (`timelimit`) from the stop step", (WRITES,)),
         "node_down": Cell(
             "requeue",
             "the save lost; the `stop` already journaled: requeued as the stop it was",

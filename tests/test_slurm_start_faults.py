@@ -14,7 +14,8 @@ Cells of the phase-by-fault matrix (README, "Phase by fault"), in two rounds. Th
 then a checkpoint being written, the tasks training on meanwhile: the first life's step-50
 periodic write held in its writer thread half-written (`checkpoint.periodic_in_flight`), or
 between its `.pt`'s rename and its `.json` (`checkpoint.between_renames`); the forced save the
-fault brings waits for it or abandons it, whichever loses less;
+fault brings waits for it or abandons it, whichever loses less; and a forced save itself, the
+first life's own stop from step 20 held half-written (`checkpoint.forced_in_flight`);
 
 crossed with three faults:
 
@@ -36,7 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers.paced import PAUSE_ENV
+from helpers import gated
+from helpers.gated import END_TIMEOUT_S, FIRST_LIFE_STOP, GATE_S, STEPS
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
     Reference,
@@ -49,41 +51,29 @@ from slurmtools import (
     run_ends,
     same_weights,
     start_cluster,
-    submit,
-    wait_at_gate,
     with_test_helpers,
 )
 
-from hpctrain import faults
-
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-STEPS = 120
-TRAIN = [
-    "model._target_=helpers.paced.PacedConvNet",
-    f"trainer.max_steps={STEPS}",
-    "trainer.log_every=10",
-    "trainer.eval_every=0",
-    "trainer.ckpt_every=50",
-    "slurm.nodes=1",
-    "slurm.ntasks_per_node=1",
-]
-PAUSE_S = "0.05"  # a step takes at least this: the first life outlasts its start
-GATE_S = 300  # a bound for a test that never opens the gate; it opens within seconds
-FIRST_LIFE_STOP = 20  # the second life's cells: the first stops from this step on (SIGTERM to the task)
+TRAIN = [*gated.TRAIN, *gated.ONE_TASK]
 PHASES = {
     "imports": ("worker.before_imports", f"worker.before_imports=gate:{GATE_S}"),
     "rendezvous": ("worker.before_rendezvous", f"worker.before_rendezvous=gate:{GATE_S}"),
-    "resume": ("trainer.resume_loading", f"trainer.step=term@{FIRST_LIFE_STOP},trainer.resume_loading=gate:{GATE_S}/2"),
+    "resume": ("trainer.resume_loading", gated.at_resume(f"gate:{GATE_S}")),
     # The step-50 checkpoint's background write held half-written, or between its two renames,
     # while training goes on.
     "periodic": ("checkpoint.periodic_in_flight", f"checkpoint.periodic_in_flight=gate:{GATE_S}"),
     "renames": ("checkpoint.between_renames", f"checkpoint.between_renames=gate:{GATE_S}"),
+    # The first life's own stop from step 20 (a SIGTERM to its task): its forced save held half-written.
+    "forced": (
+        "checkpoint.forced_in_flight",
+        f"trainer.step=term@{FIRST_LIFE_STOP},checkpoint.forced_in_flight=gate:{GATE_S}",
+    ),
 }
 STARTS = ("imports", "rendezvous", "resume")
 FAULTS = ("scancel", "admin_requeue", "warning")
 CELLS = {f"{fault}_at_{phase}": (phase, fault) for phase in PHASES for fault in FAULTS}
-END_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
@@ -102,10 +92,8 @@ def send(env: dict[str, str], job_id: str, fault: str) -> None:
 
 def run_cell(env: dict[str, str], run_dir: Path, gates: Path, phase: str, fault: str) -> tuple[str, str]:
     point, arming = PHASES[phase]
-    armed = {**env, PAUSE_ENV: PAUSE_S, faults.ENV: arming, faults.GATES_ENV: str(gates)}
-    (job_id,), _ = submit(armed, run_dir, *TRAIN)
-    reached, opened = faults.gate_files(gates, point)
-    wait_at_gate(env, job_id, reached, END_TIMEOUT_S)
+    job_id = gated.submit_armed(env, run_dir, gates, arming, *TRAIN)
+    opened = gated.wait_held(env, job_id, gates, point)
     send(env, job_id, fault)
     if fault == "warning":
         time.sleep(1.0)  # the shell's trap passes USR2 on to srun, srun to the task
@@ -173,6 +161,14 @@ def run_round(slurm_env: dict[str, str], tmp_path: Path, cells: list[str]) -> No
             # Slurm's requeue, told by the shell's trap; the tasks may or may not have reached a
             # step boundary to save within KillWait (5 s): either way resumed as checked above.
             assert requeues == [*before, ("preempt", "slurm")], told
+        elif phase == "forced":
+            # The warning came while the stop's save was being written: the save goes on, and the
+            # step is requeued for the time limit (the warning wins), from the stop step.
+            assert requeues == [("timelimit", None)], told
+            (stop,) = of("stop", run_dir)
+            saved = [c["step"] for c in of("checkpoint", run_dir) if c["reason"] == "preempt"]
+            assert stop["reason"] == "preempt" and saved == [stop["step"]] and stop["step"] >= FIRST_LIFE_STOP, told
+            assert of("start", run_dir)[-1]["resumed_from_step"] == stop["step"], told
         elif phase == "imports":
             # Held before torch was imported: the task leaves without joining, nothing to save
             # (a `stop` at the newest checkpoint's step, none), the next life starts at 0.

@@ -39,19 +39,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers.paced import PAUSE_ENV
+from helpers import gated
+from helpers.gated import END_TIMEOUT_S, FIRST_LIFE_STOP, GATE_S, STEPS
 from slurmtools import (
     Reference,
     cancel_run,
     events,
+    job_field,
     job_output,
+    job_restarts,
     of,
     preempt_everything,
     run_ends,
     same_weights,
     start_cluster,
-    submit,
-    wait_at_gate,
     wait_finished,
     with_test_helpers,
 )
@@ -60,29 +61,16 @@ from hpctrain import faults
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-STEPS = 120
-TRAIN = [
-    "model._target_=helpers.paced.PacedConvNet",
-    f"trainer.max_steps={STEPS}",
-    "trainer.log_every=10",
-    "trainer.eval_every=0",
-    "trainer.ckpt_every=50",
-    "slurm.nodes=1",
-    "slurm.ntasks_per_node=1",
-]
-PAUSE_S = "0.05"  # a step takes at least this: the first life outlasts its start
-GATE_S = 300  # a bound for a test that never opens the gate; it opens within seconds
-FIRST_LIFE_STOP = 20  # the resume cells: the first life stops from this step on (SIGTERM to the task)
+TRAIN = [*gated.TRAIN, *gated.ONE_TASK]
 PHASES = {
     "rendezvous": ("worker.before_rendezvous", f"worker.before_rendezvous=gate:{GATE_S}"),
-    "resume": ("trainer.resume_loading", f"trainer.step=term@{FIRST_LIFE_STOP},trainer.resume_loading=gate:{GATE_S}/2"),
+    "resume": ("trainer.resume_loading", gated.at_resume(f"gate:{GATE_S}")),
     # The batch script's own moments, before any task runs (the gate holds the batch shell).
     "setup": ("batch.setup", f"batch.setup=gate:{GATE_S}/1"),
     "begin": ("batch.before_begin", f"batch.before_begin=gate:{GATE_S}/1"),
 }
 PARTITIONS = {"grace": "batch", "no_grace": "nograce"}
 CELLS = {f"preempt_{grace}_at_{phase}": (phase, grace) for phase in PHASES for grace in PARTITIONS}
-END_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
@@ -123,10 +111,19 @@ def slurm_env() -> Iterator[dict[str, str]]:
 def held(env: dict[str, str], run_dir: Path, gates: Path, phase: str, grace: str) -> str:
     """Submit the cell's job and wait until its task is held at the phase's gate: its job id."""
     point, arming = PHASES[phase]
-    armed = {**env, PAUSE_ENV: PAUSE_S, faults.ENV: arming, faults.GATES_ENV: str(gates)}
-    (job_id,), _ = submit(armed, run_dir, *TRAIN, f"slurm.partition={PARTITIONS[grace]}")
-    wait_at_gate(env, job_id, faults.gate_files(gates, point)[0], END_TIMEOUT_S)
+    job_id = gated.submit_armed(env, run_dir, gates, arming, *TRAIN, f"slurm.partition={PARTITIONS[grace]}")
+    gated.wait_held(env, job_id, gates, point)
     return job_id
+
+
+def wait_chosen(env: dict[str, str], job_id: str, timeout_s: float = 60) -> None:
+    """Until Slurm has chosen the job for preemption (its record shows a PreemptTime, or, without a
+    grace, it is requeued already): the scheduler may take a cycle or two after the urgent job's
+    submission on a loaded machine, and a gate opened before would let the job start unpreempted."""
+    deadline = time.monotonic() + timeout_s
+    while job_field(env, job_id, "PreemptTime") in (None, "None") and not job_restarts(env, job_id):
+        assert time.monotonic() < deadline, f"job {job_id} not chosen for preemption within {timeout_s:.0f} s"
+        time.sleep(0.2)
 
 
 def preempt_held(env: dict[str, str], tmp_path: Path, cells: list[str]) -> dict[str, tuple[str, str]]:
@@ -140,6 +137,8 @@ def preempt_held(env: dict[str, str], tmp_path: Path, cells: list[str]) -> dict[
             jobs = {name: future.result() for name, future in holding.items()}
             # Every job held at its gate: one urgent job needing every node preempts them all.
             urgent = preempt_everything(env)
+            for job_id in jobs.values():
+                wait_chosen(env, job_id)
             time.sleep(1.0)  # the SIGTERMs delivered while the jobs are still held
             for name in cells:
                 faults.gate_files(gates[name], PHASES[CELLS[name][0]][0])[1].touch()
@@ -151,12 +150,19 @@ def preempt_held(env: dict[str, str], tmp_path: Path, cells: list[str]) -> dict[
             cancel_run(env, run_dir)
 
 
-def test_a_preemption_with_and_without_grace_at_the_rendezvous_and_the_resume(slurm_env, tmp_path: Path) -> None:
+def preempt_round(slurm_env: dict[str, str], tmp_path: Path, phases: tuple[str, ...]) -> dict[str, tuple[str, str]]:
+    """The cells of these phases preempted together, beside the uninterrupted run (tmp_path /
+    "reference"): each cell's (first, last) end state."""
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     trained = Reference(env, tmp_path / "reference", TRAIN)
-    cells = [name for name, (phase, _) in CELLS.items() if phase in ("rendezvous", "resume")]
-    states = preempt_held(env, tmp_path, cells)
+    states = preempt_held(env, tmp_path, [name for name, (phase, _) in CELLS.items() if phase in phases])
     trained.trained()
+    return states
+
+
+def test_a_preemption_with_and_without_grace_at_the_rendezvous_and_the_resume(slurm_env, tmp_path: Path) -> None:
+    states = preempt_round(slurm_env, tmp_path, ("rendezvous", "resume"))
+    cells = list(states)
 
     for name in cells:
         phase, grace = CELLS[name]
@@ -200,12 +206,8 @@ def test_a_preemption_with_and_without_grace_at_the_rendezvous_and_the_resume(sl
 
 
 def test_a_preemption_with_and_without_grace_while_the_batch_script_starts(slurm_env, tmp_path: Path) -> None:
-    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
-    trained = Reference(env, tmp_path / "reference", TRAIN)
-    cells = [name for name, (phase, _) in CELLS.items() if phase in ("setup", "begin")]
-    states = preempt_held(env, tmp_path, cells)
-    trained.trained()
-    for name in cells:
+    states = preempt_round(slurm_env, tmp_path, ("setup", "begin"))
+    for name in states:
         _, grace = CELLS[name]
         run_dir = tmp_path / name
         told = f"{name}: {states[name]}\n{events(run_dir)}\n{job_output(run_dir)}"
