@@ -287,7 +287,11 @@ CELLS: dict[str, dict[str, Cell]] = {
         "admin_requeue": Cell(
             "requeue", "Slurm's requeue; the save completes within KillWait; from the newest complete one", (WRITES,)
         ),
-        "warning": Cell("requeue", "the save goes on; requeued (`timelimit`) from the stop step", (WRITES,)),
+        "warning": Cell(
+            "requeue",
+            "the save goes on; requeued (`timelimit`) from the stop step, or, `overran`, the newest complete one",
+            (WRITES,),
+        ),
         "node_down": Cell(
             "requeue",
             "the save lost; the `stop` already journaled: requeued as the stop it was",
