@@ -255,20 +255,7 @@ def classify(since: Sequence[Event], outcome: Outcome, lost: list[str], preempti
     saved = next((r for r in map(_saved_for, reversed(since)) if r), None)
     if outcome.warned or saved is StopReason.TIMELIMIT or outcome.exit_code == WORKER_SAVED_FOR_TIMELIMIT:
         return Cause.TIMELIMIT  # the allocation ends soon: only a requeue helps, whatever else failed
-    # A `preempt` stop one task wrote alone while it started (no `start` in this step: the ranks
-    # never met to agree on it), whose SIGTERM Slurm did not send as a preemption (no PreemptTime,
-    # and this shell got none, or decide_cancelled would judge), while not every task stopped
-    # cleanly (srun's code is not 76): srun's --kill-on-bad-exit ended the step after another
-    # task died, and this one took its SIGTERM for a stop. The death is the cause (before:
-    # charged to `preempt`, whose budget of 50 let a rank that dies at every start loop 50 times).
-    # A stop the ranks agreed on after their `start` stays a stop, whatever srun's code (srun
-    # SIGTERMs the last ranks once the first has left with 76).
-    peer_died = (
-        saved is StopReason.PREEMPT
-        and preempting is False
-        and outcome.exit_code not in (WORKER_SAVED_AND_STOPPED, None)
-        and not any(isinstance(e, Start) for e in since)
-    )
+    peer_died = _a_peers_death(saved, since, outcome, preempting)
     if not peer_died and (
         saved in (StopReason.PREEMPT, StopReason.INTERRUPT) or outcome.exit_code == WORKER_SAVED_AND_STOPPED
     ):
@@ -399,6 +386,23 @@ def _requeue_shape(keep_out: set[str], outcome: Outcome, cluster: ClusterView) -
     if len(usable) >= outcome.nodes_wanted:
         return keep_out, len(usable)
     return set(outcome.user_exclude), (outcome.nodes_wanted if needed > outcome.nodes_wanted else None)
+
+
+def _a_peers_death(saved: StopReason | None, since: Sequence[Event], outcome: Outcome, preempting: bool | None) -> bool:
+    """A `preempt` stop one task wrote alone while it started (no `start` in this step: the ranks
+    never met to agree on it), whose SIGTERM Slurm did not send as a preemption (no PreemptTime,
+    and this shell got none, or decide_cancelled would judge), while not every task stopped
+    cleanly (srun's code is not 76): srun's --kill-on-bad-exit ended the step after another task
+    died, and this one took its SIGTERM for a stop. The death is the cause (before: charged to
+    `preempt`, whose budget of 50 let a rank that dies at every start loop 50 times). A stop the
+    ranks agreed on after their `start` stays a stop, whatever srun's code (srun SIGTERMs the last
+    ranks once the first has left with 76)."""
+    return (
+        saved is StopReason.PREEMPT
+        and preempting is False
+        and outcome.exit_code not in (WORKER_SAVED_AND_STOPPED, None)
+        and not any(isinstance(e, Start) for e in since)
+    )
 
 
 def _previous_life(history: History) -> Sequence[Event]:
