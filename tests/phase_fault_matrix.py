@@ -66,8 +66,16 @@ START_PREEMPT = (
     "tests/test_slurm_start_preemption.py::test_a_preemption_with_and_without_grace_at_the_rendezvous_and_the_resume"
 )
 START_PREEMPT_BATCH = (
-    "tests/test_slurm_start_preemption.py::test_a_preemption_with_and_without_grace_while_the_batch_script_starts"
+    "tests/test_slurm_start_preemption.py::test_a_preemption_with_and_without_grace_at_the_batch_scripts_own_moments"
 )
+START_PREEMPT_WRITES = (
+    "tests/test_slurm_start_preemption.py::test_a_preemption_with_and_without_grace_while_a_checkpoint_is_written"
+)
+STOPPED_WRITING = (
+    "tests/test_stopped_rank_while_writing.py::"
+    "test_a_rank_stopped_while_a_checkpoint_is_written_is_a_hang_and_the_run_still_ends_exact"
+)
+HANG_REQUEUED = f"{DECIDE}[hang seen by its exit code alone]"
 START_RANKS = "tests/test_slurm_start_node_faults.py::test_a_rank_killed_or_stopped_as_a_life_starts"
 START_NODE = "tests/test_slurm_start_node_faults.py::test_a_node_down_as_a_life_starts"
 OUTAGE_START = "tests/test_slurm_outage.py::test_slurmctld_stopped_for_30_s_as_a_life_starts_and_as_a_step_is_judged"
@@ -99,12 +107,14 @@ CELLS: dict[str, dict[str, Cell]] = {
             "`control begin` sees PreemptTime: nothing launched, requeued (`preempt`); no crash charged",
             (START_PREEMPT_BATCH, f"{DECIDE}[preemption's grace running before srun started (no step launched)]"),
         ),
-        "scancel": Cell("cancel", "`cancelled`, nothing launched", (f"{DECIDE}[scancel before srun started]",)),
-        "admin_requeue": Cell("requeue", "the trap records Slurm's requeue (`preempt`, by slurm); no `failure`"),
+        "scancel": Cell("cancel", "`cancelled`, nothing launched", (START, f"{DECIDE}[scancel before srun started]")),
+        "admin_requeue": Cell(
+            "requeue", "the trap records Slurm's requeue (`preempt`, by slurm); no `failure`", (START,)
+        ),
         "warning": Cell(
             "requeue",
-            "nothing launched; requeued (`timelimit`)",
-            (f"{DECIDE}[time-limit warning before srun started (no step launched)]",),
+            "nothing launched; requeued (`timelimit`); next life from step 0",
+            (START, f"{DECIDE}[time-limit warning before srun started (no step launched)]"),
         ),
         "node_down": Cell(
             "guardian",
@@ -209,7 +219,9 @@ CELLS: dict[str, dict[str, Cell]] = {
             "requeue", "`crash` charged, requeued; nothing journaled by the lost load", (START_RANKS, POINTS_RUN)
         ),
         "rank_stop": Cell("requeue", "the peer's watchdog: `hang`, requeued", (START_RANKS,)),
-        "slurmctld": Cell("trains on", "nothing asks Slurm here; one life"),
+        "slurmctld": Cell(
+            "trains on", "nothing asks Slurm here: the second life trains on while Slurm is away", (OUTAGE_START,)
+        ),
         "disk_full": NOTHING_WRITTEN,
     },
     "step": {
@@ -243,7 +255,12 @@ CELLS: dict[str, dict[str, Cell]] = {
         "disk_full": NOTHING_WRITTEN,
     },
     "periodic": {
-        "preempt_0": Cell("requeue", "the forced save decides with the write under way (`forced_save`)"),
+        "preempt_0": Cell(
+            "requeue",
+            "the forced save decides with the write under way (`forced_save`) within KillWait, or SIGKILL first: "
+            "from the newest complete checkpoint; Slurm's requeue",
+            (START_PREEMPT_WRITES,),
+        ),
         "preempt_grace": Cell(
             "requeue",
             "waits for, abandons or keeps the write under way, whichever loses least",
@@ -264,7 +281,9 @@ CELLS: dict[str, dict[str, Cell]] = {
         ),
         "node_down": Cell("requeue", "the write lost with the node; the newest complete checkpoint stands"),
         "rank_kill": Cell("requeue", "the `.pt.tmp` never counts; resumed from the checkpoint before", (POINTS_RUN,)),
-        "rank_stop": Cell("requeue", "`hang`; the write under way never counts"),
+        "rank_stop": Cell(
+            "requeue", "the peer's watchdog: `hang`; the write under way never counts", (STOPPED_WRITING, HANG_REQUEUED)
+        ),
         "slurmctld": Cell("trains on", "writes never ask Slurm; one life", (OUTAGE_START,)),
         "disk_full": Cell(
             "stop",
@@ -273,7 +292,12 @@ CELLS: dict[str, dict[str, Cell]] = {
         ),
     },
     "forced": {
-        "preempt_0": Cell("requeue", "`overran`: cancelled before KillWait ends; the newest complete one stands"),
+        "preempt_0": Cell(
+            "requeue",
+            "`overran` (cancelled before KillWait ends) or SIGKILL; the stop journaled before: no crash; "
+            "the newest complete one stands",
+            (START_PREEMPT_WRITES,),
+        ),
         "preempt_grace": Cell(
             "requeue",
             "a second SIGTERM changes nothing; the save meets its deadline or is `overran`",
@@ -305,13 +329,24 @@ CELLS: dict[str, dict[str, Cell]] = {
                 "tests/test_forced_save.py::test_the_stop_is_journaled_before_its_save_and_outlives_a_killed_save",
             ),
         ),
-        "rank_stop": Cell("requeue", "the peers' watchdogs: `hang`; the stop already journaled"),
+        "rank_stop": Cell(
+            "requeue", "the peer's watchdog: `hang`; the stop already journaled", (STOPPED_WRITING, HANG_REQUEUED)
+        ),
         "slurmctld": Cell("requeue", "the save never asks Slurm; the requeue waits for it"),
         "disk_full": Cell("stop", "ENOSPC: the stop's save fails, the newest complete checkpoint stands"),
     },
     "renames": {
-        "preempt_0": Cell("requeue", "the `.pt` is whole: a later start may resume from it"),
-        "preempt_grace": Cell("requeue", "the rename pair completes before the handler's flag is read"),
+        "preempt_0": Cell(
+            "requeue",
+            "the stop step saved within KillWait, or SIGKILL first: the `.pt` is whole, a later start may "
+            "resume from it; Slurm's requeue",
+            (START_PREEMPT_WRITES,),
+        ),
+        "preempt_grace": Cell(
+            "requeue",
+            "the forced save waits for the rename pair or abandons it; the stop step saved; requeued (`preempt`)",
+            (START_PREEMPT_WRITES,),
+        ),
         "scancel": Cell("cancel", "the held write completes or is abandoned; `cancelled`, CANCELLED", (WRITES,)),
         "admin_requeue": Cell(
             "requeue", "Slurm's requeue (`preempt`, by slurm); from the newest complete checkpoint", (WRITES,)
@@ -323,7 +358,11 @@ CELLS: dict[str, dict[str, Cell]] = {
             "a `.pt` without its `.json`: resumed from when nothing newer is usable",
             ("tests/test_checkpoint.py::test_a_write_killed_between_its_two_renames_is_resumed_from",),
         ),
-        "rank_stop": Cell("requeue", "`hang`; the `.pt` without `.json` as above"),
+        "rank_stop": Cell(
+            "requeue",
+            "the peer's watchdog: `hang`; the `.pt` without `.json` as above",
+            (STOPPED_WRITING, HANG_REQUEUED),
+        ),
         "slurmctld": Cell("trains on", "renames never ask Slurm; one life", (OUTAGE_START,)),
         "disk_full": Cell("stop", "the `.json` cannot be written: the `.pt` is resumed from with a warning"),
     },
@@ -400,7 +439,7 @@ CELLS: dict[str, dict[str, Cell]] = {
         ),
         "rank_kill": na("no rank runs"),
         "rank_stop": na("no rank runs"),
-        "slurmctld": Cell("trains on", "the job starts once Slurm is back"),
+        "slurmctld": Cell("trains on", "the job starts once Slurm is back; one requeue, no failure", (OUTAGE_START,)),
         "disk_full": NOTHING_WRITTEN,
     },
 }

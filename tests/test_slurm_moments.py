@@ -20,6 +20,8 @@ uninterrupted run of the same config.
   life that wrote nothing to node_failure.
 - a scancel once the requeue is decided: the job ends CANCELLED and stays so (Slurm 22.05
   grants the requeue of a job being cancelled; before, it was asked and the job came back).
+- the time-limit warning once the requeue is decided: the requeue goes on, asked once; the
+  warning changes nothing (no task runs to pass it to).
 
 The three kills are set off by a preemption's SIGTERM at an awkward moment of a task's start
 (its stop handlers installed, the process group not joined): the ranks stop after their first
@@ -91,6 +93,8 @@ CELLS = {
     # decision on, and the test acts at exactly this moment however loaded the machine is (a
     # timed wait lost the race on a loaded CI machine: the scancel hit the requeued job).
     "scancel_during_requeue": ([], f"{PREEMPTED_AT_START},batch.before_requeue=gate:{GATE_S}"),
+    # Held at the decision the same way until the test has sent the warning to the batch shell.
+    "warning_during_requeue": ([], f"{PREEMPTED_AT_START},batch.before_requeue=gate:{GATE_S}"),
 }
 DECIDED = "hpctrain: step ended with 76: requeue"  # 76: the workers saved for a SIGTERM
 ADMIN_REQUEUE_AFTER_S = 3.0
@@ -116,13 +120,14 @@ def run_to_the_end(env: dict[str, str], run_dir: Path, first_job: str) -> tuple[
     requeue holds lifted. Returns (the first job's end state, the last job's end state)."""
     if run_dir.name == "admin_requeue_during_setup":
         requeue_as_an_admin(env, first_job)
-    if run_dir.name == "scancel_during_requeue":
+    if run_dir.name in ("scancel_during_requeue", "warning_during_requeue"):
         reached, opened = faults.gate_files(gates_of(run_dir), "batch.before_requeue")
         wait_at_gate(env, first_job, reached, 180)
         assert DECIDED in job_output(run_dir)
         # scancel returns once slurmctld marked the job CANCELLED: the control step, let go now,
-        # finds it so with KillWait (5 s here) to spare.
-        subprocess.run(["scancel", first_job], env=env, check=True)
+        # finds it so with KillWait (5 s here) to spare. The warning: `--signal=B:USR2@N`'s, by hand.
+        fault = ["scancel"] if run_dir.name == "scancel_during_requeue" else ["scancel", "--batch", "--signal=USR2"]
+        subprocess.run([*fault, first_job], env=env, check=True)
         opened.touch()
     return run_ends(env, run_dir, first_job, END_TIMEOUT_S)
 
@@ -195,8 +200,9 @@ def test_faults_at_the_batch_scripts_worst_moments_side_by_side(slurm_env, tmp_p
     assert [(e["cause"], e["action"]) for e in resubmitted] == [("preempt", "resubmit")], events(killed)
 
     # `scontrol requeue` accepted, then the control step or the shell killed: Slurm requeued the
-    # job all the same (the same job, its second life), once.
-    for name in ("control_killed_after_requeue_accepted", "shell_killed_after_requeue"):
+    # job all the same (the same job, its second life), once. The warning to a shell about to ask
+    # for its decided requeue: asked all the same, once.
+    for name in ("control_killed_after_requeue_accepted", "shell_killed_after_requeue", "warning_during_requeue"):
         run_dir = runs[name]
         assert current_job(run_dir) == jobs[name], f"{name}: resubmitted, not requeued: {events(run_dir)}"
         assert job_restarts(slurm_env, jobs[name]) == 1, job_output(run_dir)

@@ -9,11 +9,14 @@ within REQUEUE_WAIT_S (60 s), and never submits a second job while the first may
 Once slurmctld answers, the job is requeued, resumes from its time-limit save and ends
 bit-identical to an uninterrupted run, with one requeue and no failure in its journal.
 
-The same 30 s while lives start and while a step is judged, four jobs side by side, each held at a
-gate while slurmctld is stopped, then let go into the outage: in `slurm.setup`, before `control
-begin`, before the worker's imports, and in `after-step` judging a warned step. None fails: the
-three starts train on (one life, no requeue), the warned step's facts fall back and its requeue
-waits for Slurm; every job ends COMPLETED, bit-identical, without the guardian.
+The same 30 s while lives start, while a step is judged and while a job waits out its requeue hold,
+six jobs side by side, each held while slurmctld is stopped, then let go into the outage: in
+`slurm.setup`, before `control begin`, before the worker's imports, in a second life's resume (its
+newest checkpoint read, not yet applied), in `after-step` judging a warned step, and PENDING in
+the requeue hold after a first life that stopped itself. None fails: the three first starts train
+on (one life, no requeue), the resume trains on in its second life while Slurm is still away, the
+warned step's facts fall back and its requeue waits for Slurm, and the held job starts once Slurm
+is back; every job ends COMPLETED, bit-identical, without the guardian.
 
 In a module of its own: the stopped controller is this worker's cluster's, and nothing else of
 this worker runs on it meanwhile (pytest-xdist hands out whole modules).
@@ -29,15 +32,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import gated
 from helpers.paced import PAUSE_ENV
 from slurmtools import (
     CLUSTER_DIR,
+    ENDED,
     Reference,
     _controller_pid,
     cancel_run,
     devcluster,
     events,
+    job_field,
     job_output,
+    job_restarts,
+    job_state,
     of,
     run_ends,
     same_weights,
@@ -122,26 +130,43 @@ def test_slurmctld_stopped_for_30_s_during_the_requeue(slurm_env, tmp_path: Path
     print(f"slurmctld stopped {back_at - stopped_at:.1f} s; training again {starts[1]['time'] - back_at:.1f} s after")
 
 
-# Slurm away while a life starts and while the batch script judges an ended step: each job held at
-# a gate, slurmctld stopped, the gates opened, slurmctld let go 30 s later. Cell -> the point held
-# (a time-limit warning first for `after_step`).
+# Slurm away while a life starts, while the batch script judges an ended step and while a job waits
+# out its requeue hold: each job held (at a gate, or PENDING), slurmctld stopped, the gates opened,
+# slurmctld let go 30 s later. Cell -> (the point held, its arming). A time-limit warning first for
+# `after_step`; the resume and the hold cells' first lives stop themselves from step 20 (a SIGTERM
+# to the task: saved, requeued by the batch script).
 GATE_S = 300
+HOLD = ""  # no fault point: the job is held by Slurm's requeue hold (PENDING, Reason=BeginTime)
 OUTAGE_CELLS = {
-    "setup": "batch.setup",
-    "begin": "batch.before_begin",
-    "imports": "worker.before_imports",
-    "after_step": "control.after_step",
+    "setup": ("batch.setup", f"batch.setup=gate:{GATE_S}"),
+    "begin": ("batch.before_begin", f"batch.before_begin=gate:{GATE_S}"),
+    "imports": ("worker.before_imports", f"worker.before_imports=gate:{GATE_S}"),
+    "resume": ("trainer.resume_loading", gated.at_resume(f"gate:{GATE_S}")),
+    "after_step": ("control.after_step", f"control.after_step=gate:{GATE_S}"),
+    "hold": (HOLD, f"trainer.step=term@{gated.FIRST_LIFE_STOP}"),
 }
 
 
-def held_at(env: dict[str, str], run_dir: Path, gates: Path, point: str) -> str:
-    armed = {**env, PAUSE_ENV: "0.05", faults.ENV: f"{point}=gate:{GATE_S}", faults.GATES_ENV: str(gates)}
+def held_at(env: dict[str, str], run_dir: Path, gates: Path, point: str, arming: str) -> str:
+    armed = {**env, PAUSE_ENV: "0.05", faults.ENV: arming, faults.GATES_ENV: str(gates)}
     (job,), _ = submit(armed, run_dir, *TRAIN)
     if point == "control.after_step":
         wait_for_step(run_dir, 40)
         subprocess.run(["scancel", "--batch", "--signal=USR2", job], env=env, check=True)
-    wait_at_gate(env, job, faults.gate_files(gates, point)[0], 600)
+    if point == HOLD:
+        wait_in_requeue_hold(env, job, 600)
+    else:
+        wait_at_gate(env, job, faults.gate_files(gates, point)[0], 600)
     return job
+
+
+def wait_in_requeue_hold(env: dict[str, str], job: str, timeout_s: float) -> None:
+    """Until the job, requeued once, waits PENDING for its BeginTime (the hold is left in place)."""
+    deadline = time.monotonic() + timeout_s
+    while not (job_restarts(env, job) == 1 and job_field(env, job, "Reason") == "BeginTime"):
+        assert time.monotonic() < deadline, f"job {job} not in its requeue hold within {timeout_s:.0f} s"
+        assert job_state(env, job) not in ENDED, f"job {job} ended before its requeue hold"
+        time.sleep(0.3)
 
 
 def test_slurmctld_stopped_for_30_s_as_a_life_starts_and_as_a_step_is_judged(slurm_env, tmp_path: Path) -> None:
@@ -152,14 +177,16 @@ def test_slurmctld_stopped_for_30_s_as_a_life_starts_and_as_a_step_is_judged(slu
     try:
         with ThreadPoolExecutor(max_workers=len(OUTAGE_CELLS)) as pool:
             holding = {
-                name: pool.submit(held_at, env, runs[name], gates[name], point) for name, point in OUTAGE_CELLS.items()
+                name: pool.submit(held_at, env, runs[name], gates[name], *cell) for name, cell in OUTAGE_CELLS.items()
             }
             jobs = {name: future.result() for name, future in holding.items()}
             controller = controller_pid()
             os.kill(controller, signal.SIGSTOP)
+            stopped_at = time.time()
             try:
-                for name, point in OUTAGE_CELLS.items():
-                    faults.gate_files(gates[name], point)[1].touch()
+                for name, (point, _) in OUTAGE_CELLS.items():
+                    if point != HOLD:
+                        faults.gate_files(gates[name], point)[1].touch()
                 time.sleep(OUTAGE_S)
             finally:
                 os.kill(controller, signal.SIGCONT)
@@ -186,6 +213,22 @@ def test_slurmctld_stopped_for_30_s_as_a_life_starts_and_as_a_step_is_judged(slu
             # its step-50 checkpoint (both renames) while Slurm was still away.
             first_save = of("checkpoint", run_dir)[0]
             assert of("start", run_dir)[0]["time"] < first_save["time"] < back_at, (back_at, told)
+        if name in ("resume", "hold"):
+            # The first life stopped itself from step 20 and was requeued by its batch script.
+            (stop,) = of("stop", run_dir)
+            assert stop["reason"] == "preempt" and stop["step"] >= gated.FIRST_LIFE_STOP, told
+            assert [(e["cause"], e.get("by")) for e in of("requeue", run_dir)] == [("preempt", None)], told
+            assert starts == [(0, 0), (1, stop["step"])], told
+            second_start = of("start", run_dir)[1]["time"]
+            if name == "resume":
+                # Let go into the outage with its checkpoint read: it trained on and wrote its
+                # next periodic checkpoint while Slurm was still away.
+                later = [c for c in of("checkpoint", run_dir) if c["step"] > stop["step"]]
+                assert stopped_at < second_start < later[0]["time"] < back_at, (stopped_at, back_at, told)
+            else:
+                # PENDING through the outage: its second life began only once Slurm was back.
+                assert second_start > back_at, (back_at, told)
+            continue
         if name != "after_step":
             assert of("requeue", run_dir) == [] and starts == [(0, 0)], told
             continue

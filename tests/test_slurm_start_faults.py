@@ -4,6 +4,8 @@ commands, then the process let go.
 
 Cells of the phase-by-fault matrix (README, "Phase by fault"), in two rounds. The start of a life:
 
+- the batch script before `control begin` (`batch.before_begin`: the batch shell held, no task
+  runs yet, nothing journaled) of the first life;
 - a task's start before it imports torch (`worker.before_imports`: the stop signals held from the
   first moment, nothing read yet) of the first life;
 - the rendezvous (`worker.before_rendezvous`: stop handlers installed, the process group not
@@ -58,6 +60,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TRAIN = [*gated.TRAIN, *gated.ONE_TASK]
 PHASES = {
+    "begin": ("batch.before_begin", f"batch.before_begin=gate:{GATE_S}"),
     "imports": ("worker.before_imports", f"worker.before_imports=gate:{GATE_S}"),
     "rendezvous": ("worker.before_rendezvous", f"worker.before_rendezvous=gate:{GATE_S}"),
     "resume": ("trainer.resume_loading", gated.at_resume(f"gate:{GATE_S}")),
@@ -71,7 +74,7 @@ PHASES = {
         f"trainer.step=term@{FIRST_LIFE_STOP},checkpoint.forced_in_flight=gate:{GATE_S}",
     ),
 }
-STARTS = ("imports", "rendezvous", "resume")
+STARTS = ("begin", "imports", "rendezvous", "resume")
 FAULTS = ("scancel", "admin_requeue", "warning")
 CELLS = {f"{fault}_at_{phase}": (phase, fault) for phase in PHASES for fault in FAULTS}
 
@@ -177,6 +180,13 @@ def run_round(slurm_env: dict[str, str], tmp_path: Path, cells: list[str]) -> No
             else:
                 assert saved == [stop["step"]], told
                 assert of("start", run_dir)[-1]["resumed_from_step"] == stop["step"], told
+        elif phase == "begin":
+            # Held before `control begin`: the shell's trap records the warning, `control begin`
+            # launches nothing, after-step requeues for the time limit; no task ran, nothing was
+            # trained or saved, and the next life starts at 0.
+            assert requeues == [("timelimit", None)], told
+            assert of("stop", run_dir) == [] and of("checkpoint", run_dir)[0]["reason"] == "periodic", told
+            assert [(s["restart"], s["resumed_from_step"]) for s in of("start", run_dir)] == [(1, 0)], told
         elif phase == "imports":
             # Held before torch was imported: the task leaves without joining, nothing to save
             # (a `stop` at the newest checkpoint's step, none), the next life starts at 0.

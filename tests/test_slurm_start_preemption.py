@@ -23,7 +23,26 @@ grace, `control begin` sees the job's PreemptTime and launches nothing (a step s
 grace would be SIGTERMed as it starts at the grace's end, warned by nobody; one that srun was still
 starting when the SIGTERM came died with 143, charged as a crash), and after-step requeues it as
 a preemption. Without a grace, Slurm's own requeue, recorded by the shell's trap. The next life
-trains from step 0.
+trains from step 0. In the same round, the batch shell held as it is about to ask for a requeue
+it decided (the first life stopped itself from step 20 and saved): with a grace the requeue is
+asked before the grace ends; without one Slurm requeues first and the control step, reading the
+job's Restarts before asking, asks nothing. Either way one requeue, charged once, and the next
+life resumes from the stop step.
+
+A third round, while a checkpoint is written: the first life's step-50 periodic write held in its
+writer thread half-written (`checkpoint.periodic_in_flight`) or between its `.pt`'s rename and its
+`.json` (`checkpoint.between_renames`), and the training held too, two steps on (`trainer.step`),
+so that the preemption lands with the write in flight however long the other jobs take to be held.
+With a grace the ranks agree on the stop at their next step boundary; the forced save waits for
+the write under way or abandons it, whichever loses less, and saves the stop step; the batch
+script requeues. Without a grace the same within KillWait (5 s), or SIGKILL first: then the next
+life resumes from the newest checkpoint complete before it, the held write counting only if it
+completed (a `.pt` without its `.json` is resumed from only when nothing newer is usable). And a
+forced save itself in flight (`checkpoint.forced_in_flight`: the first life's own stop from step
+20, its save held half-written) when the preemption comes: the second SIGTERM changes nothing;
+the save, held past its deadline (KillWait from its own SIGTERM), is `overran` and cancelled, or
+SIGKILL ends it; the stop was journaled before it, so no crash is charged, and the next life
+resumes from the newest complete checkpoint.
 
 No cell charges a budget but `preempt`'s; every job ends COMPLETED and bit-identical to an
 uninterrupted run.
@@ -41,9 +60,11 @@ from pathlib import Path
 import pytest
 from helpers import gated
 from helpers.gated import END_TIMEOUT_S, FIRST_LIFE_STOP, GATE_S, STEPS
+from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
     Reference,
     cancel_run,
+    current_job,
     events,
     job_field,
     job_output,
@@ -62,13 +83,29 @@ from hpctrain import faults
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TRAIN = [*gated.TRAIN, *gated.ONE_TASK]
+HELD_STEP = 52  # the write cells' training held here, the step-50 write still in flight
 PHASES = {
     "rendezvous": ("worker.before_rendezvous", f"worker.before_rendezvous=gate:{GATE_S}"),
     "resume": ("trainer.resume_loading", gated.at_resume(f"gate:{GATE_S}")),
     # The batch script's own moments, before any task runs (the gate holds the batch shell).
     "setup": ("batch.setup", f"batch.setup=gate:{GATE_S}/1"),
     "begin": ("batch.before_begin", f"batch.before_begin=gate:{GATE_S}/1"),
+    # The first life's own stop from step 20 (a SIGTERM to its task), saved; the batch shell held
+    # once it decided the requeue, before it asks Slurm.
+    "requeue": ("batch.before_requeue", f"trainer.step=term@{FIRST_LIFE_STOP},batch.before_requeue=gate:{GATE_S}/1"),
+    # The step-50 periodic write held (half-written, or between its renames) and the training held
+    # at step 52 (the step's gate is the one waited for: reached after the write's).
+    "periodic": ("trainer.step", f"checkpoint.periodic_in_flight=gate:{GATE_S},trainer.step=gate:{GATE_S}@{HELD_STEP}"),
+    "renames": ("trainer.step", f"checkpoint.between_renames=gate:{GATE_S},trainer.step=gate:{GATE_S}@{HELD_STEP}"),
+    # The first life's own stop from step 20 (a SIGTERM to its task): its forced save held half-written.
+    "forced": (
+        "checkpoint.forced_in_flight",
+        f"trainer.step=term@{FIRST_LIFE_STOP},checkpoint.forced_in_flight=gate:{GATE_S}",
+    ),
 }
+WRITES = ("periodic", "renames", "forced")
+# The write a phase holds besides its training, opened first once the preemption's SIGTERMs are delivered.
+WRITE_POINTS = {"periodic": "checkpoint.periodic_in_flight", "renames": "checkpoint.between_renames"}
 PARTITIONS = {"grace": "batch", "no_grace": "nograce"}
 CELLS = {f"preempt_{grace}_at_{phase}": (phase, grace) for phase in PHASES for grace in PARTITIONS}
 
@@ -113,7 +150,16 @@ def held(env: dict[str, str], run_dir: Path, gates: Path, phase: str, grace: str
     point, arming = PHASES[phase]
     job_id = gated.submit_armed(env, run_dir, gates, arming, *TRAIN, f"slurm.partition={PARTITIONS[grace]}")
     gated.wait_held(env, job_id, gates, point)
+    if phase in WRITE_POINTS:
+        gated.wait_held(env, job_id, gates, WRITE_POINTS[phase])
     return job_id
+
+
+def open_gates(gates: Path, phase: str) -> None:
+    """Let the cell's held processes go (the write's gate first: it was reached first)."""
+    if phase in WRITE_POINTS:
+        faults.gate_files(gates, WRITE_POINTS[phase])[1].touch()
+    faults.gate_files(gates, PHASES[phase][0])[1].touch()
 
 
 def wait_chosen(env: dict[str, str], job_id: str, timeout_s: float = 60) -> None:
@@ -141,7 +187,7 @@ def preempt_held(env: dict[str, str], tmp_path: Path, cells: list[str]) -> dict[
                 wait_chosen(env, job_id)
             time.sleep(1.0)  # the SIGTERMs delivered while the jobs are still held
             for name in cells:
-                faults.gate_files(gates[name], PHASES[CELLS[name][0]][0])[1].touch()
+                open_gates(gates[name], CELLS[name][0])
             assert wait_finished(env, urgent, timeout_s=END_TIMEOUT_S) == "COMPLETED"
             ending = {name: pool.submit(run_ends, env, runs[name], jobs[name], END_TIMEOUT_S) for name in cells}
             return {name: future.result() for name, future in ending.items()}
@@ -205,14 +251,26 @@ def test_a_preemption_with_and_without_grace_at_the_rendezvous_and_the_resume(sl
             assert starts[1]["resumed_from_step"] == first["step"], told
 
 
-def test_a_preemption_with_and_without_grace_while_the_batch_script_starts(slurm_env, tmp_path: Path) -> None:
-    states = preempt_round(slurm_env, tmp_path, ("setup", "begin"))
+def test_a_preemption_with_and_without_grace_at_the_batch_scripts_own_moments(slurm_env, tmp_path: Path) -> None:
+    states = preempt_round(slurm_env, tmp_path, ("setup", "begin", "requeue"))
     for name in states:
-        _, grace = CELLS[name]
+        phase, grace = CELLS[name]
         run_dir = tmp_path / name
         told = f"{name}: {states[name]}\n{events(run_dir)}\n{job_output(run_dir)}"
         assert states[name][1] == "COMPLETED", told
         assert same_weights(run_dir, tmp_path / "reference"), f"{name}: not bit-identical to the uninterrupted run"
+        if phase == "requeue":
+            # The requeue the batch script had decided for the first life's own stop, asked (or, with
+            # Slurm requeuing first, found done) once: one requeue, nothing else charged, and the
+            # next life starts at the stop step.
+            assert of("failure", run_dir) == [] and of("cancelled", run_dir) == [], told
+            assert [(e["cause"], e.get("by")) for e in of("requeue", run_dir)] == [("preempt", None)], told
+            (stop,) = of("stop", run_dir)
+            saved = [c["step"] for c in of("checkpoint", run_dir) if c["reason"] == "preempt"]
+            assert stop["step"] >= FIRST_LIFE_STOP and saved == [stop["step"]], told
+            assert [(s["restart"], s["resumed_from_step"]) for s in of("start", run_dir)] == [(0, 0), (1, stop["step"])]
+            assert job_restarts(slurm_env, current_job(run_dir)) == 1, told
+            continue
         # No task ran in the preempted life: nothing trained, nothing charged but preempt's (before:
         # a step srun was starting got Slurm's SIGTERM before its task could hold it, exit 143,
         # charged as a crash), one requeue, and the next life trains from step 0.
@@ -223,3 +281,44 @@ def test_a_preemption_with_and_without_grace_while_the_batch_script_starts(slurm
         if grace == "grace":
             # `control begin` saw the grace (PreemptTime) and launched nothing.
             assert "a preemption's grace runs): no launch" in job_output(run_dir), told
+
+
+def test_a_preemption_with_and_without_grace_while_a_checkpoint_is_written(slurm_env, tmp_path: Path) -> None:
+    states = preempt_round(slurm_env, tmp_path, WRITES)
+    for name in states:
+        phase, grace = CELLS[name]
+        run_dir = tmp_path / name
+        journal = events(run_dir)
+        told = f"{name}: {states[name]}\n{journal}\n{job_output(run_dir)}"
+        assert states[name][1] == "COMPLETED", told
+        assert of("failure", run_dir) == [] and of("cancelled", run_dir) == [], told  # preempt's budget only
+        assert same_weights(run_dir, tmp_path / "reference"), f"{name}: not bit-identical to the uninterrupted run"
+        assert [f["step"] for f in of("finish", run_dir)] == [STEPS], told
+        by = None if grace == "grace" else "slurm"
+        assert [(e["cause"], e.get("by")) for e in of("requeue", run_dir)] == [("preempt", by)], told
+
+        # Preempted with the step-50 write in flight and the training held at step 52: the ranks
+        # agree on the stop at the first vote after the gates open, and its forced save decides
+        # with the write under way (`forced_save`: waited for it, or abandoned it).
+        stops = of("stop", run_dir)
+        assert [(e["reason"], e["restart"]) for e in stops] == [("preempt", 0)], told
+        stop_step = stops[0]["step"]
+        assert stop_step >= (FIRST_LIFE_STOP if phase == "forced" else HELD_STEP), told
+        forced = [e["forced_save"] for e in of("forced_save", run_dir)]
+        saved = [c["step"] for c in of("checkpoint", run_dir) if c["reason"] == "preempt"]
+        starts = of("start", run_dir)
+        if forced and forced[0] in ("written", "waited", "abandoned_inflight"):
+            # Saved at the stop step within the time Slurm gives; the next life starts exactly there.
+            assert saved == [stop_step] and starts[-1]["resumed_from_step"] == stop_step, told
+            # GraceTime, or KillWait without a grace or for the forced cells' own stop (no
+            # preemption yet when it came).
+            limit = 20 if grace == "grace" and phase != "forced" else 5
+            assert 0 < stops[0]["deadline_s"] <= limit, told
+        else:
+            # A grace of 20 s leaves room for the write under way and the stop step's; without a
+            # grace, SIGKILL may come before the save ends (no `forced_save`), or the plan keeps only
+            # the write under way; a forced save held past its deadline is `overran`. The next life
+            # resumes from the newest checkpoint complete before it (the held step-50 write if it
+            # completed, a `.pt` without its `.json` else) or newer.
+            assert (grace == "no_grace" or forced == ["overran"]) and saved == [], told
+            assert starts[-1]["resumed_from_step"] >= newest_checkpoint_before(journal, -1), told

@@ -2,7 +2,7 @@
 every life warned (`--signal=B:USR2@40`), saved and requeued, the last trained to the end, the
 weights bit-identical to an uninterrupted run.
 
-Its own module (it was test_slurm_recovery.py's): at 3 to 7 minutes it is the suite's longest
+Its own module (it was test_slurm_recovery.py's): at 2 to 4 minutes it is the suite's longest
 test, and a module is the unit the workers hand out, so it runs beside the other recovery tests.
 """
 
@@ -37,13 +37,16 @@ def slurm_env() -> dict[str, str]:
 
 def test_time_limit_requeues_until_done(slurm_env, tmp_path: Path) -> None:
     run_dir = tmp_path / "timelimited"
-    # 1-minute allocations, warned 40 s ahead (Slurm may warn up to a minute early). Each step
-    # takes at least 42 ms in the job, so its 1500 steps need over 63 s of training: more than one
-    # allocation on any machine. The reference trains the same config without the pause.
+    # 1-minute allocations, warned 40 s ahead (Slurm may warn up to a minute early): a life trains
+    # 20 s at most. Each step takes at least 42 ms in the job, so its 700 steps need over 29 s of
+    # training: two allocations or more on any machine, three or four on this one (1500 steps
+    # took seven lives, at twice the time, for nothing a second requeue does not show already:
+    # every life after the first resumes from a time-limit save). The reference trains the same
+    # config without the pause.
     config = [
         *RUN,
         "model._target_=helpers.paced.PacedConvNet",
-        "trainer.max_steps=1500",
+        "trainer.max_steps=700",
         "slurm.time=1",
         "slurm.signal_delay_s=40",
     ]
@@ -68,7 +71,7 @@ def test_time_limit_requeues_until_done(slurm_env, tmp_path: Path) -> None:
     assert of("start", run_dir)[-1]["restart"] == len(requeues), events(run_dir)
     stops = of("stop", run_dir)
     assert stops and {(e["reason"], e["job_id"]) for e in stops} == {("timelimit", job_id)}, events(run_dir)
-    assert of("finish", run_dir)[0]["step"] == 1500
+    assert of("finish", run_dir)[0]["step"] == 700
     output, _ = reference_run.communicate(timeout=600)
     assert reference_run.returncode == 0, output[-3000:]
     assert same_weights(run_dir, reference)
