@@ -76,6 +76,11 @@ STOPPED_WRITING = (
     "test_a_rank_stopped_while_a_checkpoint_is_written_is_a_hang_and_the_run_still_ends_exact"
 )
 HANG_REQUEUED = f"{DECIDE}[hang seen by its exit code alone]"
+FULL_WHILE_WRITING = (
+    "tests/test_full_disk_while_writing.py::"
+    "test_a_full_disk_during_a_forced_save_or_between_the_renames_keeps_the_newest_checkpoint"
+)
+USER_ERROR_STOPS = f"{DECIDE}[user's mistake]"
 START_RANKS = "tests/test_slurm_start_node_faults.py::test_a_rank_killed_or_stopped_as_a_life_starts"
 START_NODE = "tests/test_slurm_start_node_faults.py::test_a_node_down_as_a_life_starts"
 OUTAGE_START = "tests/test_slurm_outage.py::test_slurmctld_stopped_for_30_s_as_a_life_starts_and_as_a_step_is_judged"
@@ -333,7 +338,12 @@ CELLS: dict[str, dict[str, Cell]] = {
             "requeue", "the peer's watchdog: `hang`; the stop already journaled", (STOPPED_WRITING, HANG_REQUEUED)
         ),
         "slurmctld": Cell("requeue", "the save never asks Slurm; the requeue waits for it"),
-        "disk_full": Cell("stop", "ENOSPC: the stop's save fails, the newest complete checkpoint stands"),
+        "disk_full": Cell(
+            "stop",
+            "ENOSPC: the stop's save fails, its partial file removed; `failure` (`user_error`); "
+            "the newest complete checkpoint stands",
+            (FULL_WHILE_WRITING, USER_ERROR_STOPS),
+        ),
     },
     "renames": {
         "preempt_0": Cell(
@@ -364,7 +374,12 @@ CELLS: dict[str, dict[str, Cell]] = {
             (STOPPED_WRITING, HANG_REQUEUED),
         ),
         "slurmctld": Cell("trains on", "renames never ask Slurm; one life", (OUTAGE_START,)),
-        "disk_full": Cell("stop", "the `.json` cannot be written: the `.pt` is resumed from with a warning"),
+        "disk_full": Cell(
+            "stop",
+            "the `.json` cannot be written: the `.pt` removed too; `failure` (`user_error`); "
+            "the newest complete checkpoint stands",
+            (FULL_WHILE_WRITING, USER_ERROR_STOPS),
+        ),
     },
     "after_step": {
         "preempt_0": Cell(
@@ -401,15 +416,23 @@ CELLS: dict[str, dict[str, Cell]] = {
         "disk_full": Cell("stop", "the journal cannot be written: said in one line, the job ends"),
     },
     "requeue": {
-        "preempt_0": Cell("requeue", "Slurm's requeue and ours are one: Restarts read first"),
-        "preempt_grace": Cell("requeue", "the requeue already decided; asked once"),
+        "preempt_0": Cell(
+            "requeue",
+            "Slurm requeues first; the control step reads Restarts and asks nothing: one requeue, charged once",
+            (START_PREEMPT_BATCH,),
+        ),
+        "preempt_grace": Cell(
+            "requeue",
+            "the decided requeue asked before the grace ends: one requeue, charged once",
+            (START_PREEMPT_BATCH,),
+        ),
         "scancel": Cell("cancel", "no requeue asked: CANCELLED, `Restarts=0`", (MOMENTS,)),
         "admin_requeue": Cell(
             "requeue",
             "Restarts show it done: asked no more",
             ("tests/test_control_step.py::test_a_requeue_without_answer_is_looked_at_before_anything_else",),
         ),
-        "warning": Cell("requeue", "the requeue already decided; asked once"),
+        "warning": Cell("requeue", "the requeue already decided; asked once; the warning changes nothing", (MOMENTS,)),
         "node_down": Cell(
             "guardian",
             "the batch shell lost while asking: the guardian resubmits as the decided requeue, charged once",

@@ -13,7 +13,6 @@ uninterrupted run.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.disks import small_tmpfs
+from helpers.disks import fill, small_tmpfs
 from helpers.paced import PAUSE_ENV
 from slurmtools import (
     ENDED,
@@ -112,25 +111,6 @@ def test_a_full_checkpoint_disk_keeps_the_newest_checkpoint_and_the_retry_resume
     starts = [(s["job_id"], s["resumed_from_step"]) for s in of("start", run_dir)]
     assert starts == [(jobs[0], 0), (jobs[1], 50)], starts
     assert same_weights(run_dir, reference)
-
-
-def fill(folder: Path, leave: int = 0) -> Path:
-    """A file that takes every byte left on the filesystem of `folder` but `leave`."""
-    filler = folder / "filler"
-    chunk = b"\0" * 65536
-    with open(filler, "wb", buffering=0) as out:
-        try:
-            while True:
-                out.write(chunk)
-        except OSError:
-            pass
-        try:  # the last bytes, smaller than a chunk
-            while True:
-                out.write(b"\0" * 512)
-        except OSError:
-            pass
-    os.truncate(filler, max(0, filler.stat().st_size - leave))
-    return filler
 
 
 def test_a_run_dir_with_no_room_is_not_submitted_again_by_the_guardian(small_disk: Path, tmp_path: Path) -> None:

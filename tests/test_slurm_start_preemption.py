@@ -270,6 +270,8 @@ def test_a_preemption_with_and_without_grace_at_the_batch_scripts_own_moments(sl
             assert stop["step"] >= FIRST_LIFE_STOP and saved == [stop["step"]], told
             assert [(s["restart"], s["resumed_from_step"]) for s in of("start", run_dir)] == [(0, 0), (1, stop["step"])]
             assert job_restarts(slurm_env, current_job(run_dir)) == 1, told
+            if grace == "no_grace":
+                assert "hpctrain: Slurm is requeuing this job already" in job_output(run_dir), told
             continue
         # No task ran in the preempted life: nothing trained, nothing charged but preempt's (before:
         # a step srun was starting got Slurm's SIGTERM before its task could hold it, exit 143,

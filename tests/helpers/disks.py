@@ -1,8 +1,10 @@
-"""A small filesystem of its own for a test: a real tmpfs of a given size (root, as in CI)."""
+"""A small filesystem of its own for a test: a real tmpfs of a given size (root, as in CI), and a
+file that fills it."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -26,3 +28,22 @@ def small_tmpfs(mount: Path, size: str) -> Iterator[Path]:
     finally:
         # Lazy: a process of the test (a job's step winding down) may still hold a file there.
         subprocess.run(["umount", "--lazy", str(mount)], capture_output=True)
+
+
+def fill(folder: Path, leave: int = 0) -> Path:
+    """A file that takes every byte left on the filesystem of `folder` but `leave`."""
+    filler = folder / "filler"
+    chunk = b"\0" * 65536
+    with open(filler, "wb", buffering=0) as out:
+        try:
+            while True:
+                out.write(chunk)
+        except OSError:
+            pass
+        try:  # the last bytes, smaller than a chunk
+            while True:
+                out.write(b"\0" * 512)
+        except OSError:
+            pass
+    os.truncate(filler, max(0, filler.stat().st_size - leave))
+    return filler
