@@ -48,9 +48,17 @@ def run(run_dir: Path, ctx: DistContext, early: EarlySignals | None = None) -> S
         if isinstance(error, UserError):
             raise
         raise UserError(str(error)) from error
+    except OSError as error:
+        # The run dir's disk or quota full where the journal or the metrics are written (the
+        # checkpoint writer reports its own): the user's to fix, told in one line, not retried.
+        if not no_room(error):
+            raise
+        full = UserError(no_room_message(run_dir, error))
+        _report(full, run_dir, ctx, told_no_room=True)
+        raise full from error
 
 
-def _report(error: Exception, run_dir: Path, ctx: DistContext) -> None:
+def _report(error: Exception, run_dir: Path, ctx: DistContext, told_no_room: bool = False) -> None:
     if not ctx.is_main:  # every rank fails alike; rank 0 tells it
         log.error("%s", error)
         return
@@ -67,7 +75,8 @@ def _report(error: Exception, run_dir: Path, ctx: DistContext) -> None:
     except OSError as unwritten:  # the error may be this very disk being full
         if not no_room(unwritten):
             raise
-        print(f"error: {no_room_message(run_dir, unwritten)}", file=sys.stderr, flush=True)
+        if not told_no_room:
+            print(f"error: {no_room_message(run_dir, unwritten)}", file=sys.stderr, flush=True)
 
 
 def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopReason | None:

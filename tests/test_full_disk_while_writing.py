@@ -125,3 +125,18 @@ def test_a_full_disk_during_a_forced_save_or_between_the_renames_keeps_the_newes
     theirs = load_weights(reference)
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs), "the resumed run differs from the uninterrupted one"
+
+
+def test_a_full_disk_when_the_journal_is_first_written_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """The disk filled while the process waits to join its group: its `start` cannot be
+    journaled. Before, an OSError traceback and exit 1 (in a Slurm job: a crash, charged and
+    retried on the same full disk); now the user's error in one line, naming the run dir and
+    the fix."""
+    with small_tmpfs(tmp_path / "disk", DISK) as disk:
+        run_dir = disk / "run"
+        done = _filled_at(run_dir, tmp_path / "gates", "worker.before_rendezvous=gate:120", "worker.before_rendezvous")
+    assert done.returncode == CLI_USER_ERROR, describe(done)
+    assert "Traceback" not in done.stderr, describe(done)
+    (told,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert f"the run dir {run_dir} has no room (No space left on device)" in told, told
+    assert f"hpctrain-submit --retry {run_dir}" in told, told
