@@ -131,7 +131,14 @@ CELLS: dict[str, dict[str, Cell]] = {
         "slurmctld": Cell(
             "trains on", "`control begin` and srun wait for Slurm; one life, no requeue", (OUTAGE_START,)
         ),
-        "disk_full": Cell("stop", "the journal cannot be written: the control step says so in one line, the job ends"),
+        "disk_full": Cell(
+            "stop",
+            "the task cannot journal its `start`: the user's error in one line (78), no decision kept; FAILED, "
+            "not requeued, the guardian finds no room; `--retry` trains it",
+            (
+                "tests/test_slurm_full_disk.py::test_a_disk_full_before_control_begin_ends_the_job_and_the_retry_trains_it",
+            ),
+        ),
     },
     "setup": {
         "preempt_0": Cell(

@@ -27,6 +27,7 @@ from slurmtools import (
     ENDED,
     Reference,
     job_output,
+    job_restarts,
     of,
     same_weights,
     start_cluster,
@@ -178,4 +179,73 @@ def test_a_run_dir_with_no_room_is_not_submitted_again_by_the_guardian(small_dis
     trained.trained()
     assert [s["job_id"] for s in of("start", run_dir)] == [jobs[1]]
     assert of("requeue", run_dir) == []  # the guardian recorded nothing: there was no room
+    assert same_weights(run_dir, reference)
+
+
+def test_a_disk_full_before_control_begin_ends_the_job_and_the_retry_trains_it(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """The run dir's disk filled while the batch script waits before `control begin` (nothing
+    recorded yet): the training process cannot journal its `start` and leaves with the user's
+    error in one line (exit 78; before, an OSError traceback, exit 1, charged as a crash and
+    retried on the same full disk). The control step cannot record the decision either: the job
+    ends FAILED, never requeued, nothing written to the run dir's journal; its guardian finds no
+    room and submits nothing. Once there is room, `hpctrain-submit --retry` trains the run from
+    the start to the end, bit-identical.
+
+    (Why this moment and not `after-step`: a full tmpfs still takes an append that fits in the
+    last page a file already holds, so whether a later journal line fails depends on where the
+    file ends. The `start` is the journal's first line: its page must be new.)"""
+    slurm_env = start_cluster()
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    reference = tmp_path / "reference"
+    trained = Reference(env, reference, TRAIN)
+    run_dir, gates = small_disk / "run", tmp_path / "gates"
+    armed = {
+        **env,
+        PAUSE_ENV: "0.1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        faults.ENV: "batch.before_begin=gate:300",
+        faults.GATES_ENV: str(gates),
+    }
+    jobs: list[str] = []
+    try:
+        (job,), _ = submit(armed, run_dir, *TRAIN)
+        jobs.append(job)
+        reached, opened = faults.gate_files(gates, "batch.before_begin")
+        wait_at_gate(slurm_env, job, reached, 300)
+        filler = fill(small_disk)
+        opened.touch()
+        assert wait_finished(slurm_env, job, timeout_s=300) == "FAILED", job_output(run_dir)
+        assert job_restarts(slurm_env, job) == 0, job_output(run_dir)
+        # The training step left with the user's error (78), not a crash's code.
+        steps = subprocess.run(
+            ["sacct", "-n", "-P", "-j", f"{job}.0", "-o", "ExitCode"], env=slurm_env, capture_output=True, text=True
+        )
+        assert steps.stdout.split() == ["78:0"], steps.stdout
+        guardian = json.loads((run_dir / "submission.json").read_text())["guardian_job_id"]
+        assert wait_for_state(slurm_env, guardian, ENDED, 300) == "FAILED"  # no room: it left it
+        assert json.loads((run_dir / "submission.json").read_text())["job_id"] == job  # nothing new
+        assert not (run_dir / "events.jsonl").exists() or of("start", run_dir) == []
+
+        # Room again (the filler gone, the disk grown for every checkpoint): the retry trains it
+        # from the start to the end.
+        filler.unlink()
+        subprocess.run(["mount", "-o", f"remount,size={ROOMY}", str(small_disk)], check=True)
+        retried = subprocess.run(
+            [sys.executable, "-m", "hpctrain.cli.submit", "--retry", str(run_dir)],
+            env={**env, PAUSE_ENV: "0.1"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert retried.returncode == 0, retried.stdout + retried.stderr
+        (new_job,) = re.findall(r"^Submitted batch job (\d+)$", retried.stdout, re.M)
+        jobs.append(new_job)
+        assert wait_finished(slurm_env, new_job, timeout_s=300) == "COMPLETED", job_output(run_dir)
+    finally:
+        subprocess.run(["scancel", *jobs], env=slurm_env, capture_output=True)
+    trained.trained()
+    assert [(s["job_id"], s["resumed_from_step"]) for s in of("start", run_dir)] == [(jobs[1], 0)]
+    assert of("requeue", run_dir) == []  # no decision was kept
     assert same_weights(run_dir, reference)
