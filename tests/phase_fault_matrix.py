@@ -82,7 +82,7 @@ FULL_WHILE_WRITING = (
 )
 USER_ERROR_STOPS = f"{DECIDE}[user's mistake]"
 START_RANKS = "tests/test_slurm_start_node_faults.py::test_a_rank_killed_or_stopped_as_a_life_starts"
-START_NODE = "tests/test_slurm_start_node_faults.py::test_a_node_down_as_a_life_starts"
+START_NODE = "tests/test_slurm_start_node_faults.py::test_a_node_down_as_a_life_starts_or_a_checkpoint_is_written"
 OUTAGE_START = "tests/test_slurm_outage.py::test_slurmctld_stopped_for_30_s_as_a_life_starts_and_as_a_step_is_judged"
 OUTAGE_REQUEUE = "tests/test_slurm_outage.py::test_slurmctld_stopped_for_30_s_during_the_requeue"
 TRAINING = "tests/test_slurm_training_faults.py::test_admin_requeue_killed_rank_stopped_rank_and_overlaps_side_by_side"
@@ -291,7 +291,11 @@ CELLS: dict[str, dict[str, Cell]] = {
             "the stop step written (the write under way waited for or abandoned); nothing redone",
             (WRITES, f"{DECIDE}[time-limit stop that abandoned a background write and wrote the stop step]"),
         ),
-        "node_down": Cell("requeue", "the write lost with the node; the newest complete checkpoint stands"),
+        "node_down": Cell(
+            "requeue",
+            "srun ends the step, the write with it: `node_failure`, requeued; the half-written one never counts",
+            (START_NODE,),
+        ),
         "rank_kill": Cell("requeue", "the `.pt.tmp` never counts; resumed from the checkpoint before", (POINTS_RUN,)),
         "rank_stop": Cell(
             "requeue", "the peer's watchdog: `hang`; the write under way never counts", (STOPPED_WRITING, HANG_REQUEUED)
@@ -344,7 +348,11 @@ CELLS: dict[str, dict[str, Cell]] = {
         "rank_stop": Cell(
             "requeue", "the peer's watchdog: `hang`; the stop already journaled", (STOPPED_WRITING, HANG_REQUEUED)
         ),
-        "slurmctld": Cell("requeue", "the save never asks Slurm; the requeue waits for it"),
+        "slurmctld": Cell(
+            "requeue",
+            "the save written while Slurm is away (it never asks); the requeue waits for Slurm",
+            (OUTAGE_START,),
+        ),
         "disk_full": Cell(
             "stop",
             "ENOSPC: the stop's save fails, its partial file removed; `failure` (`user_error`); "
@@ -369,7 +377,11 @@ CELLS: dict[str, dict[str, Cell]] = {
             "requeue", "Slurm's requeue (`preempt`, by slurm); from the newest complete checkpoint", (WRITES,)
         ),
         "warning": Cell("requeue", "the stop step written after the held write; nothing redone", (WRITES,)),
-        "node_down": Cell("requeue", "the `.pt` without its `.json` is used when nothing newer is"),
+        "node_down": Cell(
+            "requeue",
+            "`node_failure`, requeued; the `.pt` without its `.json` is resumed from when nothing newer is",
+            (START_NODE,),
+        ),
         "rank_kill": Cell(
             "requeue",
             "a `.pt` without its `.json`: resumed from when nothing newer is usable",

@@ -56,6 +56,37 @@ DISK = "3300k"  # the code snapshot, one checkpoint and the logs; not a second c
 ROOMY = "64m"
 
 
+def armed_env(env: dict[str, str], gates: Path, arming: str) -> dict[str, str]:
+    """A submission's environment with fault points armed, paced, writing no bytecode beside the
+    run dir's code snapshot (Python would write about 1.2 MB there, and the disk is sized for the
+    checkpoints)."""
+    return {**env, PAUSE_ENV: "0.1", "PYTHONDONTWRITEBYTECODE": "1", faults.ENV: arming, faults.GATES_ENV: str(gates)}
+
+
+def retry_with_room(env: dict[str, str], disk: Path, filler: Path, run_dir: Path, jobs: list[str]) -> None:
+    """Room again (the filler gone, the disk grown for every checkpoint), then the retry to its
+    end (its job added to `jobs`, which the test cancels whatever happens)."""
+    filler.unlink()
+    subprocess.run(["mount", "-o", f"remount,size={ROOMY}", str(disk)], check=True)
+    jobs.append(retry(env, run_dir))
+    assert wait_finished(env, jobs[-1], timeout_s=300) == "COMPLETED", job_output(run_dir)
+
+
+def retry(env: dict[str, str], run_dir: Path, says: str = "") -> str:
+    """`hpctrain-submit --retry RUN_DIR` (paced like the first job): the new job's id."""
+    retried = subprocess.run(
+        [sys.executable, "-m", "hpctrain.cli.submit", "--retry", str(run_dir)],
+        env={**env, PAUSE_ENV: "0.1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    assert says in retried.stdout, retried.stdout
+    (new_job,) = re.findall(r"^Submitted batch job (\d+)$", retried.stdout, re.M)
+    return new_job
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     with small_tmpfs(tmp_path / "disk", DISK) as mount:
@@ -93,16 +124,7 @@ def test_a_full_checkpoint_disk_keeps_the_newest_checkpoint_and_the_retry_resume
 
         # Room again: the retry resumes from step 50, the run's newest complete checkpoint.
         subprocess.run(["mount", "-o", f"remount,size={ROOMY}", str(small_disk)], check=True)
-        retried = subprocess.run(
-            [sys.executable, "-m", "hpctrain.cli.submit", "--retry", str(run_dir)],
-            env={**env, PAUSE_ENV: "0.1"},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert retried.returncode == 0, retried.stdout + retried.stderr
-        assert "resumes from step 50" in retried.stdout, retried.stdout
-        (new_job,) = re.findall(r"^Submitted batch job (\d+)$", retried.stdout, re.M)
+        new_job = retry(env, run_dir, says="resumes from step 50")
         jobs.append(new_job)
         assert wait_finished(slurm_env, new_job, timeout_s=300) == "COMPLETED", job_output(run_dir)
     finally:
@@ -127,13 +149,7 @@ def test_a_run_dir_with_no_room_is_not_submitted_again_by_the_guardian(small_dis
     run_dir, gates = small_disk / "run", tmp_path / "gates"
     # Held at slurm.setup while the test fills the disk, then the batch shell killed before its
     # `control begin` (as an OOM killer would): the job ends FAILED, nothing recorded.
-    armed = {
-        **env,
-        PAUSE_ENV: "0.1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        faults.ENV: "batch.setup=gate:300,batch.before_begin=kill",
-        faults.GATES_ENV: str(gates),
-    }
+    armed = armed_env(env, gates, "batch.setup=gate:300,batch.before_begin=kill")
     jobs: list[str] = []
     started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
     try:
@@ -161,19 +177,7 @@ def test_a_run_dir_with_no_room_is_not_submitted_again_by_the_guardian(small_dis
         assert sorted(since) == sorted([job, guardian]), listed.stdout  # ids grow: none before this job
 
         # Room again: the retry trains it from the start (nothing was recorded) to the end.
-        filler.unlink()
-        subprocess.run(["mount", "-o", f"remount,size={ROOMY}", str(small_disk)], check=True)
-        retried = subprocess.run(
-            [sys.executable, "-m", "hpctrain.cli.submit", "--retry", str(run_dir)],
-            env={**env, PAUSE_ENV: "0.1"},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert retried.returncode == 0, retried.stdout + retried.stderr
-        (new_job,) = re.findall(r"^Submitted batch job (\d+)$", retried.stdout, re.M)
-        jobs.append(new_job)
-        assert wait_finished(slurm_env, new_job, timeout_s=300) == "COMPLETED", job_output(run_dir)
+        retry_with_room(env, small_disk, filler, run_dir, jobs)
     finally:
         subprocess.run(["scancel", *jobs], env=slurm_env, capture_output=True)
     trained.trained()
@@ -201,13 +205,7 @@ def test_a_disk_full_before_control_begin_ends_the_job_and_the_retry_trains_it(
     reference = tmp_path / "reference"
     trained = Reference(env, reference, TRAIN)
     run_dir, gates = small_disk / "run", tmp_path / "gates"
-    armed = {
-        **env,
-        PAUSE_ENV: "0.1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        faults.ENV: "batch.before_begin=gate:300",
-        faults.GATES_ENV: str(gates),
-    }
+    armed = armed_env(env, gates, "batch.before_begin=gate:300")
     jobs: list[str] = []
     try:
         (job,), _ = submit(armed, run_dir, *TRAIN)
@@ -228,21 +226,8 @@ def test_a_disk_full_before_control_begin_ends_the_job_and_the_retry_trains_it(
         assert json.loads((run_dir / "submission.json").read_text())["job_id"] == job  # nothing new
         assert not (run_dir / "events.jsonl").exists() or of("start", run_dir) == []
 
-        # Room again (the filler gone, the disk grown for every checkpoint): the retry trains it
-        # from the start to the end.
-        filler.unlink()
-        subprocess.run(["mount", "-o", f"remount,size={ROOMY}", str(small_disk)], check=True)
-        retried = subprocess.run(
-            [sys.executable, "-m", "hpctrain.cli.submit", "--retry", str(run_dir)],
-            env={**env, PAUSE_ENV: "0.1"},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert retried.returncode == 0, retried.stdout + retried.stderr
-        (new_job,) = re.findall(r"^Submitted batch job (\d+)$", retried.stdout, re.M)
-        jobs.append(new_job)
-        assert wait_finished(slurm_env, new_job, timeout_s=300) == "COMPLETED", job_output(run_dir)
+        # Room again: the retry trains it from the start to the end.
+        retry_with_room(env, small_disk, filler, run_dir, jobs)
     finally:
         subprocess.run(["scancel", *jobs], env=slurm_env, capture_output=True)
     trained.trained()

@@ -9,14 +9,16 @@ within REQUEUE_WAIT_S (60 s), and never submits a second job while the first may
 Once slurmctld answers, the job is requeued, resumes from its time-limit save and ends
 bit-identical to an uninterrupted run, with one requeue and no failure in its journal.
 
-The same 30 s while lives start, while a step is judged and while a job waits out its requeue hold,
-six jobs side by side, each held while slurmctld is stopped, then let go into the outage: in
-`slurm.setup`, before `control begin`, before the worker's imports, in a second life's resume (its
-newest checkpoint read, not yet applied), in `after-step` judging a warned step, and PENDING in
+The same 30 s while lives start, while a forced save is written, while a step is judged and while
+a job waits out its requeue hold, seven jobs side by side, each held while slurmctld is stopped,
+then let go into the outage: in `slurm.setup`, before `control begin`, before the worker's
+imports, in a second life's resume (its newest checkpoint read, not yet applied), in a warned
+step's time-limit save (held half-written), in `after-step` judging a warned step, and PENDING in
 the requeue hold after a first life that stopped itself. None fails: the three first starts train
 on (one life, no requeue), the resume trains on in its second life while Slurm is still away, the
-warned step's facts fall back and its requeue waits for Slurm, and the held job starts once Slurm
-is back; every job ends COMPLETED, bit-identical, without the guardian.
+save is written while Slurm is away, the warned steps' facts fall back and their requeues wait for
+Slurm, and the held job starts once Slurm is back; every job ends COMPLETED, bit-identical,
+without the guardian.
 
 In a module of its own: the stopped controller is this worker's cluster's, and nothing else of
 this worker runs on it meanwhile (pytest-xdist hands out whole modules).
@@ -27,6 +29,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -130,9 +133,10 @@ def test_slurmctld_stopped_for_30_s_during_the_requeue(slurm_env, tmp_path: Path
     print(f"slurmctld stopped {back_at - stopped_at:.1f} s; training again {starts[1]['time'] - back_at:.1f} s after")
 
 
-# Slurm away while a life starts, while the batch script judges an ended step and while a job waits
-# out its requeue hold: each job held (at a gate, or PENDING), slurmctld stopped, the gates opened,
-# slurmctld let go 30 s later. Cell -> (the point held, its arming). A time-limit warning first for
+# Slurm away while a life starts, while a forced save is written, while the batch script judges an
+# ended step and while a job waits out its requeue hold: each job held (at a gate, or PENDING),
+# slurmctld stopped, the gates opened, slurmctld let go 30 s later. Cell -> (the point held, its
+# arming). A time-limit warning at step 40 first for `forced` (its save held half-written) and
 # `after_step`; the resume and the hold cells' first lives stop themselves from step 20 (a SIGTERM
 # to the task: saved, requeued by the batch script).
 GATE_S = 300
@@ -144,17 +148,25 @@ OUTAGE_CELLS = {
     "resume": ("trainer.resume_loading", gated.at_resume(f"gate:{GATE_S}")),
     "after_step": ("control.after_step", f"control.after_step=gate:{GATE_S}"),
     "hold": (HOLD, f"trainer.step=term@{gated.FIRST_LIFE_STOP}"),
+    "forced": ("checkpoint.forced_in_flight", f"checkpoint.forced_in_flight=gate:{GATE_S}"),
 }
+WARNED = ("control.after_step", "checkpoint.forced_in_flight")
 
 
-def held_at(env: dict[str, str], run_dir: Path, gates: Path, point: str, arming: str) -> str:
+def held_at(env: dict[str, str], run_dir: Path, gates: Path, point: str, arming: str, in_hold: threading.Event) -> str:
+    """Submit the cell's job and wait until it is held: its job id. The dev cluster's six CPUs hold
+    six one-task jobs; the seventh, the forced save's, is submitted once the hold cell's job waits
+    PENDING in its hold (its CPU free again), so that it never waits for a CPU a held job keeps."""
+    if point == "checkpoint.forced_in_flight":
+        assert in_hold.wait(600), "the hold cell's job never reached its requeue hold"
     armed = {**env, PAUSE_ENV: "0.05", faults.ENV: arming, faults.GATES_ENV: str(gates)}
     (job,), _ = submit(armed, run_dir, *TRAIN)
-    if point == "control.after_step":
+    if point in WARNED:
         wait_for_step(run_dir, 40)
         subprocess.run(["scancel", "--batch", "--signal=USR2", job], env=env, check=True)
     if point == HOLD:
         wait_in_requeue_hold(env, job, 600)
+        in_hold.set()
     else:
         wait_at_gate(env, job, faults.gate_files(gates, point)[0], 600)
     return job
@@ -176,8 +188,10 @@ def test_slurmctld_stopped_for_30_s_as_a_life_starts_and_as_a_step_is_judged(slu
     gates = {name: tmp_path / "gates" / name for name in OUTAGE_CELLS}
     try:
         with ThreadPoolExecutor(max_workers=len(OUTAGE_CELLS)) as pool:
+            in_hold = threading.Event()
             holding = {
-                name: pool.submit(held_at, env, runs[name], gates[name], *cell) for name, cell in OUTAGE_CELLS.items()
+                name: pool.submit(held_at, env, runs[name], gates[name], *cell, in_hold)
+                for name, cell in OUTAGE_CELLS.items()
             }
             jobs = {name: future.result() for name, future in holding.items()}
             controller = controller_pid()
@@ -229,10 +243,14 @@ def test_slurmctld_stopped_for_30_s_as_a_life_starts_and_as_a_step_is_judged(slu
                 # PENDING through the outage: its second life began only once Slurm was back.
                 assert second_start > back_at, (back_at, told)
             continue
-        if name != "after_step":
+        if name not in ("after_step", "forced"):
             assert of("requeue", run_dir) == [] and starts == [(0, 0)], told
             continue
         # The warned step judged while Slurm was away: its facts fell back, its requeue waited.
         assert [e["cause"] for e in of("requeue", run_dir)] == ["timelimit"], told
-        (saved,) = [c["step"] for c in of("checkpoint", run_dir) if c["reason"] == "timelimit"]
-        assert starts == [(0, 0), (1, saved)], told
+        (saved,) = [c for c in of("checkpoint", run_dir) if c["reason"] == "timelimit"]
+        assert starts == [(0, 0), (1, saved["step"])], told
+        if name == "forced":
+            # Its time-limit save, held half-written, let go into the outage: written while Slurm
+            # was away (a save never asks Slurm), the step judged and the requeue asked after.
+            assert stopped_at < saved["time"] < back_at, (stopped_at, back_at, told)

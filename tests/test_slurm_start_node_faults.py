@@ -12,7 +12,12 @@ itself by a SIGTERM to its task from step 20 on), crossed with:
   administrator or a health check does), then lets the rank go. The step ends, the control step
   charges `node_failure` and requeues; the job trains again on the nodes left (or, when the other
   cell took a node down too, once the test brings the nodes back) and resumes from the newest
-  complete checkpoint.
+  complete checkpoint. Also while rank 0's step-50 periodic write is in flight
+  (`checkpoint.periodic_in_flight`, half-written) or between its renames
+  (`checkpoint.between_renames`): rank 1's node set down while the write is held, the write
+  never let go (srun ends rank 0 with the step). The half-written one never counts (the next
+  life starts at 0); the renamed `.pt` without its `.json` is whole and the newest usable one:
+  the next life resumes from step 50.
 - one rank SIGKILLed (the kernel's OOM killer): a 2-task job whose rank 1 kills itself at the
   moment; no save, one `crash` charged, requeued from the newest complete checkpoint.
 - one rank SIGSTOPped (alive and silent): the peer's watchdog, running from before the
@@ -67,16 +72,22 @@ POINTS = {
     "imports": "worker.before_imports",
     "rendezvous": "worker.before_rendezvous",
     "resume": "trainer.resume_loading",
+    # Rank 0's step-50 periodic write held in its writer thread (rank 0 writes the checkpoints),
+    # half-written or between its two renames, while rank 1's node is set down.
+    "periodic": "checkpoint.periodic_in_flight",
+    "renames": "checkpoint.between_renames",
 }
+WRITES = ("periodic", "renames")
 # What rank 1 does at the phase's point (first life, or the second life for the resume).
 ACTIONS = {"node_down": f"gate:{GATE_S}", "rank_sigkilled": "kill", "rank_sigstopped": "stop"}
 # A node down at the imports ends the step as at the rendezvous (srun loses the task): left out
-# to keep the suite's time; the rank cells take all three phases.
+# to keep the suite's time. The rank cells take the three start phases (a rank stopped or killed
+# while a checkpoint is written: tests/test_stopped_rank_while_writing.py, test_fault_points_run.py).
 CELLS = {
     f"{fault}_at_{phase}": (phase, fault)
     for phase in POINTS
     for fault in SHAPES
-    if not (fault == "node_down" and phase == "imports")
+    if (fault == "node_down" and phase != "imports") or (fault != "node_down" and phase not in WRITES)
 }
 FAILURE_CAUSE = {"node_down": "node_failure", "rank_sigkilled": "crash", "rank_sigstopped": "hang"}
 NODES = ("node1", "node2", "node3")
@@ -89,6 +100,8 @@ def slurm_env() -> dict[str, str]:
 
 def arming(phase: str, fault: str) -> str:
     point = POINTS[phase]
+    if phase in WRITES:
+        return f"{point}={ACTIONS[fault]}#0"
     if phase != "resume":
         return f"{point}={ACTIONS[fault]}#1"
     return gated.at_resume(ACTIONS[fault], "#1")
@@ -103,8 +116,11 @@ def run_cell(env: dict[str, str], run_dir: Path, gates: Path, phase: str, fault:
         nodes = expand(job_field(env, job_id, "NodeList") or "")
         (downed,) = [n for n in nodes if n != job_field(env, job_id, "BatchHost")]
         node_state(env, downed, "down")
-        time.sleep(1.0)  # Slurm ends the step's tasks on the node it set down
-        opened.touch()
+        if phase not in WRITES:
+            time.sleep(1.0)  # Slurm ends the step's tasks on the node it set down
+            opened.touch()
+        # A write cell's held write is never let go: srun ends the step, rank 0 with it (SIGKILL
+        # KillWait after its SIGTERM), while the write is still in flight.
     return (*run_ends(env, run_dir, job_id, END_TIMEOUT_S), downed)
 
 
@@ -174,9 +190,14 @@ def assert_cell(name: str, run_dir: Path, ended: tuple[str, str, str], reference
     if fault == "rank_sigstopped":
         assert of("failure", run_dir)[0]["rank"] == 0, told  # the peer's watchdog saw it
     # Nothing of the faulted life was saved: the last life starts at the first life's stop
-    # (resume cells) or at step 0 (the first life's cells).
+    # (resume cells) or at step 0 (the first life's cells). The step-50 write lost half-written
+    # never counts; lost between its renames, its `.pt` without the `.json` is whole and nothing
+    # newer is usable: the next life resumes from it.
     resumed = of("start", run_dir)[-1]["resumed_from_step"]
-    assert resumed == (of("stop", run_dir)[0]["step"] if phase == "resume" else 0), told
+    expected = {"resume": of("stop", run_dir)[0]["step"] if phase == "resume" else 0, "renames": 50}
+    assert resumed == expected.get(phase, 0), told
+    if phase in WRITES:
+        assert 50 not in [c["step"] for c in of("checkpoint", run_dir)], told  # never journaled
 
 
 def test_a_rank_killed_or_stopped_as_a_life_starts(slurm_env, reference, tmp_path: Path) -> None:
@@ -187,7 +208,7 @@ def test_a_rank_killed_or_stopped_as_a_life_starts(slurm_env, reference, tmp_pat
         assert_cell(name, tmp_path / name, ends[name], reference())
 
 
-def test_a_node_down_as_a_life_starts(slurm_env, reference, tmp_path: Path) -> None:
+def test_a_node_down_as_a_life_starts_or_a_checkpoint_is_written(slurm_env, reference, tmp_path: Path) -> None:
     # One at a time, apart from the rank cells: a node set down ends every job on it, and the
     # two 2-node jobs would share one.
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}

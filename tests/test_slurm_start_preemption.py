@@ -206,6 +206,18 @@ def preempt_round(slurm_env: dict[str, str], tmp_path: Path, phases: tuple[str, 
     return states
 
 
+def ended_exact(name: str, run_dir: Path, ended: tuple[str, str], reference: Path) -> tuple[list[dict], str]:
+    """What every trained cell must show: COMPLETED, no budget charged but preempt's, trained to
+    the end once, bit-identical. Returns its journal and the text a failed assertion shows."""
+    journal = events(run_dir)
+    told = f"{name}: {ended}\n{journal}\n{job_output(run_dir)}"
+    assert ended[1] == "COMPLETED", told
+    assert of("failure", run_dir) == [] and of("cancelled", run_dir) == [], told  # preempt's budget only
+    assert same_weights(run_dir, reference), f"{name}: not bit-identical to the uninterrupted run"
+    assert [f["step"] for f in of("finish", run_dir)] == [STEPS], told
+    return journal, told
+
+
 def test_a_preemption_with_and_without_grace_at_the_rendezvous_and_the_resume(slurm_env, tmp_path: Path) -> None:
     states = preempt_round(slurm_env, tmp_path, ("rendezvous", "resume"))
     cells = list(states)
@@ -213,12 +225,7 @@ def test_a_preemption_with_and_without_grace_at_the_rendezvous_and_the_resume(sl
     for name in cells:
         phase, grace = CELLS[name]
         run_dir = tmp_path / name
-        journal = events(run_dir)
-        told = f"{name}: {states[name]}\n{journal}\n{job_output(run_dir)}"
-        assert states[name][1] == "COMPLETED", told
-        assert of("failure", run_dir) == [] and of("cancelled", run_dir) == [], told  # preempt's budget only
-        assert same_weights(run_dir, tmp_path / "reference"), f"{name}: not bit-identical to the uninterrupted run"
-        assert [f["step"] for f in of("finish", run_dir)] == [STEPS], told
+        journal, told = ended_exact(name, run_dir, states[name], tmp_path / "reference")
 
         # The resume cells' first life stopped itself from step 20 (a SIGTERM to its task).
         before = [("preempt", None)] if phase == "resume" else []
@@ -290,12 +297,7 @@ def test_a_preemption_with_and_without_grace_while_a_checkpoint_is_written(slurm
     for name in states:
         phase, grace = CELLS[name]
         run_dir = tmp_path / name
-        journal = events(run_dir)
-        told = f"{name}: {states[name]}\n{journal}\n{job_output(run_dir)}"
-        assert states[name][1] == "COMPLETED", told
-        assert of("failure", run_dir) == [] and of("cancelled", run_dir) == [], told  # preempt's budget only
-        assert same_weights(run_dir, tmp_path / "reference"), f"{name}: not bit-identical to the uninterrupted run"
-        assert [f["step"] for f in of("finish", run_dir)] == [STEPS], told
+        journal, told = ended_exact(name, run_dir, states[name], tmp_path / "reference")
         by = None if grace == "grace" else "slurm"
         assert [(e["cause"], e.get("by")) for e in of("requeue", run_dir)] == [("preempt", by)], told
 
