@@ -180,7 +180,7 @@ CELLS: dict[str, dict[str, Cell]] = {
         "warning": Cell(
             "requeue", "held, left before the rendezvous (exit 140); requeued (`timelimit`)", (EARLY, START)
         ),
-        "node_down": Cell("requeue", "srun ends the step: `node_failure` (the node named), requeued"),
+        "node_down": Cell("requeue", "srun ends the step: `node_failure` (the node named), requeued", (START_NODE,)),
         "rank_kill": Cell(
             "requeue",
             "`crash` charged (srun's SIGTERM to the peer is no preemption), requeued",
