@@ -32,7 +32,6 @@ step and save it, and the batch script decides a requeue (preempt). Slurm's requ
 from __future__ import annotations
 
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -53,7 +52,6 @@ from slurmtools import (
     start_cluster,
     submit,
     wait_at_gate,
-    wait_for_state,
     with_test_helpers,
 )
 
@@ -87,8 +85,9 @@ CELLS = {
     "control_killed_after_requeue_accepted": ([], f"{PREEMPTED_AT_START},control.requeue_asked=kill"),
     "shell_killed_after_requeue": ([], f"{PREEMPTED_AT_START},batch.after_requeue=kill"),
     "warning_during_setup": ([], "batch.setup=signal:USR2"),
-    # The test requeues it (`scontrol requeue`, as an administrator) 3 s into this wait.
-    "admin_requeue_during_setup": ([], "batch.setup=sleep:20"),
+    # Held at slurm.setup (a gate) until the test has requeued it (`scontrol requeue`, as an
+    # administrator): a timed wait lost the race on a loaded machine (the requeue came after setup).
+    "admin_requeue_during_setup": ([], f"batch.setup=gate:{GATE_S}"),
     # Held at the decision (a gate) until the test has scancelled it: SIGTERM is ignored from the
     # decision on, and the test acts at exactly this moment however loaded the machine is (a
     # timed wait lost the race on a loaded CI machine: the scancel hit the requeued job).
@@ -97,7 +96,6 @@ CELLS = {
     "warning_during_requeue": ([], f"{PREEMPTED_AT_START},batch.before_requeue=gate:{GATE_S}"),
 }
 DECIDED = "hpctrain: step ended with 76: requeue"  # 76: the workers saved for a SIGTERM
-ADMIN_REQUEUE_AFTER_S = 3.0
 # A job of a minute, its KillWait, the guardian's start, the new job's training (twice, should
 # its own warning come first): generous on a loaded two-core machine.
 END_TIMEOUT_S = 600
@@ -108,18 +106,19 @@ def slurm_env() -> dict[str, str]:
     return start_cluster()
 
 
-def requeue_as_an_admin(env: dict[str, str], job_id: str) -> None:
-    """`scontrol requeue` once the job runs its batch script's slurm.setup (held there 20 s)."""
-    wait_for_state(env, job_id, {"RUNNING"}, 120)
-    time.sleep(ADMIN_REQUEUE_AFTER_S)
+def requeue_as_an_admin(env: dict[str, str], gates: Path, job_id: str) -> None:
+    """`scontrol requeue` while the job's batch script is held in slurm.setup, then let it go."""
+    reached, opened = faults.gate_files(gates, "batch.setup")
+    wait_at_gate(env, job_id, reached, 180)
     subprocess.run(["scontrol", "requeue", job_id], env=env, check=True, capture_output=True)
+    opened.touch()
 
 
 def run_to_the_end(env: dict[str, str], run_dir: Path, first_job: str) -> tuple[str, str]:
     """Until the job that carries the run on (the first, or one its guardian submitted) ended;
     requeue holds lifted. Returns (the first job's end state, the last job's end state)."""
     if run_dir.name == "admin_requeue_during_setup":
-        requeue_as_an_admin(env, first_job)
+        requeue_as_an_admin(env, gates_of(run_dir), first_job)
     if run_dir.name in ("scancel_during_requeue", "warning_during_requeue"):
         reached, opened = faults.gate_files(gates_of(run_dir), "batch.before_requeue")
         wait_at_gate(env, first_job, reached, 180)

@@ -319,10 +319,11 @@ def test_a_preemption_with_and_without_grace_while_a_checkpoint_is_written(slurm
             limit = 20 if grace == "grace" and phase != "forced" else 5
             assert 0 < stops[0]["deadline_s"] <= limit, told
         else:
-            # A grace of 20 s leaves room for the write under way and the stop step's; without a
-            # grace, SIGKILL may come before the save ends (no `forced_save`), or the plan keeps only
-            # the write under way; a forced save held past its deadline is `overran`. The next life
-            # resumes from the newest checkpoint complete before it (the held step-50 write if it
-            # completed, a `.pt` without its `.json` else) or newer.
-            assert (grace == "no_grace" or forced == ["overran"]) and saved == [], told
+            # The plan kept only the write under way (its estimate of a write is the held write's
+            # time, long on a loaded machine), or nothing fit, or a forced save held past its
+            # deadline is `overran`; without a grace SIGKILL may also come before the save ends (no
+            # `forced_save`). The next life resumes from the newest checkpoint complete before it
+            # (the held step-50 write if it completed, a `.pt` without its `.json` else) or newer.
+            assert forced or grace == "no_grace", told
+            assert saved == [], told
             assert starts[-1]["resumed_from_step"] >= newest_checkpoint_before(journal, -1), told
