@@ -56,6 +56,24 @@ DISK = "3300k"  # the code snapshot, one checkpoint and the logs; not a second c
 ROOMY = "64m"
 
 
+def jobs_since(env: dict[str, str], started: str, first: str, until_listed: set[str]) -> tuple[list[str], str]:
+    """sacct's ids of the jobs since `started`, from job `first` on, and its output. slurmctld hands
+    ended jobs to slurmdbd on its own time: on a loaded machine sacct lists a job seconds after it
+    ended, so this asks again (up to a minute) until every job of `until_listed` is there."""
+    deadline = time.monotonic() + 60
+    while True:
+        listed = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-o", "JobID,JobName,State", "-S", started],
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout
+        since = [line.split("|")[0] for line in listed.split() if int(line.split("|")[0]) >= int(first)]
+        if until_listed <= set(since) or time.monotonic() > deadline:
+            return since, listed
+        time.sleep(1.0)
+
+
 def armed_env(env: dict[str, str], gates: Path, arming: str) -> dict[str, str]:
     """A submission's environment with fault points armed, paced, writing no bytecode beside the
     run dir's code snapshot (Python would write about 1.2 MB there, and the disk is sized for the
@@ -167,14 +185,8 @@ def test_a_run_dir_with_no_room_is_not_submitted_again_by_the_guardian(small_dis
         assert json.loads((run_dir / "submission.json").read_text())["job_id"] == job  # nothing new
         assert "has no room (No space left on device)" in (run_dir / f"guardian-{guardian}.out").read_text()
         # Slurm's own list of every job since this one: the run's job and its guardian, no third.
-        listed = subprocess.run(
-            ["sacct", "-X", "-n", "-P", "-o", "JobID,JobName,State", "-S", started],
-            env=slurm_env,
-            capture_output=True,
-            text=True,
-        )
-        since = [line.split("|")[0] for line in listed.stdout.split() if int(line.split("|")[0]) >= int(job)]
-        assert sorted(since) == sorted([job, guardian]), listed.stdout  # ids grow: none before this job
+        since, listed = jobs_since(slurm_env, started, job, until_listed={job, guardian})
+        assert sorted(since) == sorted([job, guardian]), listed  # ids grow: none before this job
 
         # Room again: the retry trains it from the start (nothing was recorded) to the end.
         retry_with_room(env, small_disk, filler, run_dir, jobs)
