@@ -1,13 +1,14 @@
-"""A preemption while a life starts, on the real dev cluster: with a grace (GraceTime 20, the
-dev cluster's `batch`) and without one (GraceTime 0, Slurm's default and many sites'), at the
-rendezvous of a first life and at the resume of a second.
+"""A preemption at the worst moments of a life, on the real dev cluster: with a grace (GraceTime
+20, the dev cluster's `batch`) and without one (GraceTime 0, Slurm's default and many sites'), at
+the rendezvous of a first life and at the resume of a second, in the batch script's own moments,
+and while a checkpoint is written.
 
-Eight cells of the phase-by-fault matrix (README, "Phase by fault"), two rounds: four one-task jobs
-held at a fault point's gate side by side (`worker.before_rendezvous`, or the second life's
-`trainer.resume_loading`; then `slurm.setup` and before `control begin`, the batch shell held),
-then one job of the `urgent` partition that needs every node preempts
-them all at once, then the gates open. Two of the jobs run in a partition made for the test,
-`nograce`, the same nodes with GraceTime 0.
+Sixteen cells of the phase-by-fault matrix (README, "Phase by fault"), three rounds: four to six
+one-task jobs held at a fault point's gate side by side (`worker.before_rendezvous`, or the second
+life's `trainer.resume_loading`; then `slurm.setup`, before `control begin` and before the asking
+for a decided requeue, the batch shell held; then a write in flight), then one job of the `urgent`
+partition that needs every node preempts them all at once, then the gates open. Half of the jobs
+run in a partition made for the test, `nograce`, the same nodes with GraceTime 0.
 
 - with a grace: SIGTERM to the tasks; the batch script requeues (`preempt`, by the batch script).
 - without a grace: Slurm requeues the job at once, SIGTERM to the batch shell and the tasks
