@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -163,7 +164,14 @@ def point(name: str, target: int | None = None) -> None:
         hold_at_gate(name, armed.value)
     elif armed.action == "exit":
         os._exit(int(armed.value))
+    elif target is None and armed.action in ("kill", "stop"):
+        # To this thread, not the process: a process-directed SIGSTOP is taken by the main thread
+        # when it next runs, and on a loaded machine a writer thread that sent it went on to write
+        # its .json first (seen in CI). A thread-directed one is taken before this call returns.
+        signal.pthread_kill(threading.get_ident(), signal.SIGKILL if armed.action == "kill" else signal.SIGSTOP)
     else:
+        # term and signal:NAME go to the process: its Python handlers run in the main thread,
+        # which a process-directed signal interrupts in a blocking call.
         named = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
         os.kill(os.getpid() if target is None else target, named.get(armed.action) or int(armed.value))
 

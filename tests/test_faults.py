@@ -187,6 +187,40 @@ def test_stop_leaves_the_process_alive_and_silent() -> None:
         proc.kill()
 
 
+# A writer thread reaches the point while the main thread computes, all on one CPU: the main
+# thread is not running when the signal is sent, so a process-directed SIGSTOP would wait for it
+# and the writer would go on (19 of 30 on a loaded machine, 20 of 20 pinned to one CPU).
+_THREAD_HITS_POINT = """
+import os, sys, threading, time
+os.sched_setaffinity(0, {0})
+from hpctrain import faults
+def writer():
+    time.sleep(0.1)  # the main thread computing by then, not waiting in Thread.start
+    faults.point('checkpoint.between_renames')
+    open(sys.argv[1], 'w').write('written after the point')
+threading.Thread(target=writer).start()
+while True:
+    pass
+"""
+
+
+@pytest.mark.parametrize("action", ["stop", "kill"])
+def test_a_thread_that_reaches_a_stop_or_kill_goes_no_further(action: str, tmp_path: Path) -> None:
+    after = tmp_path / "after"
+    env = {"PATH": "/usr/bin:/bin", faults.ENV: f"checkpoint.between_renames={action}"}
+    proc = subprocess.Popen([sys.executable, "-c", _THREAD_HITS_POINT, str(after)], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None and _state(proc.pid) != "T":
+            time.sleep(0.05)
+        time.sleep(0.3)  # the writer's chance to go on, had the signal not stopped it
+        assert (proc.poll() == -signal.SIGKILL) if action == "kill" else (_state(proc.pid) == "T")
+        assert not after.exists(), f"the thread went on after `{action}`"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
