@@ -432,7 +432,15 @@ CELLS: dict[str, dict[str, Cell]] = {
         "slurmctld": Cell(
             "requeue", "facts fall back within 20 s; the requeue waits for Slurm; one job", (OUTAGE_START,)
         ),
-        "disk_full": Cell("stop", "the journal cannot be written: said in one line, the job ends"),
+        "disk_full": Cell(
+            "stop",
+            "the decision cannot be journaled, so not acted on: said in one line, the job ends FAILED, "
+            "no requeue; the guardian finds no room; the retry resumes",
+            (
+                "tests/test_slurm_full_disk.py::"
+                "test_a_disk_full_while_after_step_judges_ends_the_job_and_the_retry_resumes",
+            ),
+        ),
     },
     "requeue": {
         "preempt_0": Cell(

@@ -13,6 +13,7 @@ uninterrupted run.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -245,4 +246,71 @@ def test_a_disk_full_before_control_begin_ends_the_job_and_the_retry_trains_it(
     trained.trained()
     assert [(s["job_id"], s["resumed_from_step"]) for s in of("start", run_dir)] == [(jobs[1], 0)]
     assert of("requeue", run_dir) == []  # no decision was kept
+    assert same_weights(run_dir, reference)
+
+
+def end_at_page(path: Path, past: int = 0) -> None:
+    """Append a blank line (spaces: every reader skips it) so that `path` ends `past` bytes after a
+    page boundary of its filesystem: 0 leaves its last page no room, so the next append needs a
+    new page; 1 gives it a fresh page with all but a byte free. A real file ends anywhere in its
+    last page; this puts it at the end that the test needs, before the disk is filled."""
+    page = os.statvfs(path).f_frsize
+    size = path.stat().st_size
+    pad = (past - size) % page
+    if pad == 0:
+        return
+    with open(path, "ab") as file:
+        file.write(b" " * (pad - 1) + b"\n")
+    assert path.stat().st_size % page == past
+
+
+def test_a_disk_full_while_after_step_judges_ends_the_job_and_the_retry_resumes(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """The run dir's disk filled while the control step is about to judge a step that ended with
+    a rank killed (a requeue, had there been room): the decision cannot be journaled, so it is
+    not acted on. The control step says why in one line (no traceback); the job ends FAILED, not
+    requeued; its guardian finds no room and submits nothing; once there is room,
+    `hpctrain-submit --retry` resumes from step 50 and ends bit-identical.
+
+    A full tmpfs takes an append that fits in the page a file already holds: the journal is made
+    to end at a page boundary before the disk is filled (its next line needs a new page, as at a
+    real journal's page end), and the job's output to start a fresh page (so its last lines, the
+    one-line reason, still fit)."""
+    slurm_env = start_cluster()
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    reference = tmp_path / "reference"
+    trained = Reference(env, reference, TRAIN)
+    run_dir, gates = small_disk / "run", tmp_path / "gates"
+    armed = armed_env(env, gates, "trainer.step=kill@70,control.after_step=gate:300")
+    jobs: list[str] = []
+    try:
+        (job,), _ = submit(armed, run_dir, *TRAIN)
+        jobs.append(job)
+        reached, opened = faults.gate_files(gates, "control.after_step")
+        wait_at_gate(slurm_env, job, reached, 300)
+        journal, output = run_dir / "events.jsonl", run_dir / f"slurm-{job}.out"
+        before = journal.read_bytes()
+        end_at_page(journal)
+        end_at_page(output, past=1)
+        filler = fill(small_disk)
+        opened.touch()
+        assert wait_finished(slurm_env, job, timeout_s=300) == "FAILED", job_output(run_dir)
+        assert job_restarts(slurm_env, job) == 0, job_output(run_dir)
+        said = job_output(run_dir)
+        assert f"the run dir {run_dir} has no room (No space left on device)" in said, said
+        assert "Traceback" not in said, said
+        # Nothing of the decision was kept: the journal is what it was at the gate (and the pad).
+        assert journal.read_bytes().rstrip() == before.rstrip()
+        guardian = json.loads((run_dir / "submission.json").read_text())["guardian_job_id"]
+        assert wait_for_state(slurm_env, guardian, ENDED, 300) == "FAILED"  # no room: it left it
+        assert json.loads((run_dir / "submission.json").read_text())["job_id"] == job  # nothing new
+
+        # Room again: the retry resumes from step 50, the newest complete checkpoint.
+        retry_with_room(env, small_disk, filler, run_dir, jobs)
+    finally:
+        subprocess.run(["scancel", *jobs], env=slurm_env, capture_output=True)
+    trained.trained()
+    assert [(s["job_id"], s["resumed_from_step"]) for s in of("start", run_dir)] == [(jobs[0], 0), (jobs[1], 50)]
+    assert of("requeue", run_dir) == []  # the first life's requeue was never kept
     assert same_weights(run_dir, reference)
