@@ -12,13 +12,14 @@ uninterrupted run.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,16 @@ def retry(env: dict[str, str], run_dir: Path, says: str = "") -> str:
     return new_job
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Path]:
+    """The uninterrupted run every test's run must match, trained once for the module beside the
+    first test's job: call it for its run dir once a test's jobs ended."""
+    slurm_env = start_cluster()
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    return functools.cache(Reference(env, run_dir, TRAIN).trained)
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     with small_tmpfs(tmp_path / "disk", DISK) as mount:
@@ -113,12 +124,10 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_full_checkpoint_disk_keeps_the_newest_checkpoint_and_the_retry_resumes_from_it(
-    small_disk: Path, tmp_path: Path
+    small_disk: Path, reference: Callable[[], Path], tmp_path: Path
 ) -> None:
     slurm_env = start_cluster()
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
-    reference = tmp_path / "reference"
-    trained = Reference(env, reference, TRAIN)
     run_dir = small_disk / "run"
     jobs: list[str] = []
     try:
@@ -148,14 +157,15 @@ def test_a_full_checkpoint_disk_keeps_the_newest_checkpoint_and_the_retry_resume
         assert wait_finished(slurm_env, new_job, timeout_s=300) == "COMPLETED", job_output(run_dir)
     finally:
         subprocess.run(["scancel", *jobs], env=slurm_env, capture_output=True)
-    trained.trained()
 
     starts = [(s["job_id"], s["resumed_from_step"]) for s in of("start", run_dir)]
     assert starts == [(jobs[0], 0), (jobs[1], 50)], starts
-    assert same_weights(run_dir, reference)
+    assert same_weights(run_dir, reference())
 
 
-def test_a_run_dir_with_no_room_is_not_submitted_again_by_the_guardian(small_disk: Path, tmp_path: Path) -> None:
+def test_a_run_dir_with_no_room_is_not_submitted_again_by_the_guardian(
+    small_disk: Path, reference: Callable[[], Path], tmp_path: Path
+) -> None:
     """The run dir's filesystem all but full (another job's output, a user's files: 16 KiB left)
     when the batch script dies before anything was recorded: the guardian would submit the run
     again (nobody ended it on purpose), but it probes the run dir first (64 KiB written, synced,
@@ -163,8 +173,6 @@ def test_a_run_dir_with_no_room_is_not_submitted_again_by_the_guardian(small_dis
     Once there is room, `hpctrain-submit --retry` runs it to the end, bit-identical."""
     slurm_env = start_cluster()
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
-    reference = tmp_path / "reference"
-    trained = Reference(env, reference, TRAIN)
     run_dir, gates = small_disk / "run", tmp_path / "gates"
     # Held at slurm.setup while the test fills the disk, then the batch shell killed before its
     # `control begin` (as an OOM killer would): the job ends FAILED, nothing recorded.
@@ -193,14 +201,13 @@ def test_a_run_dir_with_no_room_is_not_submitted_again_by_the_guardian(small_dis
         retry_with_room(env, small_disk, filler, run_dir, jobs)
     finally:
         subprocess.run(["scancel", *jobs], env=slurm_env, capture_output=True)
-    trained.trained()
     assert [s["job_id"] for s in of("start", run_dir)] == [jobs[1]]
     assert of("requeue", run_dir) == []  # the guardian recorded nothing: there was no room
-    assert same_weights(run_dir, reference)
+    assert same_weights(run_dir, reference())
 
 
 def test_a_disk_full_before_control_begin_ends_the_job_and_the_retry_trains_it(
-    small_disk: Path, tmp_path: Path
+    small_disk: Path, reference: Callable[[], Path], tmp_path: Path
 ) -> None:
     """The run dir's disk filled while the batch script waits before `control begin` (nothing
     recorded yet): the training process cannot journal its `start` and leaves with the user's
@@ -215,8 +222,6 @@ def test_a_disk_full_before_control_begin_ends_the_job_and_the_retry_trains_it(
     file ends. The `start` is the journal's first line: its page must be new.)"""
     slurm_env = start_cluster()
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
-    reference = tmp_path / "reference"
-    trained = Reference(env, reference, TRAIN)
     run_dir, gates = small_disk / "run", tmp_path / "gates"
     armed = armed_env(env, gates, "batch.before_begin=gate:300")
     jobs: list[str] = []
@@ -243,10 +248,9 @@ def test_a_disk_full_before_control_begin_ends_the_job_and_the_retry_trains_it(
         retry_with_room(env, small_disk, filler, run_dir, jobs)
     finally:
         subprocess.run(["scancel", *jobs], env=slurm_env, capture_output=True)
-    trained.trained()
     assert [(s["job_id"], s["resumed_from_step"]) for s in of("start", run_dir)] == [(jobs[1], 0)]
     assert of("requeue", run_dir) == []  # no decision was kept
-    assert same_weights(run_dir, reference)
+    assert same_weights(run_dir, reference())
 
 
 def end_at_page(path: Path, past: int = 0) -> None:
@@ -265,7 +269,7 @@ def end_at_page(path: Path, past: int = 0) -> None:
 
 
 def test_a_disk_full_while_after_step_judges_ends_the_job_and_the_retry_resumes(
-    small_disk: Path, tmp_path: Path
+    small_disk: Path, reference: Callable[[], Path], tmp_path: Path
 ) -> None:
     """The run dir's disk filled while the control step is about to judge a step that ended with
     a rank killed (a requeue, had there been room): the decision cannot be journaled, so it is
@@ -279,8 +283,6 @@ def test_a_disk_full_while_after_step_judges_ends_the_job_and_the_retry_resumes(
     one-line reason, still fit)."""
     slurm_env = start_cluster()
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
-    reference = tmp_path / "reference"
-    trained = Reference(env, reference, TRAIN)
     run_dir, gates = small_disk / "run", tmp_path / "gates"
     armed = armed_env(env, gates, "trainer.step=kill@70,control.after_step=gate:300")
     jobs: list[str] = []
@@ -310,7 +312,6 @@ def test_a_disk_full_while_after_step_judges_ends_the_job_and_the_retry_resumes(
         retry_with_room(env, small_disk, filler, run_dir, jobs)
     finally:
         subprocess.run(["scancel", *jobs], env=slurm_env, capture_output=True)
-    trained.trained()
     assert [(s["job_id"], s["resumed_from_step"]) for s in of("start", run_dir)] == [(jobs[0], 0), (jobs[1], 50)]
     assert of("requeue", run_dir) == []  # the first life's requeue was never kept
-    assert same_weights(run_dir, reference)
+    assert same_weights(run_dir, reference())
