@@ -9,6 +9,8 @@ every Slurm command finds the cluster through the SLURM_CONF environment variabl
                                     [--dir D] [--port-base 16817] [--no-accounting]
                                     [--min-job-age 300]
     python scripts/devcluster.py down   [--dir D]
+    python scripts/devcluster.py freeze NODE [--dir D]   # NODE dies silently (devcluster_freeze.py)
+    python scripts/devcluster.py thaw NODE [--dir D]
     python scripts/devcluster.py status [--dir D]
     eval "$(python scripts/devcluster.py env [--dir D])"
 
@@ -54,17 +56,18 @@ from pathlib import Path
 from types import ModuleType
 
 
-def _load_accounting() -> ModuleType:
-    # The sibling module, found by path: tests load this file by path too, not as a package.
-    location = Path(__file__).resolve().with_name("devcluster_accounting.py")
-    spec = importlib.util.spec_from_file_location("devcluster_accounting", location)
+def _load_sibling(name: str) -> ModuleType:
+    # A sibling module, found by path: tests load this file by path too, not as a package.
+    location = Path(__file__).resolve().with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, location)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-accounting = _load_accounting()
+accounting = _load_sibling("devcluster_accounting")
+freezing = _load_sibling("devcluster_freeze")
 
 DEFAULT_DIR = "/tmp/hpctrain-devcluster"
 DEFAULT_PORT_BASE = 16817
@@ -119,6 +122,10 @@ class Shape:
     # AccountingStorageEnforce=limits: association/QOS limits (MaxSubmitJobs...) are applied,
     # as on sites that set them; off: Slurm ignores them.
     enforce_limits: bool = False
+    # SlurmdTimeout: how long slurmctld waits for a silent slurmd before it marks the node DOWN.
+    # 10 s by default here (tests of announced failures need no more); Slurm's own default, 300 s,
+    # for the tests of nodes that die silently, which must not lean on a short one.
+    slurmd_timeout_s: int = 10
 
 
 @dataclass(frozen=True)
@@ -219,7 +226,7 @@ def render_slurm_conf(shape: Shape, paths: Paths, hostname: str) -> str:
         "SchedulerParameters=bf_interval=2,sched_interval=5",
         # Nodes set DOWN (e.g. to simulate a failure) come back by themselves.
         "ReturnToService=2",
-        "SlurmdTimeout=10",
+        f"SlurmdTimeout={shape.slurmd_timeout_s}",
         "MessageTimeout=20",
         "KillWait=5",
         "InactiveLimit=0",
@@ -692,6 +699,7 @@ def _start_accounting(shape: Shape, paths: Paths) -> None:
 
 def stop_cluster(paths: Paths) -> bool:
     """Stop every daemon of this cluster; True when something was running."""
+    thaw_all(paths)  # a frozen process would hold its SIGTERM
     pids = cluster_pids(paths)
     if not pids:
         _remove_pid_files(paths)
@@ -712,6 +720,29 @@ def stop_cluster(paths: Paths) -> bool:
         stop_processes(leftover)
     _remove_pid_files(paths)
     return True
+
+
+def frozen_record(paths: Paths, node: str) -> Path:
+    return paths.root / f"frozen-{node}.pids"
+
+
+def freeze_node(directory: str, node: str) -> list[int]:
+    """Every process of `node` stopped, as a node that died silently (devcluster_freeze.py)."""
+    paths = Paths(Path(directory).absolute())
+    try:
+        return freezing.freeze(paths.slurmd_pid(node), paths.slurmd_log(node), frozen_record(paths, node))
+    except LookupError as error:
+        raise DevClusterError(f"cannot freeze {node} of the cluster in {paths.root}: {error}", 2) from None
+
+
+def thaw_node(directory: str, node: str) -> list[int]:
+    """The processes `freeze_node` stopped, continued."""
+    return freezing.thaw(frozen_record(Paths(Path(directory).absolute()), node))
+
+
+def thaw_all(paths: Paths) -> None:
+    for record in paths.root.glob("frozen-*.pids"):
+        freezing.thaw(record)
 
 
 def _remove_pid_files(paths: Paths) -> None:
@@ -800,7 +831,7 @@ def _describe(shape: Shape) -> str:
     kind = "with accounting" if shape.accounting else "no accounting"
     return (
         f"{shape.nodes} nodes x {shape.cpus_per_node} CPUs x {shape.gpus_per_node} GPUs, {kind}, "
-        f"MinJobAge {shape.min_job_age_s}s"
+        f"MinJobAge {shape.min_job_age_s}s, SlurmdTimeout {shape.slurmd_timeout_s}s"
         + (f", MaxArraySize {shape.max_array_size}" if shape.max_array_size else "")
         + (", limits enforced" if shape.enforce_limits else "")
         + f", ports {_describe_ports(shape)}"
@@ -839,6 +870,7 @@ def ensure_cluster(
     min_job_age_s: int = 300,
     max_array_size: int | None = None,
     enforce_limits: bool = False,
+    slurmd_timeout_s: int = 10,
 ) -> dict[str, str]:
     """Start (or reuse) a cluster and return the environment that points at it.
 
@@ -848,7 +880,15 @@ def ensure_cluster(
     """
     port = resolve_port_base(directory, port_base)
     shape = Shape(
-        nodes, gpus_per_node, cpus_per_node, port, with_accounting, min_job_age_s, max_array_size, enforce_limits
+        nodes,
+        gpus_per_node,
+        cpus_per_node,
+        port,
+        with_accounting,
+        min_job_age_s,
+        max_array_size,
+        enforce_limits,
+        slurmd_timeout_s,
     )
     return up(shape, directory)
 
@@ -879,6 +919,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         min_job_age_s=args.min_job_age,
         max_array_size=args.max_array_size,
         enforce_limits=args.enforce_limits,
+        slurmd_timeout_s=args.slurmd_timeout,
     )
     print(f"export SLURM_CONF={shlex.quote(env['SLURM_CONF'])}")
     return 0
@@ -907,6 +948,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     shape = read_shape(paths)
     if shape and not nodes_healthy(node_states(paths), shape, idle_only=False):
         log("warning: some nodes are not in a working state (see sinfo above)")
+    return 0
+
+
+def cmd_freeze(args: argparse.Namespace) -> int:
+    frozen = freeze_node(args.dir, args.node)
+    log(f"{args.node}: {len(frozen)} processes stopped (slurmd, its step daemons, their tasks)")
+    return 0
+
+
+def cmd_thaw(args: argparse.Namespace) -> int:
+    continued = thaw_node(args.dir, args.node)
+    log(f"{args.node}: {len(continued)} processes continued")
     return 0
 
 
@@ -964,6 +1017,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="AccountingStorageEnforce=associations,limits: sacctmgr's MaxSubmitJobs/MaxJobs apply (needs accounting)",
     )
+    p_up.add_argument(
+        "--slurmd-timeout",
+        type=int,
+        default=10,
+        help="SlurmdTimeout: seconds before a silent node is marked DOWN (default 10; Slurm's own is 300)",
+    )
     p_up.set_defaults(func=cmd_up)
 
     p_down = commands.add_parser("down", help="stop the daemons started from --dir")
@@ -973,6 +1032,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_status = commands.add_parser("status", help="show sinfo and squeue; exit 1 if down")
     add_dir(p_status)
     p_status.set_defaults(func=cmd_status)
+
+    for name, action, func in (
+        ("freeze", "stop every process of NODE, as a node that dies silently", cmd_freeze),
+        ("thaw", "continue the processes `freeze` stopped on NODE", cmd_thaw),
+    ):
+        sub = commands.add_parser(name, help=action)
+        sub.add_argument("node", help="the node (node1, node2, ...)")
+        add_dir(sub)
+        sub.set_defaults(func=func)
 
     p_env = commands.add_parser("env", help="print `export SLURM_CONF=...` for eval")
     add_dir(p_env)
