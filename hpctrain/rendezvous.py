@@ -13,14 +13,15 @@ and step id, so a requeued job or a relaunched step never reads a port from an e
 from __future__ import annotations
 
 import datetime
-import fcntl
 import socket
-import struct
 from pathlib import Path
 
 import torch.distributed as dist
 
+from hpctrain.node_address import interface_ipv4, rank0_address, resolves
 from hpctrain.run import handoff
+
+__all__ = ["interface_ipv4", "open_store", "port_file", "rank0_address", "resolves"]
 
 
 def port_file(directory: Path, job_id: str, restart: int, step_id: str) -> Path:
@@ -41,35 +42,3 @@ def open_store(rank: int, world_size: int, path: Path, timeout_s: float, address
     if published is None:
         raise TimeoutError(f"rank 0 did not publish its rendezvous port in {path} within {timeout_s:.0f} s")
     return dist.TCPStore(published["addr"], int(published["port"]), world_size, is_master=False, timeout=timeout)
-
-
-def rank0_address(node: str, suffix: str = "", ifname: str = "") -> str:
-    """The address rank 0 tells the others, run on rank 0's node; `node` is its Slurm name."""
-    if ifname:
-        return interface_ipv4(ifname)
-    if suffix:
-        return (node or socket.gethostname()) + suffix
-    return node if node and resolves(node) else socket.gethostname()
-
-
-def interface_ipv4(ifname: str) -> str:
-    """This node's IPv4 address on `ifname` (Linux SIOCGIFADDR; the standard library has no
-    portable call for it)."""
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            answer = fcntl.ioctl(probe.fileno(), siocgifaddr, struct.pack("256s", ifname.encode()[:15]))
-        except OSError as error:
-            raise OSError(
-                f"slurm.network.master_addr_ifname: {socket.gethostname()} has no IPv4 address on "
-                f"interface {ifname!r} ({error.strerror}); `ip -4 addr` on a node lists them"
-            ) from None
-    return socket.inet_ntoa(answer[20:24])
-
-
-def resolves(host: str) -> bool:
-    try:
-        socket.getaddrinfo(host, None)
-        return True
-    except OSError:
-        return False

@@ -30,6 +30,9 @@ FAULT_WAIT_S = 300.0  # how long a fault may wait for the job to be RUNNING and 
 STUCK_S = 60.0  # PENDING this long for a reason no wait cures: the soak says so and stops
 WAITING_REASONS = {"BeginTime", "Priority", "Resources", "None"}
 DRAIN_WATCH_S = 10.0  # a job on a drained node should train on: watched this long
+# A job PENDING for Resources this long while a node the soak drained is still drained: the
+# drain ends (an administrator's maintenance does), see _end_maintenance.
+DRAINED_WAIT_S = 30.0
 PACE_S = 0.05  # each step of the job takes at least this long (helpers.paced, from the environment)
 
 
@@ -240,6 +243,7 @@ def _wait_training(env: dict[str, str], soak: Soak, since: Callable[[], float | 
     """Until a step is logged after `since()` (None: not yet known) with the job RUNNING;
     returns that record's time."""
     deadline, stuck = time.monotonic() + FAULT_WAIT_S, StuckWatch()
+    pending_since: float | None = None
     while time.monotonic() < deadline:
         follow(soak)
         job = soak.job_ids[-1]
@@ -249,6 +253,10 @@ def _wait_training(env: dict[str, str], soak: Soak, since: Callable[[], float | 
             raise ChaosError(f"job {job} ended ({state}) before training went on")
         if stuck.stuck(state, reason):
             raise ChaosError(f"job {job} stuck: PENDING with Reason={reason} for {STUCK_S:.0f} s")
+        pending_since = (pending_since or time.monotonic()) if state == "PENDING" and reason == "Resources" else None
+        if pending_since is not None and time.monotonic() - pending_since > DRAINED_WAIT_S:
+            _end_maintenance(env, soak)
+            pending_since = None
         note_next_step(soak)
         after = since()
         fresh = [r for r in metrics_records(soak.run_dir) if after is not None and (r.get("time") or 0) > after]
@@ -256,6 +264,24 @@ def _wait_training(env: dict[str, str], soak: Soak, since: Callable[[], float | 
             return float(fresh[-1]["time"])
         time.sleep(0.5)
     raise ChaosError(f"not training again within {FAULT_WAIT_S:.0f} s")
+
+
+def _end_maintenance(env: dict[str, str], soak: Soak) -> None:
+    """The job waits for nodes, and a node the soak drained is still drained: an administrator
+    ends the maintenance (the soak resumes it), as on a site. Slurm requeued the job on its own
+    (an admin's requeue, a preemption) before the drain came, so nobody lowered its node count:
+    it asks for its spares too, and waits for the drained node (the row's note says so)."""
+    drained = [
+        node
+        for node in sorted(soak.touched_nodes)
+        if re.search(r"\bState=\S*DRAIN", slurm(env, "scontrol", "show", "node", "-o", node).stdout)
+    ]
+    if not drained or not soak.injected:
+        return
+    resume_nodes(env, soak)
+    note = f"the requeued job waited {DRAINED_WAIT_S:.0f} s for drained {','.join(drained)}: resumed"
+    soak.injected[-1].note = "; ".join(filter(None, [soak.injected[-1].note, note]))
+    print(f"chaos: {note}", flush=True)
 
 
 def _recovered_after(soak: Soak, settle_s: float = DRAIN_WATCH_S) -> float | None:
