@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpctrain import faults
+from hpctrain import faults, heartbeat
 from hpctrain.early_signals import HELD, EarlySignals
 
 if TYPE_CHECKING:
@@ -89,6 +89,9 @@ def _alive(pid: int) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     early = EarlySignals().hold()
+    # The beats to the batch script's watcher begin before the imports: a node that dies while
+    # torch loads is heard too (a no-op outside hpctrain's own batch script).
+    heartbeat.start(os.environ, int(os.environ.get("SLURM_PROCID") or 0))
     faults.point("worker.before_imports")
     parser = argparse.ArgumentParser(description="Run one training process of a run directory.")
     parser.add_argument("run_dir", type=Path, help="a run directory holding config.yaml")

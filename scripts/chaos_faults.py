@@ -30,8 +30,9 @@ FAULT_WAIT_S = 300.0  # how long a fault may wait for the job to be RUNNING and 
 STUCK_S = 60.0  # PENDING this long for a reason no wait cures: the soak says so and stops
 WAITING_REASONS = {"BeginTime", "Priority", "Resources", "None"}
 DRAIN_WATCH_S = 10.0  # a job on a drained node should train on: watched this long
-# A job PENDING for Resources this long while a node the soak drained is still drained: the
-# drain ends (an administrator's maintenance does), see _end_maintenance.
+# A job PENDING this long (for Resources, or Slurm's "Nodes required for job are DOWN, DRAINED...")
+# while a node the soak drained is still drained: the drain ends (an administrator's maintenance
+# does), see _end_maintenance. Below STUCK_S, so the soak does not give up first.
 DRAINED_WAIT_S = 30.0
 PACE_S = 0.05  # each step of the job takes at least this long (helpers.paced, from the environment)
 
@@ -253,7 +254,8 @@ def _wait_training(env: dict[str, str], soak: Soak, since: Callable[[], float | 
             raise ChaosError(f"job {job} ended ({state}) before training went on")
         if stuck.stuck(state, reason):
             raise ChaosError(f"job {job} stuck: PENDING with Reason={reason} for {STUCK_S:.0f} s")
-        pending_since = (pending_since or time.monotonic()) if state == "PENDING" and reason == "Resources" else None
+        waiting = state == "PENDING" and reason not in ("BeginTime", "Dependency")  # the hold is lifted above
+        pending_since = (pending_since or time.monotonic()) if waiting else None
         if pending_since is not None and time.monotonic() - pending_since > DRAINED_WAIT_S:
             _end_maintenance(env, soak)
             pending_since = None

@@ -48,6 +48,9 @@ LENIENT_DIR, LENIENT_PORT_BASE = f"{CLUSTER_DIR}-lenient", PORT_BASE + 50
 FORGETFUL_DIR, FORGETFUL_PORT_BASE = f"{CLUSTER_DIR}-forgetful", PORT_BASE + 60
 # A site's limits: MaxArraySize 3 (sweeps split into several arrays) and association limits enforced.
 LIMITED_DIR, LIMITED_PORT_BASE, LIMITED_MAX_ARRAY_SIZE = f"{CLUSTER_DIR}-limited", PORT_BASE + 70, 3
+# Slurm's own SlurmdTimeout (300 s): a node that dies silently is marked DOWN only after five minutes,
+# so the tests of silent nodes cannot lean on Slurm noticing (3 nodes, no accounting) at base+80.
+SITE_TIMEOUTS_DIR, SITE_TIMEOUTS_PORT_BASE, SITE_SLURMD_TIMEOUT_S = f"{CLUSTER_DIR}-site", PORT_BASE + 80, 300
 # The requeue hold is lifted to two seconds from now, not to now: a start in the same second as the
 # requeue is refused by Slurm ("Killing non-startable batch JobId=67: Job credential revoked", seen on
 # 22.05, which compares whole seconds) and the job ends FAILED with only its first life.
@@ -132,6 +135,23 @@ def start_limited_cluster() -> dict[str, str]:
         pytest.skip(reason)
     slurm = ensure_cluster(
         LIMITED_DIR, 2, 0, LIMITED_PORT_BASE, max_array_size=LIMITED_MAX_ARRAY_SIZE, enforce_limits=True
+    )
+    return cluster_env(slurm)
+
+
+def start_site_timeouts_cluster() -> dict[str, str]:
+    """3 nodes with Slurm's default SlurmdTimeout (300 s), no accounting: `devcluster.py freeze`
+    makes a node die silently there."""
+    reason = why_no_slurm()
+    if reason:
+        pytest.skip(reason)
+    slurm = ensure_cluster(
+        SITE_TIMEOUTS_DIR,
+        NODES,
+        0,
+        SITE_TIMEOUTS_PORT_BASE,
+        with_accounting=False,
+        slurmd_timeout_s=SITE_SLURMD_TIMEOUT_S,
     )
     return cluster_env(slurm)
 
@@ -303,7 +323,7 @@ def train_locally(env: dict[str, str], run_dir: Path, *overrides: str) -> None:
 
 def suite_cluster_dirs() -> list[str]:
     """Every cluster folder the suite may start, for every worker (scripts/test.sh checks none is left)."""
-    kinds = ("", "-devcluster", "-lenient", "-forgetful", "-limited")
+    kinds = ("", "-devcluster", "-lenient", "-forgetful", "-limited", "-site")
     return [worker_cluster_dir(number) + kind for number in range(MAX_WORKERS) for kind in kinds]
 
 

@@ -149,6 +149,10 @@ _SIGNALS = ("USR1", "USR2", "HUP", "URG")
 _STOP_SIGNALS = {"TERM": "scancel and a preemption send it", "INT": "Ctrl-C sends it"}
 
 
+# A node is declared silent after this many missed beats at the least (one a second).
+MIN_SILENT_NODE_TIMEOUT_S = 3.0
+
+
 @dataclass
 class SlurmConfig:
     # Nodes to allocate.
@@ -211,6 +215,11 @@ class SlurmConfig:
     # Extra nodes allocated beside `nodes` (with --no-kill): when a training node fails, the step
     # is relaunched at once on the survivors from the last checkpoint, without a requeue.
     spare_nodes: int = 0
+    # Seconds without a heartbeat from every training process of a node (each beats once a
+    # second from a process of its own, hpctrain.heartbeat) before the batch script declares the
+    # node dead and relaunches on a spare or requeues without it, instead of waiting for Slurm's
+    # SlurmdTimeout (300 s by default) or the collective timeout; 0: no heartbeats.
+    silent_node_timeout_s: float = 10.0
     # Queue a one-CPU guardian job beside every training job (--dependency=afternotok): when the
     # node running the batch script dies, Slurm ends the job FAILED without a requeue, and the
     # guardian submits the run again (hpctrain.slurm.guardian). false: one job per run, unguarded.
@@ -249,6 +258,12 @@ class SlurmConfig:
             require(value is None or value >= 1, f"slurm.{key}", f"must be >= 1 or null (got {value})")
         require(self.gpus_per_node >= 0, "slurm.gpus_per_node", f"must be >= 0 (got {self.gpus_per_node})")
         require(self.signal_delay_s >= 0, "slurm.signal_delay_s", f"must be >= 0 (got {self.signal_delay_s})")
+        require(
+            self.silent_node_timeout_s == 0 or self.silent_node_timeout_s >= MIN_SILENT_NODE_TIMEOUT_S,
+            "slurm.silent_node_timeout_s",
+            f"must be 0 (off) or >= {MIN_SILENT_NODE_TIMEOUT_S:g}: beats come once a second "
+            f"(got {self.silent_node_timeout_s})",
+        )
         require(
             self.gpu_bind in ("all", "per_task"), "slurm.gpu_bind", f"must be all or per_task (got {self.gpu_bind!r})"
         )

@@ -19,6 +19,8 @@ from hpctrain.run.events import (
     BY_GUARDIAN,
     BY_SLURM,
     CANCELLED_BY_COMMAND,
+    DETECTED_BY_HEARTBEAT,
+    DETECTED_BY_SLURM,
     Cancelled,
     Checkpoint,
     Event,
@@ -28,6 +30,7 @@ from hpctrain.run.events import (
     Relaunch,
     Requeue,
     Retry,
+    Silent,
     Start,
     Stop,
 )
@@ -82,7 +85,11 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
     cause = classify(since, outcome, lost, preempting=cluster.preempting)
     written: list[Event] = []
     if lost:
-        written.append(Failure(**mark, cause=Cause.NODE_FAILURE, nodes=lost, exit_code=outcome.exit_code))
+        heard_silent = silent_nodes(since)
+        detected = DETECTED_BY_HEARTBEAT if set(lost) & heard_silent else DETECTED_BY_SLURM
+        written.append(
+            Failure(**mark, cause=Cause.NODE_FAILURE, nodes=lost, exit_code=outcome.exit_code, detected_by=detected)
+        )
     if cause in (Cause.CRASH, Cause.HANG) and not any(_is(e, cause) for e in since):
         written.append(Failure(**mark, cause=cause, nodes=[], exit_code=outcome.exit_code))
     spent = over_budget(history.events, cause, budgets)
@@ -280,7 +287,14 @@ def lost_nodes(since: Sequence[Event], outcome: Outcome, cluster: ClusterView) -
     launched_on = set(cluster.original or cluster.allocated) - set(outcome.excluded)
     step_nodes = set(starts[-1].nodes) if starts else launched_on
     gone = step_nodes - set(cluster.allocated) if cluster.allocated else set()
-    return sorted(gone | set(cluster.failed(sorted(step_nodes))))
+    # A node the heartbeat watcher heard fall silent: Slurm may list it as up for minutes yet.
+    silent = silent_nodes(since) & step_nodes
+    return sorted(gone | silent | set(cluster.failed(sorted(step_nodes))))
+
+
+def silent_nodes(since: Sequence[Event]) -> set[str]:
+    """The nodes the batch script's heartbeat watcher declared silent in this step."""
+    return {node for e in since if isinstance(e, Silent) for node in e.nodes}
 
 
 def over_budget(events: Sequence[Event], cause: Cause, budgets: Budgets) -> str | None:

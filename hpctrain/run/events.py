@@ -143,6 +143,23 @@ class Failure(Event):
     rank: int | None = None  # the rank whose watchdog saw a hang
     action: str | None = None  # what the control step did next (an Action, or "resubmit")
     new_job_id: str | None = None  # requeue_refused, resubmitted: the job the run goes on in
+    # node_failure: how the loss was seen: DETECTED_BY_SLURM (the node DOWN or gone from the job)
+    # or DETECTED_BY_HEARTBEAT (its processes fell silent: a `silent` event came first).
+    detected_by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Silent(Event):
+    """The batch script's heartbeat watcher heard nothing from every training process of `nodes`
+    for `silent_s` seconds while the others beat on (hpctrain.slurm.watch): written before it
+    ends the step. The step's after-step counts these nodes as failed."""
+
+    name: ClassVar[str] = "silent"
+    nodes: list[str]
+    ranks: list[int]
+    silent_s: float
+    timeout_s: float  # slurm.silent_node_timeout_s
+    step_id: str | None = None  # the training step's SLURM_STEP_ID
 
 
 @dataclass(frozen=True)
@@ -160,6 +177,9 @@ BY_SLURM = "slurm"
 # `by` of `requeue` and `failure`: the run's guardian job found the job ended with nobody deciding
 # what comes next (its batch node died) and submitted the run again (`new_job_id`).
 BY_GUARDIAN = "guardian"
+# `detected_by` of a node_failure `failure`.
+DETECTED_BY_SLURM = "slurm"
+DETECTED_BY_HEARTBEAT = "heartbeat"
 # hpctrain-cancel's name in `cancelled` events (`by`).
 CANCELLED_BY_COMMAND = "hpctrain-cancel"
 
@@ -221,6 +241,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Requeue,
         Relaunch,
         Failure,
+        Silent,
         Cancelled,
         Retry,
         Finish,

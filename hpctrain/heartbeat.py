@@ -1,0 +1,127 @@
+"""Heartbeats: every training process of a Slurm step says, once a second, that its node still runs.
+
+A node that dies silently (power, kernel panic, a hung NIC) ends no process and resets no socket:
+its peers block in their collective, and Slurm marks it DOWN only after SlurmdTimeout (300 s by
+default). The batch script's watcher (hpctrain.slurm.watch) hears these beats instead and ends
+the step within `slurm.silent_node_timeout_s` of a node falling silent.
+
+Each training process starts a beater: a small process of its own (`python -m hpctrain.heartbeat`,
+standard library only), so the beats go on whatever the training process does, however long it
+holds the GIL (a first step that compiles, a long checkpoint write, an evaluation, imports on a
+slow filesystem). It sends a datagram (UDP: nothing to connect, nothing left half-open when a node
+dies) to the watcher's address every BEAT_S seconds, ignores the stop signals (the training
+process saves for them, and a beater that died with SIGTERM would look like a dead node during
+the save), and says `bye` and leaves once its training process has ended, so a rank that exits
+(a crash, the end) is never taken for a silent node. A SIGSTOPped training process alone keeps
+its beater beating: its node is alive, and its peers' hang watchdog reports it (hpctrain.watchdog).
+Only a node whose every process stops (its beater too) or whose network is gone falls silent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+
+# The watcher's "host:port", set by the batch script for the training step; unset (a local run, a
+# user's own srun) there is no watcher and no beater.
+ADDR_ENV = "HPCTRAIN_HEARTBEAT_ADDR"
+BEAT_S = 1.0
+# How often the beater looks whether its training process has ended.
+LOOK_S = 0.2
+# The signals the beater leaves to its training process (srun and Slurm signal the whole task).
+IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One datagram: who beats, and whether it is the last (its training process ended)."""
+
+    rank: int
+    node: str
+    step: str  # SLURM_STEP_ID of the training step
+    pid: int  # the training process
+    seq: int
+    bye: bool = False
+
+    def encode(self) -> bytes:
+        return json.dumps({"v": VERSION, **asdict(self)}, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Beat | None:
+        """The beat a datagram carries; None for anything else (a stray packet, another version)."""
+        try:
+            record = json.loads(data)
+            if not isinstance(record, dict) or record.get("v") != VERSION:
+                return None
+            return cls(
+                rank=int(record["rank"]),
+                node=str(record["node"]),
+                step=str(record["step"]),
+                pid=int(record["pid"]),
+                seq=int(record["seq"]),
+                bye=bool(record.get("bye", False)),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def parse_addr(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{ADDR_ENV}={text!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def start(environ: Mapping[str, str], rank: int) -> subprocess.Popen[bytes] | None:
+    """This training process's beater, when the batch script's watcher listens (ADDR_ENV set);
+    None otherwise. Started before torch is imported: a node that dies during the imports is
+    heard too."""
+    addr = environ.get(ADDR_ENV, "")
+    if not addr:
+        return None
+    node = environ.get("SLURMD_NODENAME") or socket.gethostname()
+    step = environ.get("SLURM_STEP_ID", "")
+    command = [sys.executable, "-m", "hpctrain.heartbeat", addr, str(rank), node, step, str(os.getpid())]
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, close_fds=True)
+
+
+def beat(addr: str, rank: int, node: str, step: str, parent: int, clock: Callable[[], float] = time.monotonic) -> None:
+    """Send a beat every BEAT_S seconds while `parent` (the training process) lives; then `bye`."""
+    for signum in IGNORED:
+        signal.signal(signum, signal.SIG_IGN)
+    host, port = parse_addr(addr)
+    target = (host, port)
+    seq, next_beat = 0, clock()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as out:
+        while os.getppid() == parent:
+            if clock() >= next_beat:
+                _send(out, target, Beat(rank, node, step, parent, seq))
+                seq, next_beat = seq + 1, next_beat + BEAT_S
+                next_beat = max(next_beat, clock())  # after a pause (suspended), beat at once
+            time.sleep(LOOK_S)
+        _send(out, target, Beat(rank, node, step, parent, seq, bye=True))
+
+
+def _send(out: socket.socket, target: tuple[str, int], one: Beat) -> None:
+    try:
+        out.sendto(one.encode(), target)
+    except OSError:  # the network is down or the name does not resolve now: beat again later
+        pass
+
+
+def main(argv: list[str]) -> int:
+    addr, rank, node, step, parent = argv
+    beat(addr, int(rank), node, step, int(parent))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

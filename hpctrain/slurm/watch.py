@@ -1,0 +1,206 @@
+"""The batch script's heartbeat watcher: a node that falls silent ends the training step in seconds.
+
+The batch shell starts one watcher per life of the job, before `control begin`:
+
+    python -m hpctrain.slurm.watch RUN_DIR FOLDER
+
+It listens for the training processes' beats (hpctrain.heartbeat) on a UDP port of this node, and
+writes `FOLDER/addr` ("host:port", the host as rank 0 would publish it, slurm.network) for the
+shell to pass on in HPCTRAIN_HEARTBEAT_ADDR; the shell writes each srun's pid to `FOLDER/srun.pid`.
+Each training step (the first, each relaunch) is heard on its own: beats carry SLURM_STEP_ID.
+When every process of a node has been silent for `slurm.silent_node_timeout_s` while others beat
+on, it records a `silent` event (the nodes, their ranks, how long), asks Slurm to kill the step
+(`scancel --signal=KILL JOB.STEP`, in the background: slurmctld cannot reach the silent node and
+the call would wait on it) and SIGKILLs srun, whose wait on that node would otherwise last until
+Slurm marks it DOWN (SlurmdTimeout, 300 s by default). The control step's after-step then counts
+the silent nodes as failed (`failure` with `detected_by: heartbeat`) and relaunches on a spare or
+requeues without them; the relaunch is `srun --overlap`, since Slurm still holds the old step's
+resources on the silent node's peers until it hears from that node.
+
+What is never taken for a silent node: a rank that ended (its beater says `bye`), every rank
+silent at once (the step ending: Slurm killed it, or this node is cut off itself), a training
+process that is merely slow or SIGSTOPped (its beater beats on), and this watcher paused itself
+(a suspended job: the gap is its own, so every rank is heard afresh).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain.heartbeat import BEAT_S, Beat
+from hpctrain.node_address import rank0_address
+from hpctrain.run.events import Journal, Silent
+from hpctrain.run.life import LifeStamp
+from hpctrain.slurm import client
+from hpctrain.slurm.control import slurm_settings
+
+# How long one wait for a datagram lasts: the watcher judges at least this often.
+TICK_S = 0.25
+ADDR_FILE, SRUN_PID_FILE = "addr", "srun.pid"
+# The scancel's head start before srun is killed: the request leaves before the shell moves on.
+SCANCEL_LEAD_S = 0.5
+
+
+@dataclass
+class Heard:
+    """What the watcher knows of one rank: its node, its newest beat, whether it said bye."""
+
+    node: str
+    last: float  # time.monotonic() of its newest beat
+    gone: bool = False
+
+
+def silent_nodes(heard: Mapping[int, Heard], now: float, timeout_s: float) -> dict[str, list[int]]:
+    """The nodes whose every rank heard from (none that said bye) has sent nothing for over
+    `timeout_s`, while some other rank still beats: node -> its silent ranks. Every rank silent
+    at once is the step ending (Slurm killed its tasks) or this node cut off: nothing to act on."""
+    live = {rank: h for rank, h in heard.items() if not h.gone}
+    silent = {rank for rank, h in live.items() if now - h.last > timeout_s}
+    if not silent or len(silent) == len(live):
+        return {}
+    by_node: dict[str, list[int]] = {}
+    for rank, h in sorted(live.items()):
+        by_node.setdefault(h.node, []).append(rank)
+    return {node: ranks for node, ranks in by_node.items() if all(rank in silent for rank in ranks)}
+
+
+def paused(previous_tick: float, now: float, timeout_s: float) -> bool:
+    """The watcher itself did not run for half the timeout (the job suspended, the node
+    overloaded): the silence it would see is its own."""
+    return now - previous_tick > max(timeout_s / 2, 3 * BEAT_S)
+
+
+class Watcher:
+    def __init__(self, run_dir: Path, folder: Path, env: Mapping[str, str]) -> None:
+        self.run_dir, self.folder, self.env = run_dir, folder, dict(env)
+        settings = slurm_settings(run_dir / "config.yaml")
+        self.timeout_s = float(settings.silent_node_timeout_s)
+        self.network = settings.network
+        self.journal = Journal(run_dir / "events.jsonl")
+        life = LifeStamp.from_env(self.env)
+        self.job_id, self.restart = life.job_id or "", life.restart
+        self.heard: dict[int, Heard] = {}  # the current step's ranks
+        self.step = ""  # the current step's SLURM_STEP_ID (each relaunch is a new step)
+        self.ended: set[str] = set()  # steps this watcher ended
+
+    def listen(self) -> socket.socket:
+        """The UDP socket, and FOLDER/addr naming it (written whole: the shell may read it at once)."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("0.0.0.0", 0))
+        node = self.env.get("SLURMD_NODENAME", "")
+        host = rank0_address(node, self.network.master_addr_suffix, self.network.master_addr_ifname)
+        tmp = self.folder / f"{ADDR_FILE}.tmp"
+        tmp.write_text(f"{host}:{sock.getsockname()[1]}\n")
+        tmp.replace(self.folder / ADDR_FILE)
+        return sock
+
+    def run(self) -> int:
+        shell = os.getppid()
+        sock = self.listen()
+        sock.settimeout(TICK_S)
+        tick = time.monotonic()
+        while os.getppid() == shell:  # the batch shell gone: nothing left to watch for
+            self._receive(sock)
+            now = time.monotonic()
+            if paused(tick, now, self.timeout_s):
+                for heard in self.heard.values():
+                    heard.last = now
+            tick = now
+            silent = silent_nodes(self.heard, now, self.timeout_s) if self.timeout_s > 0 else {}
+            if silent:
+                self._end_step(silent, now)
+                # This step is over: its beats are ignored from now on; the next step's are heard.
+                self.ended.add(self.step)
+                self.heard, self.step = {}, ""
+        return 0
+
+    def _receive(self, sock: socket.socket) -> None:
+        try:
+            data = sock.recv(4096)
+        except TimeoutError:
+            return
+        beat = Beat.decode(data)
+        if beat is None or beat.step in self.ended:
+            return
+        if beat.step != self.step:
+            if self.step and _older(beat.step, self.step):
+                return  # a late beat of the step before
+            self.heard, self.step = {}, beat.step  # a new step (a relaunch): its ranks only
+        heard = self.heard.setdefault(beat.rank, Heard(beat.node, time.monotonic()))
+        heard.node, heard.last, heard.gone = beat.node, time.monotonic(), heard.gone or beat.bye
+
+    def _end_step(self, silent: dict[str, list[int]], now: float) -> None:
+        longest = max(now - self.heard[rank].last for ranks in silent.values() for rank in ranks)
+        nodes = sorted(silent)
+        self.journal.write_event(
+            Silent(
+                job_id=self.job_id,
+                restart=self.restart,
+                nodes=nodes,
+                ranks=sorted(rank for ranks in silent.values() for rank in ranks),
+                silent_s=round(longest, 1),
+                timeout_s=self.timeout_s,
+                step_id=self.step or None,
+            )
+        )
+        print(
+            f"hpctrain: no heartbeat from {','.join(nodes)} for {longest:.0f} s "
+            f"(slurm.silent_node_timeout_s={self.timeout_s:g}): ending the step",
+            file=sys.stderr,
+            flush=True,
+        )
+        if self.step and self.job_id:
+            step = f"{self.env.get('SLURM_JOB_ID', self.job_id)}.{self.step}"
+            threading.Thread(target=self._kill_step, args=(step,), daemon=True).start()
+            time.sleep(SCANCEL_LEAD_S)
+        srun = _pid_in(self.folder / SRUN_PID_FILE)
+        if srun is not None and _is_srun(srun):
+            try:
+                os.kill(srun, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _kill_step(self, step: str) -> None:
+        client.run(["scancel", "--signal=KILL", step], client.IN_JOB, env=self.env)
+
+
+def _is_srun(pid: int) -> bool:
+    """The pid is still an srun (not a pid reused since that srun ended)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "srun"
+    except OSError:
+        return False
+
+
+def _older(step: str, than: str) -> bool:
+    return step.isdigit() and than.isdigit() and int(step) < int(than)
+
+
+def _pid_in(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m hpctrain.slurm.watch RUN_DIR FOLDER", file=sys.stderr)
+        return 2
+    # Slurm's stop signals reach every process of the batch step: the watcher keeps watching while
+    # the step saves (a SIGTERM'd watcher would only stop detecting); the shell ends it by SIGKILL.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    return Watcher(Path(argv[0]), Path(argv[1]), os.environ).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
