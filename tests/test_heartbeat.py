@@ -127,7 +127,8 @@ def test_a_beater_beats_through_stop_signals_falls_silent_when_frozen_and_says_b
     training, beater = _training(addr, rank=1, node="node2")
     try:
         first = _beats_for(listener, 2.5)
-        assert len(first) >= 2 and all((b.rank, b.node, b.step, b.pid) == (1, "node2", "0", training.pid) for b in first)
+        assert len(first) >= 2
+        assert all((b.rank, b.node, b.step, b.pid) == (1, "node2", "0", training.pid) for b in first)
         # Slurm's stop signals go to every process of a task: the beater leaves them to training.
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
             os.kill(beater, signum)

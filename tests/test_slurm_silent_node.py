@@ -12,9 +12,9 @@ detected_by heartbeat), then
    requeue once it hears from the node (its tasks must be confirmed gone): the test thaws it then,
    as the site's node returns, and the next life trains on the nodes left.
 
-The first life of each job is slow for good reasons before the node dies, and no false alarm comes
-of it: a periodic checkpoint write held 25 s and a training step that takes 25 s (a first step that
-compiles), both well past the 10 s timeout; the beats come from a process of their own. Each run
+The first job's first life is slow for good reasons before the node dies, and no false alarm comes
+of it: a periodic checkpoint write held 15 s and a training step that takes 15 s (a first step that
+compiles), both past the 10 s timeout; the beats come from a process of their own. Each run
 ends bit-identical to an uninterrupted one. The times from the freeze to the `silent` event and to
 the next trained step are printed (the README's table).
 """
@@ -58,8 +58,9 @@ TRAIN = [
     "slurm.ntasks_per_node=1",
 ]
 # Slow for good reasons, in the first life, before the freeze: rank 0 holds its step-50 write in
-# flight for 25 s, and rank 1's 70th step takes 25 s (rank 0 waits for it in the all-reduce).
-SLOW = "checkpoint.periodic_in_flight=sleep:25#0,trainer.step=sleep:25@70#1"
+# flight for 15 s, and rank 1's 70th step takes 15 s (rank 0 waits for it in the all-reduce), both
+# past the 10 s timeout.
+SLOW = "checkpoint.periodic_in_flight=sleep:15#0,trainer.step=sleep:15@70#1"
 FREEZE_AT_STEP = 120
 DETECTED_WITHIN_S = 60.0  # far below Slurm's 300 s; the README reports what was measured
 
@@ -108,6 +109,7 @@ def _detected(run_dir: Path, node: str, frozen_at: float) -> float:
     silent = _wait_event(run_dir, "silent", DETECTED_WITHIN_S)
     assert silent["nodes"] == [node], silent
     assert silent["timeout_s"] == 10.0
+    _wait_event(run_dir, "failure", 60)  # the control step's, once srun has returned
     (failure,) = [f for f in _events_of(run_dir, "failure") if f["cause"] == "node_failure"]
     assert (failure["nodes"], failure["detected_by"]) == ([node], "heartbeat"), failure
     return silent["time"] - frozen_at
@@ -117,7 +119,7 @@ def test_a_silent_node_with_a_spare_is_relaunched_around_in_seconds(tmp_path: Pa
     slurm_env = start_site_timeouts_cluster()
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     run_dir = tmp_path / "run"
-    trained = Reference(env, tmp_path / "reference", TRAIN)
+    trained = Reference(env, tmp_path / "reference", [*TRAIN, "trainer.nprocs=2"])
     armed = {**env, PAUSE_ENV: "0.1", faults.ENV: SLOW}
     (job,), _ = submit(armed, run_dir, *TRAIN, "slurm.spare_nodes=1")
     frozen: str | None = None
@@ -151,9 +153,8 @@ def test_a_silent_node_without_a_spare_is_requeued_without_it(tmp_path: Path) ->
     slurm_env = start_site_timeouts_cluster()
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     run_dir = tmp_path / "run"
-    trained = Reference(env, tmp_path / "reference", TRAIN)
-    armed = {**env, PAUSE_ENV: "0.1", faults.ENV: SLOW}
-    (job,), _ = submit(armed, run_dir, *TRAIN)
+    trained = Reference(env, tmp_path / "reference", [*TRAIN, "trainer.nprocs=2"])
+    (job,), _ = submit({**env, PAUSE_ENV: "0.1"}, run_dir, *TRAIN)
     frozen: str | None = None
     try:
         frozen, frozen_at = _freeze_when_trained(env, run_dir, job)
