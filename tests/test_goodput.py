@@ -301,3 +301,21 @@ def test_goodput_of_a_real_chaos_soak_journal() -> None:
     assert got.lives[2].kept_s == 0 and got.lives[4].kept_s == 0  # a hang's and a torn save's lives
     assert got.kept_s + got.startup_s + got.stall_s + got.redone_s == pytest.approx(got.allocated_s)
     assert got.allocated_s == pytest.approx(247.31, abs=0.01) and got.goodput_pct == pytest.approx(62.4, abs=0.1)
+
+
+def test_a_silent_node_s_silence_is_lost_to_detection_not_to_redone_steps() -> None:
+    """Step 20 at t=20, the node frozen at 21, declared silent at 31 (silent_s 10), the step
+    relaunched at 32 from the step-20 checkpoint: of the 12 s after step 20, 10 s went to detection."""
+    events = [
+        start(0, 0),
+        ckpt(20.1, 20, "periodic"),
+        ev("silent", 31, job_id="7", restart=0, nodes=["node2"], ranks=[1], silent_s=10.0, timeout_s=10.0),
+        ev("failure", 32, job_id="7", restart=0, cause="node_failure", nodes=["node2"], detected_by="heartbeat"),
+        Relaunch(time=32, job_id="7", restart=0, cause="node_failure", failed=["node2"]),
+        start(36, 20),
+        ev("finish", 46, step=30),
+    ]
+    figures = goodput(events, [m(20, 20), m(22, 22), m(30, 46)])
+    first = figures.lives[0]
+    assert (first.detection_s, round(first.redone_s, 6)) == (10.0, 2.0)
+    assert figures.detection_s == 10.0

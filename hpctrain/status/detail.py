@@ -48,7 +48,9 @@ def summary(figures: Goodput) -> str:
     return (
         f"goodput {figures.goodput_pct:.1f}%: {duration(figures.kept_s)} kept of {duration(figures.allocated_s)} "
         f"allocated; lost: start-up {duration(figures.startup_s)}, checkpoint stalls {duration(figures.stall_s)}, "
-        f"redone {duration(figures.redone_s)}; waits between lives {duration(figures.wait_s)} "
+        f"redone {duration(figures.redone_s)}"
+        + (f", detection {duration(figures.detection_s)}" if figures.detection_s > 0 else "")
+        + f"; waits between lives {duration(figures.wait_s)} "
         "(not allocated, not counted)"
     )
 

@@ -15,7 +15,8 @@ and metrics.jsonl (each record's `step` and `time`). Definitions (also in the RE
   its `start`'s `allocated_at`, or from a relaunch: set-up, process start, imports, rendezvous and
   resume), checkpoint stalls (blocking_s; forced saves also block for write_s),
   redone (from a life's last kept step to its end: steps the next life trains again, and the
-  stop itself: noticing a hang or a dead node, exiting).
+  stop itself: noticing a hang or a dead node, exiting), and detection (of that, a node's silence
+  until the heartbeat watcher declared it dead: the `silent` event's silent_s).
 - wait: from one life's end to the next one's allocated start (Slurm's requeue hold, the queue,
   the start of the batch script and of Python, or a user's resubmission). It is not allocated
   time of this run, so it is shown apart and left out of goodput.
@@ -42,6 +43,7 @@ from hpctrain.run.events import (
     Pruned,
     Relaunch,
     Requeue,
+    Silent,
     Start,
     read_events,
 )
@@ -66,6 +68,7 @@ class Life:
     startup_s: float
     stall_s: float
     redone_s: float
+    detection_s: float = 0.0  # of the lost time: a dead node's silence until the watcher declared it
 
     @property
     def allocated_s(self) -> float:
@@ -82,6 +85,7 @@ class Goodput:
     redone_s: float
     wait_s: float
     goodput_pct: float | None  # None before any time was allocated
+    detection_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         record = asdict(self)
@@ -117,6 +121,7 @@ def goodput(events: Sequence[Event], metrics: Metrics, now: float | None = None)
         redone_s=sum(life.redone_s for life in lives),
         wait_s=sum(waits),
         goodput_pct=100.0 * kept / allocated if allocated > 0 else None,
+        detection_s=sum(life.detection_s for life in lives),
     )
 
 
@@ -201,6 +206,10 @@ def _life(
     kept = max(0.0, kept_until - started - stall_before)
     startup = started - began
     redone = max(0.0, (ended - began) - startup - kept - stall)
+    # A node that died silently: the time until the heartbeat watcher declared it is lost to
+    # detection, not to steps trained again.
+    detection = min(redone, sum(e.silent_s for e in same_job if isinstance(e, Silent)))
+    redone -= detection
     return Life(
         job_id=start.job_id or None,
         restart=start.restart,
@@ -215,6 +224,7 @@ def _life(
         startup_s=startup,
         stall_s=stall,
         redone_s=redone,
+        detection_s=detection,
     )
 
 
