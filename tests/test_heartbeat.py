@@ -122,6 +122,7 @@ def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
+@pytest.mark.slow
 def test_a_beater_beats_through_stop_signals_falls_silent_when_frozen_and_says_bye(listener: socket.socket) -> None:
     addr = f"127.0.0.1:{listener.getsockname()[1]}"
     training, beater = _training(addr, rank=1, node="node2")
@@ -207,6 +208,7 @@ def _silent_events(run_dir: Path) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if r["event"] == "silent"]
 
 
+@pytest.mark.slow
 def test_the_watcher_ends_the_step_of_a_node_that_falls_silent(
     watched: tuple[Path, Path, subprocess.Popen[bytes], subprocess.Popen[str]],
 ) -> None:
@@ -241,6 +243,7 @@ def _stderr_so_far(watcher: subprocess.Popen[str]) -> str:
     return watcher.stderr.read()
 
 
+@pytest.mark.slow
 def test_the_watcher_leaves_a_step_alone_that_ends_or_whose_every_rank_stops_at_once(
     watched: tuple[Path, Path, subprocess.Popen[bytes], subprocess.Popen[str]],
 ) -> None:
@@ -262,6 +265,7 @@ def test_the_watcher_leaves_a_step_alone_that_ends_or_whose_every_rank_stops_at_
             with_beater_gone(pid)
 
 
+@pytest.mark.slow
 def test_a_relaunched_step_is_heard_afresh(
     watched: tuple[Path, Path, subprocess.Popen[bytes], subprocess.Popen[str]], tmp_path: Path
 ) -> None:
