@@ -2,9 +2,10 @@
 # The test suite, from a fresh clone: install, then pytest (Slurm tests included where the dev
 # cluster can run: root on Debian/Ubuntu). Extra arguments go to pytest.
 #
-# The tests run on HPCTRAIN_TEST_WORKERS pytest-xdist workers (default 3; 0 runs them in this one
-# process). A Slurm test mostly waits on Slurm (its timers, requeue holds, time limits) and uses
-# half a core or less, so three workers keep the two cores busy. Each worker has dev clusters of
+# The tests run on HPCTRAIN_TEST_WORKERS pytest-xdist workers (default 4; 0 runs them in this one
+# process). A Slurm test mostly waits on Slurm (its timers, requeue holds, time limits, a silent
+# node's timeout) and uses half a core or less, so four workers keep the two cores busy where
+# three left them idle a sixth of the run. Each worker has dev clusters of
 # its own (tests/slurmtools.py: its own folders and ports), so a node set down or a preemption in
 # one never touches another's jobs. Each module is one unit of work (its module fixtures are built
 # once), handed out longest first (tests/suite_order.py).
@@ -18,7 +19,7 @@ check() { "$@" || { echo "test.sh: \`$*\` failed (above)" >&2; status=1; }; }
 check .venv/bin/ruff check hpctrain hydra_plugins scripts tests
 check .venv/bin/ruff format --check hpctrain hydra_plugins scripts tests
 check .venv/bin/mypy hpctrain hydra_plugins scripts
-workers="${HPCTRAIN_TEST_WORKERS:-3}"
+workers="${HPCTRAIN_TEST_WORKERS:-4}"
 parallel=(-n "${workers}")
 if [ "${workers}" != 0 ]; then
   parallel+=(--dist loadfile --no-loadscope-reorder)
