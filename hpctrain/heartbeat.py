@@ -11,14 +11,17 @@ holds the GIL (a first step that compiles, a long checkpoint write, an evaluatio
 slow filesystem). It sends a datagram (UDP: nothing to connect, nothing left half-open when a node
 dies) to the watcher's address every BEAT_S seconds, ignores the stop signals (the training
 process saves for them, and a beater that died with SIGTERM would look like a dead node during
-the save), and says `bye` and leaves once its training process has ended, so a rank that exits
-(a crash, the end) is never taken for a silent node. A SIGSTOPped training process alone keeps
+the save), and says `bye` and leaves once its training process has ended. The training process
+says `bye` itself as it leaves too (Beating.bye): Slurm's step clean-up may kill the beater before
+it sees its parent gone. So a rank that exits (a crash, the end, a stop) is never taken for a
+silent node. A SIGSTOPped training process alone keeps
 its beater beating: its node is alive, and its peers' hang watchdog reports it (hpctrain.watchdog).
 Only a node whose every process stops (its beater too) or whose network is gone falls silent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -80,7 +83,27 @@ def parse_addr(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def start(environ: Mapping[str, str], rank: int) -> subprocess.Popen[bytes] | None:
+@dataclass
+class Beating:
+    """A training process's beater, and its own last word."""
+
+    beater: subprocess.Popen[bytes]
+    addr: str
+    rank: int
+    node: str
+    step: str
+
+    def bye(self) -> None:
+        """Said by the training process itself as it leaves, before Slurm's step clean-up can kill
+        its beater (slurmstepd SIGKILLs a task's remaining processes once the task has exited):
+        a rank that leaves while its peers go on (a stop with no time to save, a crash that
+        raised) is never taken for a dead node."""
+        with contextlib.suppress(OSError, ValueError):
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as out:
+                _send(out, parse_addr(self.addr), Beat(self.rank, self.node, self.step, os.getpid(), -1, bye=True))
+
+
+def start(environ: Mapping[str, str], rank: int) -> Beating | None:
     """This training process's beater, when the batch script's watcher listens (ADDR_ENV set);
     None otherwise. Started before torch is imported: a node that dies during the imports is
     heard too."""
@@ -90,7 +113,7 @@ def start(environ: Mapping[str, str], rank: int) -> subprocess.Popen[bytes] | No
     node = environ.get("SLURMD_NODENAME") or socket.gethostname()
     step = environ.get("SLURM_STEP_ID", "")
     command = [sys.executable, "-m", "hpctrain.heartbeat", addr, str(rank), node, step, str(os.getpid())]
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, close_fds=True)
+    return Beating(subprocess.Popen(command, stdin=subprocess.DEVNULL, close_fds=True), addr, rank, node, step)
 
 
 def beat(addr: str, rank: int, node: str, step: str, parent: int, clock: Callable[[], float] = time.monotonic) -> None:

@@ -91,15 +91,19 @@ def main(argv: list[str] | None = None) -> None:
     early = EarlySignals().hold()
     # The beats to the batch script's watcher begin before the imports: a node that dies while
     # torch loads is heard too (a no-op outside hpctrain's own batch script).
-    heartbeat.start(os.environ, int(os.environ.get("SLURM_PROCID") or 0))
-    faults.point("worker.before_imports")
-    parser = argparse.ArgumentParser(description="Run one training process of a run directory.")
-    parser.add_argument("run_dir", type=Path, help="a run directory holding config.yaml")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    from hpctrain import train_process  # torch, the trainer: seconds at every start
+    beating = heartbeat.start(os.environ, int(os.environ.get("SLURM_PROCID") or 0))
+    try:
+        faults.point("worker.before_imports")
+        parser = argparse.ArgumentParser(description="Run one training process of a run directory.")
+        parser.add_argument("run_dir", type=Path, help="a run directory holding config.yaml")
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        from hpctrain import train_process  # torch, the trainer: seconds at every start
 
-    faults.point("worker.after_imports")
-    train_process.main(args.run_dir, early)
+        faults.point("worker.after_imports")
+        train_process.main(args.run_dir, early)
+    finally:
+        if beating is not None:
+            beating.bye()
 
 
 if __name__ == "__main__":

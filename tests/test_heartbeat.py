@@ -85,7 +85,7 @@ TRAINING = """
 import os, sys, time
 from hpctrain import heartbeat
 beater = heartbeat.start(os.environ, int(sys.argv[1]))
-print(beater.pid, flush=True)
+print(beater.beater.pid, flush=True)
 time.sleep(600)
 """
 
@@ -299,3 +299,36 @@ def test_a_relaunched_step_is_heard_afresh(
             except ProcessLookupError:
                 pass
             with_beater_gone(beater)
+
+
+# A rank that leaves while its peer goes on (a stop with no time to save): it says bye itself,
+# and Slurm's step clean-up kills its beater at once (slurmstepd SIGKILLs what a task leaves).
+LEAVING = """
+import os, signal, sys, time
+from hpctrain import heartbeat
+beating = heartbeat.start(os.environ, int(sys.argv[1]))
+time.sleep(2)
+beating.bye()
+os.kill(beating.beater.pid, signal.SIGKILL)
+print("left", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_that_leaves_is_no_silent_node_even_when_its_beater_is_killed_with_it(
+    watched: tuple[Path, Path, subprocess.Popen[bytes], subprocess.Popen[str]],
+) -> None:
+    run_dir, folder, srun, _ = watched
+    addr = (folder / "addr").read_text().strip()
+    rank0, beater0 = _training(addr, 0, "node1")
+    env = {**os.environ, ADDR_ENV: addr, "SLURMD_NODENAME": "node2", "SLURM_STEP_ID": "0"}
+    leaving = subprocess.Popen([sys.executable, "-c", LEAVING, "1"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert leaving.stdout is not None and leaving.stdout.readline() == "left\n"
+        time.sleep(6)  # twice the timeout, node1 beating on
+        assert srun.poll() is None and _silent_events(run_dir) == []
+    finally:
+        for proc in (rank0, leaving):
+            proc.kill()
+        with_beater_gone(beater0)
