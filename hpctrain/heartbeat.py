@@ -103,6 +103,17 @@ class Beating:
                 _send(out, parse_addr(self.addr), Beat(self.rank, self.node, self.step, os.getpid(), -1, bye=True))
 
 
+# This process's beating (set by start): what `say_bye` says goodbye through.
+_current: Beating | None = None
+
+
+def say_bye() -> None:
+    """This training process leaves now (the hang watchdog's os._exit skips every `finally`):
+    its bye, if it beats at all."""
+    if _current is not None:
+        _current.bye()
+
+
 def start(environ: Mapping[str, str], rank: int) -> Beating | None:
     """This training process's beater, when the batch script's watcher listens (ADDR_ENV set);
     None otherwise. Started before torch is imported: a node that dies during the imports is
@@ -113,7 +124,9 @@ def start(environ: Mapping[str, str], rank: int) -> Beating | None:
     node = environ.get("SLURMD_NODENAME") or socket.gethostname()
     step = environ.get("SLURM_STEP_ID", "")
     command = [sys.executable, "-m", "hpctrain.heartbeat", addr, str(rank), node, step, str(os.getpid())]
-    return Beating(subprocess.Popen(command, stdin=subprocess.DEVNULL, close_fds=True), addr, rank, node, step)
+    global _current
+    _current = Beating(subprocess.Popen(command, stdin=subprocess.DEVNULL, close_fds=True), addr, rank, node, step)
+    return _current
 
 
 def beat(addr: str, rank: int, node: str, step: str, parent: int, clock: Callable[[], float] = time.monotonic) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpctrain import heartbeat
 from hpctrain.run.causes import Cause
 from hpctrain.run.events import Failure, Journal
 from hpctrain.run.exitcodes import WORKER_HUNG
@@ -66,6 +67,7 @@ class Watchdog:
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 sys.stderr.flush()
                 self._report(idle)
+                heartbeat.say_bye()  # leaving on purpose: not a dead node to the batch script's watcher
                 os._exit(WORKER_HUNG)  # no cleanup: the threads that would run it are the stuck ones
 
     def _report(self, idle_s: float) -> None:

@@ -332,3 +332,25 @@ def test_a_rank_that_leaves_is_no_silent_node_even_when_its_beater_is_killed_wit
         for proc in (rank0, leaving):
             proc.kill()
         with_beater_gone(beater0)
+
+
+@pytest.mark.slow
+def test_once_the_step_s_srun_has_returned_nothing_is_a_silent_node(
+    watched: tuple[Path, Path, subprocess.Popen[bytes], subprocess.Popen[str]],
+) -> None:
+    """The shell removes srun.pid when srun returns; a rank that left without a word then (the
+    hang watchdog's exit, SIGKILLed by the step's end) is the step's end, not a dead node."""
+    run_dir, folder, _, _ = watched
+    addr = (folder / "addr").read_text().strip()
+    (rank0, beater0), (rank1, beater1) = _training(addr, 0, "node1"), _training(addr, 1, "node2")
+    try:
+        time.sleep(2)
+        (folder / "srun.pid").unlink()
+        os.kill(beater1, signal.SIGKILL)  # no bye
+        time.sleep(6)
+        assert _silent_events(run_dir) == []
+    finally:
+        for proc in (rank0, rank1):
+            proc.kill()
+        for pid in (beater0, beater1):
+            with_beater_gone(pid)

@@ -17,10 +17,11 @@ the silent nodes as failed (`failure` with `detected_by: heartbeat`) and relaunc
 requeues without them; the relaunch is `srun --overlap`, since Slurm still holds the old step's
 resources on the silent node's peers until it hears from that node.
 
-What is never taken for a silent node: a rank that ended (its beater says `bye`), every rank
-silent at once (the step ending: Slurm killed it, or this node is cut off itself), a training
-process that is merely slow or SIGSTOPped (its beater beats on), and this watcher paused itself
-(a suspended job: the gap is its own, so every rank is heard afresh).
+What is never taken for a silent node: a rank that ended (it says `bye`, and so does its beater),
+anything once the step's srun has returned, every rank silent at once (the step ending: Slurm
+killed it, or this node is cut off itself), a training process that is merely slow or
+SIGSTOPped (its beater beats on), and this watcher paused itself (a suspended job: the gap is its
+own, so every rank is heard afresh).
 """
 
 from __future__ import annotations
@@ -114,7 +115,10 @@ class Watcher:
                 for heard in self.heard.values():
                     heard.last = now
             tick = now
-            silent = silent_nodes(self.heard, now, self.timeout_s) if self.timeout_s > 0 else {}
+            # Only while the step's srun runs: once it has returned (the shell removes its pid file),
+            # ranks that left without a word are the step's end, not a dead node.
+            running = self.timeout_s > 0 and self._srun() is not None
+            silent = silent_nodes(self.heard, now, self.timeout_s) if running else {}
             if silent:
                 self._end_step(silent, now)
                 # This step is over: its beats are ignored from now on; the next step's are heard.
@@ -161,12 +165,18 @@ class Watcher:
             step = f"{self.env.get('SLURM_JOB_ID', self.job_id)}.{self.step}"
             threading.Thread(target=self._kill_step, args=(step,), daemon=True).start()
             time.sleep(SCANCEL_LEAD_S)
-        srun = _pid_in(self.folder / SRUN_PID_FILE)
-        if srun is not None and _is_srun(srun):
+        srun = self._srun()
+        if srun is not None:
             try:
                 os.kill(srun, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def _srun(self) -> int | None:
+        """The running step's srun (its pid file written by the shell at launch, removed when it
+        returned), if it still runs."""
+        srun = _pid_in(self.folder / SRUN_PID_FILE)
+        return srun if srun is not None and _is_srun(srun) else None
 
     def _kill_step(self, step: str) -> None:
         client.run(["scancel", "--signal=KILL", step], client.IN_JOB, env=self.env)
