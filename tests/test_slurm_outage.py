@@ -159,7 +159,10 @@ def held_at(env: dict[str, str], run_dir: Path, gates: Path, point: str, arming:
     PENDING in its hold (its CPU free again), so that it never waits for a CPU a held job keeps."""
     if point == "checkpoint.forced_in_flight":
         assert in_hold.wait(600), "the hold cell's job never reached its requeue hold"
-    armed = {**env, PAUSE_ENV: "0.05", faults.ENV: arming, faults.GATES_ENV: str(gates)}
+    # A warned cell's job is slower: the warning must land before its 200 steps are done, and a
+    # machine loaded by the other workers once let the test thread see step 40 only after the end.
+    pause = "0.2" if point in WARNED else "0.05"
+    armed = {**env, PAUSE_ENV: pause, faults.ENV: arming, faults.GATES_ENV: str(gates)}
     (job,), _ = submit(armed, run_dir, *TRAIN)
     if point in WARNED:
         wait_for_step(run_dir, 40)
