@@ -150,15 +150,18 @@ def test_a_beater_beats_through_stop_signals_falls_silent_when_frozen_and_says_b
             time.sleep(0.1)
         assert not Path(f"/proc/{beater}").exists() or _state(beater) == "Z"
     finally:
-        training.kill()
-        with_beater_gone(beater)
+        _end([training], [beater])
 
 
-def with_beater_gone(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def _end(procs: list[subprocess.Popen[str]], beaters: list[int]) -> None:
+    """The stand-in training processes and their beaters gone (SIGKILL ends a stopped one too)."""
+    for proc in procs:
+        proc.kill()
+    for pid in beaters:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def test_no_beater_outside_hpctrain_s_batch_script() -> None:
@@ -229,11 +232,7 @@ def test_the_watcher_ends_the_step_of_a_node_that_falls_silent(
         assert (silent["nodes"], silent["ranks"], silent["step_id"], silent["job_id"]) == (["node2"], [1], "0", "4242")
         assert 3.0 < silent["silent_s"] < 8.0 and silent["timeout_s"] == 3.0
     finally:
-        for proc in (rank0, rank1):
-            proc.kill()
-        os.kill(beater1, signal.SIGCONT)
-        for pid in (beater0, beater1):
-            with_beater_gone(pid)
+        _end([rank0, rank1], [beater0, beater1])
     assert "no heartbeat from node2" in _stderr_so_far(watcher)
 
 
@@ -258,11 +257,7 @@ def test_the_watcher_leaves_a_step_alone_that_ends_or_whose_every_rank_stops_at_
         time.sleep(5)
         assert srun.poll() is None and _silent_events(run_dir) == []
     finally:
-        for proc in (rank0, rank1):
-            proc.kill()
-        os.kill(beater0, signal.SIGCONT)
-        for pid in (beater0, beater1):
-            with_beater_gone(pid)
+        _end([rank0, rank1], [beater0, beater1])
 
 
 @pytest.mark.slow
@@ -292,13 +287,7 @@ def test_a_relaunched_step_is_heard_afresh(
         assert [e["nodes"] for e in _silent_events(run_dir)] == [["node2"], ["node3"]]
         assert [e["step_id"] for e in _silent_events(run_dir)] == ["0", "1"]
     finally:
-        for proc, beater in [*first, *second]:
-            proc.kill()
-            try:
-                os.kill(beater, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-            with_beater_gone(beater)
+        _end([proc for proc, _ in [*first, *second]], [beater for _, beater in [*first, *second]])
 
 
 # A rank that leaves while its peer goes on (a stop with no time to save): it says bye itself,
@@ -329,9 +318,7 @@ def test_a_rank_that_leaves_is_no_silent_node_even_when_its_beater_is_killed_wit
         time.sleep(6)  # twice the timeout, node1 beating on
         assert srun.poll() is None and _silent_events(run_dir) == []
     finally:
-        for proc in (rank0, leaving):
-            proc.kill()
-        with_beater_gone(beater0)
+        _end([rank0, leaving], [beater0])
 
 
 @pytest.mark.slow
@@ -350,7 +337,4 @@ def test_once_the_step_s_srun_has_returned_nothing_is_a_silent_node(
         time.sleep(6)
         assert _silent_events(run_dir) == []
     finally:
-        for proc in (rank0, rank1):
-            proc.kill()
-        for pid in (beater0, beater1):
-            with_beater_gone(pid)
+        _end([rank0, rank1], [beater0, beater1])
