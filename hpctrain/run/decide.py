@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from hpctrain.run.causes import Action, Cause, CheckpointReason, StopReason, stop_reason
 from hpctrain.run.events import (
     BY_GUARDIAN,
+    BY_KEEPER,
     BY_SLURM,
     CANCELLED_BY_COMMAND,
     DETECTED_BY_HEARTBEAT,
@@ -237,6 +238,55 @@ def decide_guard(history: History, ended: JobEnd, budgets: Budgets) -> Decision:
         return Decision(Action.FAIL, (failure, budget), message=spent)
     written = (replace(failure, action="resubmit"), Requeue(**mark, cause=cause, by=BY_GUARDIAN))
     return Decision(Action.REQUEUE, written, message=f"{said}: submitting the run again ({cause.value})")
+
+
+def decide_keeper(
+    history: History, host: str, silent_s: float, outcome: Outcome, cluster: ClusterView, budgets: Budgets
+) -> Decision:
+    """The batch host's keeper (a step on another node of the job) heard nothing from the batch
+    script's node for `silent_s` seconds while Slurm still shows this life RUNNING: the batch
+    script is gone (its node died silently, or Slurm removed the node from the job and killed
+    the script without ending the job), and nothing else would end this life before its time
+    limit. REQUEUE, meaning the keeper submits the run dir's job.sbatch again without that node
+    and cancels this job (a requeue would wait, COMPLETING, until Slurm hears from the silent
+    node: SlurmdTimeout), charged to node_failure; FAIL when that budget is spent (the keeper
+    cancels the job); STOP when the life had ended on purpose (finish, fail, cancel). A requeue
+    the batch script had decided before it died is carried out as decided, charged once.
+    `outcome`: the facts of this life's last step (its relaunches' exclusions)."""
+    mine = [e for e in history.events if e.job_id == history.job_id and e.restart == history.restart]
+    if any(isinstance(e, Finish) for e in history.events):
+        return Decision(Action.STOP, message="the run finished: nothing to do")
+    mark = _marks(history)
+    said = f"nothing heard from the batch host {host} for {silent_s:.0f} s while the job runs"
+    failure = Failure(
+        **mark,
+        cause=Cause.NODE_FAILURE,
+        nodes=[host],
+        reason=said,
+        by=BY_KEEPER,
+        detected_by=DETECTED_BY_HEARTBEAT,
+        action="resubmit",
+    )
+    for event in reversed(mine):
+        if isinstance(event, Cancelled):
+            return Decision(Action.STOP, message="the job was cancelled: nothing to do")
+        if isinstance(event, Failure) and (event.action == Action.FAIL.value or event.new_job_id):
+            return Decision(Action.STOP, message=f"the run ended on purpose ({event.cause}): nothing to do")
+        if isinstance(event, Requeue) and event.by in (None, BY_KEEPER):
+            # The batch script decided it (and charged it) but was lost before Slurm took it.
+            decided = replace(failure, cause=event.cause, reason=f"{said}, after its requeue was decided")
+            return Decision(
+                Action.REQUEUE, (decided,), tuple(event.excluded or ()), f"{said}: submitting the run again"
+            )
+    spent = over_budget(history.events, Cause.NODE_FAILURE, budgets)
+    if spent:
+        budget = Failure(**mark, cause=Cause.BUDGET, reason=spent, action=Action.FAIL.value, by=BY_KEEPER)
+        return Decision(Action.FAIL, (replace(failure, action=None), budget), message=spent)
+    kept_out, nodes = _requeue_shape(_keep_out(outcome, cluster, [host]), outcome, cluster)
+    excluded = sorted(kept_out)
+    requeue = Requeue(**mark, cause=Cause.NODE_FAILURE, excluded=excluded, nodes=nodes, by=BY_KEEPER)
+    message = f"{said}: submitting the run again without it (node_failure)"
+    return Decision(Action.REQUEUE, (failure, requeue), tuple(excluded), message)
 
 
 # srun's exit code for a task ended by SIGTERM's default action (128 + 15).

@@ -115,7 +115,9 @@ class Requeue(Event):
     name: ClassVar[str] = "requeue"
     cause: Cause
     excluded: list[str] | None = None  # the job's ExcNodeList for its next start
-    by: str | None = None  # None: hpctrain asked; BY_SLURM: Slurm did it on its own
+    # None: the batch script asked; BY_SLURM: Slurm did it on its own; BY_GUARDIAN: submitted
+    # again by the run's guardian; BY_KEEPER: asked by the batch host's keeper.
+    by: str | None = None
     # The job's node count for its next start when hpctrain lowered it (spares it could not have
     # given up: too few nodes in service); None: as it was.
     nodes: int | None = None
@@ -177,6 +179,9 @@ BY_SLURM = "slurm"
 # `by` of `requeue` and `failure`: the run's guardian job found the job ended with nobody deciding
 # what comes next (its batch node died) and submitted the run again (`new_job_id`).
 BY_GUARDIAN = "guardian"
+# `by` of `requeue` and `failure`: the batch host's keeper (hpctrain.slurm.keeper) heard nothing
+# from the batch script's node while the job still ran, and requeued the job itself.
+BY_KEEPER = "keeper"
 # `detected_by` of a node_failure `failure`.
 DETECTED_BY_SLURM = "slurm"
 DETECTED_BY_HEARTBEAT = "heartbeat"

@@ -33,6 +33,7 @@ import re
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -43,9 +44,9 @@ from hpctrain import faults
 from hpctrain.config.schema import SlurmConfig
 from hpctrain.run import exitcodes
 from hpctrain.run.before_requeue import BeforeRequeue, before_requeue
-from hpctrain.run.causes import Cause
-from hpctrain.run.decide import Decision, History, decide, decide_begin, decide_cancelled, lineage
-from hpctrain.run.events import Failure, Journal, Requeue, read_events
+from hpctrain.run.causes import Action, Cause
+from hpctrain.run.decide import Decision, History, decide, decide_begin, decide_cancelled, decide_keeper, lineage
+from hpctrain.run.events import BY_KEEPER, Failure, Journal, Relaunch, Requeue, read_events
 from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes, parse_time_left
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.life import LifeStamp
@@ -65,6 +66,9 @@ SLURM_BUDGET_S = 20.0
 REQUEUE_WAIT_S = 60.0
 # The SIGTERM trap's look at the job record: within KillWait (5 s on some sites), with the rest.
 TRAP_LOOK = client.Policy(timeout_s=3.0)
+# The keeper's look at the job before it acts: slurmctld may be restarting (the node loss that
+# silenced the batch host often comes with a busy controller).
+KEEPER_LOOK = client.Policy(timeout_s=15.0, retry_for_s=60.0)
 # sbatch from inside the job: retried only when Slurm says the request never left.
 RESUBMIT = client.Policy(timeout_s=30.0, retry_for_s=REQUEUE_WAIT_S, retry_unsure=False)
 
@@ -274,6 +278,53 @@ class Controller:
             return exitcodes.CONTROL_NO_SLURM
         return self._not_requeued(excluded, asked.kind, asked.stderr.strip() or asked.why())
 
+    def batch_host_lost(self, host: str, silent_s: float) -> int:
+        """The batch host's keeper heard nothing from HOST (the batch script's node) for SILENT_S
+        seconds: unless this life has moved on (ended, requeued), decide_keeper says what comes
+        next, and this step does it: the run submitted again without HOST (as after a refused
+        requeue: submission.json, a guardian, `failure` with new_job_id), then this job
+        cancelled (its guardian reads new_job_id and stops); a spent budget ends the job."""
+        self.until = time.monotonic() + REQUEUE_WAIT_S  # no SIGTERM deadline here: wait out a restart
+        record = self._job_record(meaning="the batch host's silence is not acted on", policy=KEEPER_LOOK)
+        # Ended or requeued since (the batch script finished or asked; Slurm ended it, and the
+        # guardian takes over): the silence was the life's end.
+        if record is None or record.state != "RUNNING" or self._restarted_past_me(record):
+            state = record.state if record else "unknown"
+            print(f"hpctrain keeper: the batch host {host} is silent, the job {state}: nothing to do", file=sys.stderr)
+            return 0
+        relaunches = [e for e in self.history().events if isinstance(e, Relaunch) and e.restart == self.restart]
+        outcome = self.outcome(None, False, False, list(relaunches[-1].excluded) if relaunches else [])
+        decision = decide_keeper(self.history(), host, silent_s, outcome, self.cluster(), self.budgets())
+        if decision.action is Action.REQUEUE:
+            asked = next((e for e in decision.events if isinstance(e, Requeue)), None)
+            nodes = asked.nodes if asked else self._requeue_node_count()
+            job_id, why = self._sbatch_again(",".join(decision.excluded), nodes)
+            if job_id:
+                self.run.record_resubmission(job_id)
+                submit_guardian(self.run, job_id, client.outside_job_env(self.env))
+                for event in decision.events:
+                    self.journal.write_event(replace(event, new_job_id=job_id) if isinstance(event, Failure) else event)
+                print(f"hpctrain keeper: the run goes on in job {job_id} (same run dir)", file=sys.stderr)
+                self._cancel_this_job()
+                return exitcodes.BATCH_RESUBMITTED
+            failure = next(e for e in decision.events if isinstance(e, Failure))
+            self.journal.write_event(
+                replace(failure, reason=f"{failure.reason}; submitting again failed: {why}", action="fail")
+            )
+        elif decision.action is Action.FAIL:
+            self._record(decision)
+        else:
+            print(f"hpctrain keeper: {decision.message}", file=sys.stderr)
+            return 0
+        self._trial_ended("fail")
+        self._cancel_this_job()
+        return exitcodes.BATCH_FAILED
+
+    def _cancel_this_job(self) -> None:
+        """The job ends now instead of at its time limit, its nodes free for the run's next job."""
+        meaning = "the job runs on without its batch script until its time limit"
+        self._ask("scancel", self.job_id, meaning=meaning, policy=client.CANCEL)
+
     def requeue_refused(self, excluded: str, message: str) -> int:
         """The batch shell's own `scontrol requeue` failed with MESSAGE (its stderr)."""
         return self._not_requeued(excluded, client.kind_of(1, message), message)
@@ -362,12 +413,14 @@ class Controller:
         asked = [
             e.nodes
             for e in read_events(self.run.events)
-            if isinstance(e, Requeue) and e.by is None and (e.job_id, e.restart) == (self.job_id, self.restart)
+            if isinstance(e, Requeue)
+            and e.by in (None, BY_KEEPER)
+            and (e.job_id, e.restart) == (self.job_id, self.restart)
         ]
         return asked[-1] if asked else None
 
-    def _sbatch_again(self, excluded: str) -> tuple[str | None, str]:
-        nodes = self._requeue_node_count()
+    def _sbatch_again(self, excluded: str, nodes: int | None = None) -> tuple[str | None, str]:
+        nodes = self._requeue_node_count() if nodes is None else nodes
         command = [
             "sbatch",
             "--parsable",

@@ -122,7 +122,7 @@ def render(config: Config, run_dir: Path, submit_dir: Path, code_dir: Path | Non
             gpu_per_task=slurm.gpu_bind == "per_task" and slurm.gpus_per_node > 0,
             # The heartbeat watcher runs on the batch node: it can only ever tell of another node,
             # so a one-node step has none.
-            watch_beats=slurm.silent_node_timeout_s > 0 and slurm.nodes > 1,
+            watch_beats=slurm.silent_node_timeout_s > 0 and slurm.nodes + slurm.spare_nodes > 1,
             run_dir=str(run_dir),
             submit_dir=str(submit_dir),
             code_dir=str(code_dir) if code_dir else "",

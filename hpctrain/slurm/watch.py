@@ -22,10 +22,14 @@ anything once the step's srun has returned, every rank silent at once (the step 
 killed it, or this node is cut off itself), a training process that is merely slow or
 SIGSTOPped (its beater beats on), and this watcher paused itself (a suspended job: the gap is its
 own, so every rank is heard afresh).
+
+It also answers the batch host's keeper (hpctrain.slurm.keeper), a step on another node that asks
+once a second whether this node and its batch script are still there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -46,6 +50,9 @@ from hpctrain.slurm.control import slurm_settings
 # How long one wait for a datagram lasts: the watcher judges at least this often.
 TICK_S = 0.25
 ADDR_FILE, SRUN_PID_FILE = "addr", "srun.pid"
+# The batch host's keeper (hpctrain.slurm.keeper, on another node) asks; the watcher answers at
+# once: a batch host that stops answering has lost its batch script, or is silent itself.
+PING, PONG = b"hpctrain-keeper-ping", b"hpctrain-keeper-pong"
 # The scancel's head start before srun is killed: the request leaves before the shell moves on.
 SCANCEL_LEAD_S = 0.5
 
@@ -128,8 +135,12 @@ class Watcher:
 
     def _receive(self, sock: socket.socket) -> None:
         try:
-            data = sock.recv(4096)
+            data, sender = sock.recvfrom(4096)
         except TimeoutError:
+            return
+        if data == PING:
+            with contextlib.suppress(OSError):
+                sock.sendto(PONG, sender)
             return
         beat = Beat.decode(data)
         if beat is None or beat.step in self.ended:

@@ -1,0 +1,110 @@
+"""A batch host that dies silently, on a Slurm cluster with Slurm's own SlurmdTimeout (300 s).
+
+The node running the batch script is frozen (`devcluster.py freeze`: its slurmd, step daemons,
+batch shell, watcher and training process all stopped; nothing exits, no socket is reset). Slurm
+would mark it DOWN after SlurmdTimeout, remove it from the --no-kill job and leave the job RUNNING
+on the other node, without batch script or step, until its time limit (measured on Slurm 22.05;
+the run's guardian waits for the job's end all that time). The batch host's keeper, a step on the
+other training node, hears nothing from the batch host's watcher for slurm.silent_node_timeout_s
+(10 s), submits the run again without that node (`failure` node_failure, by=keeper, detected_by
+heartbeat, new_job_id), and cancels the old job: the new job starts on the nodes left and ends
+bit-identical to an uninterrupted run. The time from the freeze to the new job's first trained
+step is printed (the README's table).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from helpers.paced import PAUSE_ENV
+from slurmtools import (
+    SITE_TIMEOUTS_DIR,
+    Reference,
+    current_job,
+    devcluster,
+    job_field,
+    job_output,
+    of,
+    same_weights,
+    start_site_timeouts_cluster,
+    submit,
+    wait_finished,
+    wait_for_step,
+    with_test_helpers,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+TRAIN = [
+    "model._target_=helpers.paced.PacedConvNet",
+    "trainer.max_steps=300",
+    "trainer.log_every=10",
+    "trainer.eval_every=0",
+    "trainer.ckpt_every=50",
+    "slurm.nodes=2",
+    "slurm.ntasks_per_node=1",
+]
+FREEZE_AT_STEP = 80
+HEARD_WITHIN_S = 60.0  # far below Slurm's 300 s; the README reports what was measured
+
+
+def _keeper_failure(run_dir: Path, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = [f for f in of("failure", run_dir) if f.get("by") == "keeper"]
+        if found:
+            return found[-1]
+        time.sleep(0.2)
+    raise AssertionError(f"no keeper `failure` within {timeout_s:.0f} s:\n{job_output(run_dir)[-3000:]}")
+
+
+def _first_step_after(run_dir: Path, when: float, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        later = [r for r in map(json.loads, filter(None, lines)) if (r.get("time") or 0) > when]
+        if later:
+            return later[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no step trained within {timeout_s:.0f} s of the freeze:\n{job_output(run_dir)[-3000:]}")
+
+
+def test_a_silent_batch_host_is_left_behind_by_the_keeper(tmp_path: Path) -> None:
+    slurm_env = start_site_timeouts_cluster()
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    run_dir = tmp_path / "run"
+    trained = Reference(env, tmp_path / "reference", [*TRAIN, "trainer.nprocs=2"])
+    (job,), _ = submit({**env, PAUSE_ENV: "0.1"}, run_dir, *TRAIN)
+    frozen = None
+    try:
+        wait_for_step(run_dir, FREEZE_AT_STEP, timeout_s=400)
+        frozen = job_field(env, job, "BatchHost")
+        assert frozen
+        devcluster().freeze_node(SITE_TIMEOUTS_DIR, frozen)
+        frozen_at = time.time()
+        failure = _keeper_failure(run_dir, HEARD_WITHIN_S)
+        assert (failure["cause"], failure["nodes"], failure["detected_by"]) == ("node_failure", [frozen], "heartbeat")
+        new_job = failure["new_job_id"]
+        assert new_job and new_job != job and current_job(run_dir) == new_job, failure
+        (requeue,) = [r for r in of("requeue", run_dir) if r.get("by") == "keeper"]
+        assert frozen in requeue["excluded"], requeue
+        again = _first_step_after(run_dir, failure["time"], 240)
+        print(
+            f"silent batch host: heard {failure['time'] - frozen_at:.1f} s after the freeze, the new job "
+            f"{new_job} trained step {again['step']} {again['time'] - frozen_at:.1f} s after it"
+        )
+        assert wait_finished(slurm_env, new_job, timeout_s=400) == "COMPLETED", job_output(run_dir)
+        # The old job was cancelled, not left RUNNING until its time limit.
+        assert job_field(env, job, "JobState") in ("CANCELLED", "COMPLETING"), job_field(env, job, "JobState")
+    finally:
+        if frozen:
+            devcluster().thaw_node(SITE_TIMEOUTS_DIR, frozen)
+    starts = [(s["job_id"], s["restart"]) for s in of("start", run_dir)]
+    assert starts == [(job, 0), (new_job, 0)], starts
+    # Charged once, to node_failure; the old job's guardian never submitted a third job.
+    assert [f["by"] for f in of("failure", run_dir)] == ["keeper"]
+    assert len(of("finish", run_dir)) == 1
+    assert same_weights(run_dir, trained.trained())
