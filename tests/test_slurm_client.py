@@ -163,6 +163,8 @@ def test_a_job_submits_without_its_own_slurm_settings(monkeypatch: pytest.Monkey
         "SLURM_CONF": "/etc/slurm/slurm.conf",
         "PATH": "/usr/bin",
         "MY_SLURM_NOTE": "kept",
+        # The job's heartbeat watcher: a job submitted from here must listen to its own.
+        "HPCTRAIN_HEARTBEAT_ADDR": "node1:40123",
     }
     assert client.outside_job_env(job) == {
         "SLURM_CONF": "/etc/slurm/slurm.conf",

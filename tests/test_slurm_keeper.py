@@ -1,4 +1,12 @@
-"""A batch host that dies silently, on a Slurm cluster with Slurm's own SlurmdTimeout (300 s).
+"""The batch host's keeper on a real Slurm cluster: a job whose batch script is gone goes on.
+
+1. The batch step's slurmstepd killed with its processes (as the OOM killer or a crash does), the
+   node itself up. Slurm keeps the job RUNNING with no batch script: nobody tells slurmctld it
+   ended. This is also where a downed batch host ends up when its slurmd registers again before
+   the kill arrives (slurmctld aborts the script "on wrong node" and does not end the job; seen
+   in the overlap soak). The keeper submits the run again and cancels the job.
+
+2. A batch host that dies silently, on a Slurm cluster with Slurm's own SlurmdTimeout (300 s).
 
 The node running the batch script is frozen (`devcluster.py freeze`: its slurmd, step daemons,
 batch shell, watcher and training process all stopped; nothing exits, no socket is reset). Slurm
@@ -15,6 +23,8 @@ step is printed (the README's table).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -29,6 +39,7 @@ from slurmtools import (
     job_output,
     of,
     same_weights,
+    start_cluster,
     start_site_timeouts_cluster,
     submit,
     wait_finished,
@@ -107,4 +118,64 @@ def test_a_silent_batch_host_is_left_behind_by_the_keeper(tmp_path: Path) -> Non
     # Charged once, to node_failure; the old job's guardian never submitted a third job.
     assert [f["by"] for f in of("failure", run_dir)] == ["keeper"]
     assert len(of("finish", run_dir)) == 1
+    assert same_weights(run_dir, trained.trained())
+
+
+def _process_tree(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(children.get(tree[-1], []))
+    return tree
+
+
+def _kill_batch_step(job: str) -> list[int]:
+    """SIGKILL to the slurmstepd of JOB's batch step and every process under it (the batch shell,
+    the watcher, srun): the dev cluster's nodes all run on this machine."""
+    stepds = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and f"[{job}.batch]" in Path(f"/proc/{entry}/cmdline").read_text():
+                stepds.append(int(entry))
+        except OSError:
+            continue
+    assert len(stepds) == 1, stepds
+    killed = _process_tree(stepds[0])
+    for pid in killed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return killed
+
+
+def test_a_job_whose_batch_script_vanished_is_submitted_again_by_the_keeper(tmp_path: Path) -> None:
+    slurm_env = start_cluster()
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    run_dir = tmp_path / "run"
+    trained = Reference(env, tmp_path / "reference", [*TRAIN, "trainer.nprocs=2"])
+    (job,), _ = submit({**env, PAUSE_ENV: "0.1"}, run_dir, *TRAIN)
+    wait_for_step(run_dir, FREEZE_AT_STEP, timeout_s=400)
+    batch_host = job_field(env, job, "BatchHost")
+    _kill_batch_step(job)
+    killed_at = time.time()
+    failure = _keeper_failure(run_dir, HEARD_WITHIN_S)
+    assert (failure["nodes"], failure["detected_by"]) == ([batch_host], "heartbeat"), failure
+    new_job = failure["new_job_id"]
+    assert current_job(run_dir) == new_job
+    assert wait_finished(slurm_env, new_job, timeout_s=400) == "COMPLETED", job_output(run_dir)
+    print(f"batch script gone: heard {failure['time'] - killed_at:.1f} s after the kill, new job {new_job}")
+    # The old job was cancelled by the keeper (Slurm had kept it RUNNING).
+    assert job_field(env, job, "JobState") == "CANCELLED"
+    starts = [(s["job_id"], s["restart"]) for s in of("start", run_dir)]
+    assert starts == [(job, 0), (new_job, 0)], starts
+    assert [f["by"] for f in of("failure", run_dir)] == ["keeper"]
     assert same_weights(run_dir, trained.trained())

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from hpctrain.faults import ENV as FAULTS_ENV
+from hpctrain.heartbeat import ADDR_ENV as HEARTBEAT_ADDR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -211,11 +212,13 @@ def outside_job_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment for sbatch run from inside a job: the job's own SLURM_*/SBATCH_* would
     become the new job's options (its nodes, its name), so they are left out; SLURM_CONF (which
     cluster to talk to) is kept. So are a test's armed fault points (hpctrain.faults): they were
-    meant for the job that had them, not for the one submitted in its place."""
+    meant for the job that had them, not for the one submitted in its place; and this job's
+    heartbeat watcher's address (the new job's ranks would beat to a watcher that is gone)."""
+    left_out = (FAULTS_ENV, HEARTBEAT_ADDR_ENV)
     return {
         k: v
         for k, v in env.items()
-        if k == "SLURM_CONF" or (not k.startswith(("SLURM_", "SBATCH_")) and k != FAULTS_ENV)
+        if k == "SLURM_CONF" or (not k.startswith(("SLURM_", "SBATCH_")) and k not in left_out)
     }
 
 

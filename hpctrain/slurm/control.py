@@ -69,6 +69,8 @@ TRAP_LOOK = client.Policy(timeout_s=3.0)
 # The keeper's look at the job before it acts: slurmctld may be restarting (the node loss that
 # silenced the batch host often comes with a busy controller).
 KEEPER_LOOK = client.Policy(timeout_s=15.0, retry_for_s=60.0)
+# How long the keeper waits for the old training steps to be gone before it submits the run again.
+STEPS_GONE_WAIT_S = 10.0
 # sbatch from inside the job: retried only when Slurm says the request never left.
 RESUBMIT = client.Policy(timeout_s=30.0, retry_for_s=REQUEUE_WAIT_S, retry_unsure=False)
 
@@ -296,6 +298,7 @@ class Controller:
         outcome = self.outcome(None, False, False, list(relaunches[-1].excluded) if relaunches else [])
         decision = decide_keeper(self.history(), host, silent_s, outcome, self.cluster(), self.budgets())
         if decision.action is Action.REQUEUE:
+            self._kill_training_steps()
             asked = next((e for e in decision.events if isinstance(e, Requeue)), None)
             nodes = asked.nodes if asked else self._requeue_node_count()
             job_id, why = self._sbatch_again(",".join(decision.excluded), nodes)
@@ -319,6 +322,25 @@ class Controller:
         self._trial_ended("fail")
         self._cancel_this_job()
         return exitcodes.BATCH_FAILED
+
+    def _kill_training_steps(self) -> None:
+        """SIGKILL to this job's training steps (not the keeper's own) before the run is submitted
+        again: ranks left training on the other nodes (their srun was lost with the batch host)
+        must not write a checkpoint once the new job has started. Waited for a little: the part
+        of a step on a silent node is never confirmed gone."""
+        own = f"{self.job_id}.{self.env.get('SLURM_STEP_ID', '')}"
+        listed = self._ask(
+            "squeue", "-h", "-s", "-j", self.job_id, "-o", "%i", meaning="its training steps are left to the cancel"
+        )
+        steps = [s for s in listed.stdout.split() if s != own and s.rpartition(".")[2].isdigit()] if listed.ok else []
+        for step in steps:
+            self._ask("scancel", "--signal=KILL", step, meaning="the step is left to the cancel")
+        deadline = time.monotonic() + STEPS_GONE_WAIT_S
+        while steps and time.monotonic() < deadline:
+            time.sleep(0.5)
+            listed = self._ask("squeue", "-h", "-s", "-j", self.job_id, "-o", "%i", meaning="not waited for")
+            if not listed.ok or not set(steps) & set(listed.stdout.split()):
+                break
 
     def _cancel_this_job(self) -> None:
         """The job ends now instead of at its time limit, its nodes free for the run's next job."""
