@@ -49,9 +49,12 @@ FORGETFUL_DIR, FORGETFUL_PORT_BASE = f"{CLUSTER_DIR}-forgetful", PORT_BASE + 60
 # A site's limits: MaxArraySize 3 (sweeps split into several arrays) and association limits enforced.
 LIMITED_DIR, LIMITED_PORT_BASE, LIMITED_MAX_ARRAY_SIZE = f"{CLUSTER_DIR}-limited", PORT_BASE + 70, 3
 # Slurm's own SlurmdTimeout (300 s): a node that dies silently is marked DOWN only after five minutes,
-# so the tests of silent nodes cannot lean on Slurm noticing (3 nodes, no accounting) at base+40
-# (base+80 is the forgetful cluster's slurmdbd: a run that started both once lost a test to it).
+# so the tests of silent nodes cannot lean on Slurm noticing (no accounting) at base+40 (base+80 is
+# the forgetful cluster's slurmdbd: a run that started both once lost a test to it). Four nodes, so
+# a 2-node job that loses one silently and gets a second drained by Slurm ("Kill task failed": its
+# step daemon cannot tell the silent node's srun that its task ended) still finds two, as on a site.
 SITE_TIMEOUTS_DIR, SITE_TIMEOUTS_PORT_BASE, SITE_SLURMD_TIMEOUT_S = f"{CLUSTER_DIR}-site", PORT_BASE + 40, 300
+SITE_NODES = 4
 # The requeue hold is lifted to two seconds from now, not to now: a start in the same second as the
 # requeue is refused by Slurm ("Killing non-startable batch JobId=67: Job credential revoked", seen on
 # 22.05, which compares whole seconds) and the job ends FAILED with only its first life.
@@ -141,14 +144,14 @@ def start_limited_cluster() -> dict[str, str]:
 
 
 def start_site_timeouts_cluster() -> dict[str, str]:
-    """3 nodes with Slurm's default SlurmdTimeout (300 s), no accounting: `devcluster.py freeze`
+    """4 nodes with Slurm's default SlurmdTimeout (300 s), no accounting: `devcluster.py freeze`
     makes a node die silently there."""
     reason = why_no_slurm()
     if reason:
         pytest.skip(reason)
     slurm = ensure_cluster(
         SITE_TIMEOUTS_DIR,
-        NODES,
+        SITE_NODES,
         0,
         SITE_TIMEOUTS_PORT_BASE,
         with_accounting=False,

@@ -7,17 +7,17 @@
    in the overlap soak). The keeper submits the run again and cancels the job.
 
 2. A batch host that dies silently, on a Slurm cluster with Slurm's own SlurmdTimeout (300 s).
-
-The node running the batch script is frozen (`devcluster.py freeze`: its slurmd, step daemons,
-batch shell, watcher and training process all stopped; nothing exits, no socket is reset). Slurm
-would mark it DOWN after SlurmdTimeout, remove it from the --no-kill job and leave the job RUNNING
-on the other node, without batch script or step, until its time limit (measured on Slurm 22.05;
-the run's guardian waits for the job's end all that time). The batch host's keeper, a step on the
-other training node, hears nothing from the batch host's watcher for slurm.silent_node_timeout_s
-(10 s), submits the run again without that node (`failure` node_failure, by=keeper, detected_by
-heartbeat, new_job_id), and cancels the old job: the new job starts on the nodes left and ends
-bit-identical to an uninterrupted run. The time from the freeze to the new job's first trained
-step is printed (the README's table).
+   The node running the batch script is frozen (`devcluster.py freeze`: its slurmd, step daemons,
+   batch shell, watcher, srun and training process all stopped; nothing exits, no socket is
+   reset). Slurm would mark it DOWN after SlurmdTimeout, remove it from the --no-kill job and
+   leave the job RUNNING on the other node until its time limit. The keeper, on the other
+   training node, hears nothing from the batch host's watcher for slurm.silent_node_timeout_s
+   (10 s), submits the run again without that node (`failure` node_failure, by=keeper,
+   detected_by heartbeat, new_job_id) and cancels the old job: the new job starts on the nodes
+   left and ends bit-identical to an uninterrupted run. Slurm drains the old job's other node
+   ("Kill task failed") once UnkillableStepTimeout (60 s) has passed: its step daemon waits to
+   tell the silent node's srun that its task ended. The times from the freeze to the keeper's
+   decision and to the new job's first trained step are printed (the README's table).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -108,6 +109,9 @@ def test_a_silent_batch_host_is_left_behind_by_the_keeper(tmp_path: Path) -> Non
             f"{new_job} trained step {again['step']} {again['time'] - frozen_at:.1f} s after it"
         )
         assert wait_finished(slurm_env, new_job, timeout_s=400) == "COMPLETED", job_output(run_dir)
+        peers = [n for n in of("start", run_dir)[0]["nodes"] if n != frozen]
+        shown = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T %E"], env=env, capture_output=True, text=True)
+        print(f"the old job's other node {peers} afterwards: {sorted(set(shown.stdout.splitlines()))}")
         # The old job was cancelled, not left RUNNING until its time limit.
         assert job_field(env, job, "JobState") in ("CANCELLED", "COMPLETING"), job_field(env, job, "JobState")
     finally:

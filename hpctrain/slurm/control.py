@@ -32,6 +32,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -69,8 +70,8 @@ TRAP_LOOK = client.Policy(timeout_s=3.0)
 # The keeper's look at the job before it acts: slurmctld may be restarting (the node loss that
 # silenced the batch host often comes with a busy controller).
 KEEPER_LOOK = client.Policy(timeout_s=15.0, retry_for_s=60.0)
-# How long the keeper waits for the old training steps to be gone before it submits the run again.
-STEPS_GONE_WAIT_S = 10.0
+# The old training steps' kill's head start before the keeper submits the run again.
+STEP_KILL_LEAD_S = 1.0
 # sbatch from inside the job: retried only when Slurm says the request never left.
 RESUBMIT = client.Policy(timeout_s=30.0, retry_for_s=REQUEUE_WAIT_S, retry_unsure=False)
 
@@ -326,21 +327,18 @@ class Controller:
     def _kill_training_steps(self) -> None:
         """SIGKILL to this job's training steps (not the keeper's own) before the run is submitted
         again: ranks left training on the other nodes (their srun was lost with the batch host)
-        must not write a checkpoint once the new job has started. Waited for a little: the part
-        of a step on a silent node is never confirmed gone."""
+        must not write a checkpoint once the new job has started. Each scancel in the background
+        (slurmctld may wait on the silent node before it answers), with a head start: the kill
+        reaches the nodes that answer within a second, long before a new job can start."""
         own = f"{self.job_id}.{self.env.get('SLURM_STEP_ID', '')}"
-        listed = self._ask(
-            "squeue", "-h", "-s", "-j", self.job_id, "-o", "%i", meaning="its training steps are left to the cancel"
-        )
+        meaning = "its training steps are left to the job's cancel"
+        listed = self._ask("squeue", "-h", "-s", "-j", self.job_id, "-o", "%i", meaning=meaning)
         steps = [s for s in listed.stdout.split() if s != own and s.rpartition(".")[2].isdigit()] if listed.ok else []
         for step in steps:
-            self._ask("scancel", "--signal=KILL", step, meaning="the step is left to the cancel")
-        deadline = time.monotonic() + STEPS_GONE_WAIT_S
-        while steps and time.monotonic() < deadline:
-            time.sleep(0.5)
-            listed = self._ask("squeue", "-h", "-s", "-j", self.job_id, "-o", "%i", meaning="not waited for")
-            if not listed.ok or not set(steps) & set(listed.stdout.split()):
-                break
+            command = ["scancel", "--signal=KILL", step]
+            threading.Thread(target=client.run, args=(command, client.IN_JOB), daemon=True).start()
+        if steps:
+            time.sleep(STEP_KILL_LEAD_S)
 
     def _cancel_this_job(self) -> None:
         """The job ends now instead of at its time limit, its nodes free for the run's next job."""
