@@ -162,7 +162,8 @@ class StuckWatch:
 
 def follow(soak: Soak) -> None:
     """The job that carries the run on, as submission.json names it: a guardian that found the
-    job lost with its batch node submits the run dir again, and the soak follows the new job."""
+    job lost with its batch node, or a keeper that found its batch script gone, submits the run
+    dir again, and the soak follows the new job."""
     try:
         submission = json.loads((soak.run_dir / "submission.json").read_text())
     except (OSError, ValueError):  # being rewritten: look again next time
@@ -172,7 +173,7 @@ def follow(soak: Soak) -> None:
         soak.guardian_ids.append(guardian)
     if job and job not in soak.job_ids:
         soak.job_ids.append(job)
-        print(f"chaos: the run goes on in job {job} (submitted by its guardian)", flush=True)
+        print(f"chaos: the run goes on in job {job} (submitted again by its guardian or keeper)", flush=True)
 
 
 def carried_on(env: dict[str, str], soak: Soak) -> bool:

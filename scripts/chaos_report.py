@@ -84,7 +84,7 @@ def _said(event: Event) -> str:
         return f"start@{event.resumed_from_step} {','.join(event.nodes)}"
     if isinstance(event, (Failure, Requeue, Relaunch)):
         extra = next((v for v in (getattr(event, k, None) for k in ("nodes", "failed", "reason")) if v), "")
-        by = " by slurm" if getattr(event, "by", None) else ""
+        by = f" by {event.by}" if getattr(event, "by", None) else ""  # slurm, guardian or keeper
         return f"{event.name} {event.cause}{' ' + str(extra) if extra else ''}{by}"
     if isinstance(event, Cancelled):
         return f"cancelled@{event.step}"

@@ -96,6 +96,7 @@ FULL_DISK = (
     "test_a_full_checkpoint_disk_keeps_the_newest_checkpoint_and_the_retry_resumes_from_it"
 )
 GUARDIAN = "tests/test_slurm_guardian.py::test_a_lost_batch_host_is_submitted_again_by_the_guardian_and_ends_exact"
+KEEPER = "tests/test_slurm_keeper.py::test_a_job_whose_batch_script_vanished_is_submitted_again_by_the_keeper"
 RECOVERY = "tests/test_slurm_recovery.py"
 
 NO_RANKS = na("no task runs yet: only the batch shell")
@@ -254,11 +255,13 @@ CELLS: dict[str, dict[str, Cell]] = {
         ),
         "node_down": Cell(
             "relaunch / requeue",
-            "`node_failure`: relaunch on a spare, or requeue without the node",
+            "`node_failure`: relaunch on a spare, or requeue without the node; the batch node: its guardian, or its"
+            " keeper when the job does not end",
             (
                 f"{RECOVERY}::test_node_failure_requeues_without_the_node",
                 f"{RECOVERY}::test_hot_spare_relaunches_without_requeue",
                 GUARDIAN,
+                KEEPER,
             ),
         ),
         "rank_kill": Cell("requeue", "`crash` charged, from the newest checkpoint", (TRAINING,)),
