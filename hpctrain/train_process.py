@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from hpctrain import dist as hdist
-from hpctrain import faults, logs
+from hpctrain import faults, logs, startup_clock
 from hpctrain.checkpoint import NoUsableCheckpoint
 from hpctrain.config import load_run_config
 from hpctrain.dist import DistContext
@@ -104,6 +104,7 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
     except BaseException:
         watchdog.stop()
         raise
+    startup_clock.mark("joined")
     trainer = None
     try:
         log.info("rank %d/%d on %s (%s), run dir %s", ctx.rank, ctx.world_size, ctx.device, ctx.source, run_dir)

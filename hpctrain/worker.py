@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpctrain import faults, heartbeat
+from hpctrain import faults, heartbeat, startup_clock
 from hpctrain.early_signals import HELD, EarlySignals
 
 if TYPE_CHECKING:
@@ -88,6 +88,7 @@ def _alive(pid: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
+    startup_clock.mark("began")
     early = EarlySignals().hold()
     # The beats to the batch script's watcher begin before the imports: a node that dies while
     # torch loads is heard too (a no-op outside hpctrain's own batch script).
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
         from hpctrain import train_process  # torch, the trainer: seconds at every start
 
+        startup_clock.mark("imported")
         faults.point("worker.after_imports")
         train_process.main(args.run_dir, early)
     finally:

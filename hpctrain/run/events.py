@@ -57,6 +57,9 @@ class Start(Event):
     total_steps: int | None = None
     ranks: list[Any] | None = None  # each rank's node, GPU and device
     allocated_at: float | None = None  # when Slurm started this life's batch script (hpctrain's own)
+    # Rank 0's start-up in seconds per phase (hpctrain.startup_clock): launch_s, imports_s,
+    # rendezvous_s, resume_s; the phases it could time.
+    startup: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpctrain import faults
+from hpctrain import faults, startup_clock
 from hpctrain.checkpoint import Checkpointer, rng
 from hpctrain.checkpoint.deadline import SigtermTimesReading, deadline_s, preempted_now, sigterm_s
 from hpctrain.checkpoint.writer import DiskFull
@@ -328,6 +328,7 @@ class Trainer:
         return cfg.epochs * per_epoch
 
     def _journal_start(self) -> None:
+        startup_clock.mark("ready")
         # Every rank reports where it runs, which GPU it binds and which CPUs it may run on (Slurm's
         # task/affinity pins each task to its slurm.cpus_per_task CPUs), so the journal shows the layout.
         mine = {
@@ -351,6 +352,7 @@ class Trainer:
                 total_steps=self.total_steps,
                 ranks=ranks,
                 allocated_at=self.ctx.life.allocated_at,
+                startup=startup_clock.phases() or None,
             )
         )
 
