@@ -134,6 +134,8 @@ class Relaunch(Event):
     excluded: list[str] = field(default_factory=list)  # srun --exclude of the new step
     nodes: list[str] = field(default_factory=list)  # nodes the new step may run on
     spare_nodes: int = 0  # nodes left over after this relaunch
+    # Seconds from the old step's end (its srun returned to the batch shell) to this decision.
+    decided_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -70,6 +70,8 @@ TRAP_LOOK = client.Policy(timeout_s=3.0)
 # The keeper's look at the job before it acts: slurmctld may be restarting (the node loss that
 # silenced the batch host often comes with a busy controller).
 KEEPER_LOOK = client.Policy(timeout_s=15.0, retry_for_s=60.0)
+# Exported by the batch shell before after-step: when the training step's srun returned.
+STEP_ENDED_AT_ENV = "HPCTRAIN_STEP_ENDED_AT"
 # The old training steps' kill's head start before the keeper submits the run again.
 STEP_KILL_LEAD_S = 1.0
 # sbatch from inside the job: retried only when Slurm says the request never left.
@@ -237,7 +239,7 @@ class Controller:
         faults.point("control.after_step")
         outcome = self.outcome(exit_code, terminated, warned, excluded)
         decision = decide(self.history(launched_at), outcome, self.cluster(), self.budgets())
-        self._record(decision)
+        self._record(_timed(decision, self.env.get(STEP_ENDED_AT_ENV, "")))
         if decision.ends_run:
             self._trial_ended(decision.action.value)
         return " ".join([decision.action.value, ",".join(decision.excluded)]).strip()
@@ -490,6 +492,16 @@ class Controller:
             self.journal.write_event(event)
         if decision.message:
             print(f"hpctrain: {decision.message}", file=sys.stderr)
+
+
+def _timed(decision: Decision, step_ended_at: str) -> Decision:
+    """A relaunch with the seconds since the old step ended (the batch shell's time of it)."""
+    try:
+        decided_s = round(max(0.0, time.time() - float(step_ended_at)), 3)
+    except ValueError:
+        return decision
+    events = tuple(replace(e, decided_s=decided_s) if isinstance(e, Relaunch) else e for e in decision.events)
+    return replace(decision, events=events)
 
 
 _NODE_NAME = re.compile(r"^[A-Za-z0-9._\[\]-]+$")

@@ -28,6 +28,9 @@ from hpctrain.run import exitcodes
 from hpctrain.run.paths import SLURM_OUTPUT_PATTERN
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.:,=/@+\-\[\]]+$")
+# srun --immediate of the training step: how long it may wait for its nodes before it ends and
+# after-step judges why (a node lost as the life started: Slurm would keep it waiting for ever).
+STEP_WAIT_S = 60
 
 
 def sbatch_quote(value: object) -> str:
@@ -123,6 +126,7 @@ def render(config: Config, run_dir: Path, submit_dir: Path, code_dir: Path | Non
             # The heartbeat watcher runs on the batch node: it can only ever tell of another node,
             # so a one-node step has none.
             watch_beats=slurm.silent_node_timeout_s > 0 and slurm.nodes + slurm.spare_nodes > 1,
+            step_wait_s=STEP_WAIT_S,
             run_dir=str(run_dir),
             submit_dir=str(submit_dir),
             code_dir=str(code_dir) if code_dir else "",
