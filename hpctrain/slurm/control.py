@@ -313,6 +313,16 @@ class Controller:
                 print(f"hpctrain keeper: the run goes on in job {job_id} (same run dir)", file=sys.stderr)
                 self._cancel_this_job()
                 return exitcodes.BATCH_RESUBMITTED
+            # Refused: Slurm's own requeue of this job instead. It starts again once Slurm hears
+            # from the lost node (a silent one: SlurmdTimeout), but the run goes on.
+            self.until = time.monotonic() + REQUEUE_WAIT_S
+            print(f"hpctrain keeper: submitting again failed ({why}): asking Slurm to requeue", file=sys.stderr)
+            if ask_requeue(self.job_id, self.until).ok:
+                failure = next(e for e in decision.events if isinstance(e, Failure))
+                for event in (replace(failure, action="requeue"), *decision.events[1:]):
+                    self.journal.write_event(event)
+                self._exclude(",".join(decision.excluded))
+                return exitcodes.BATCH_REQUEUED
             failure = next(e for e in decision.events if isinstance(e, Failure))
             self.journal.write_event(
                 replace(failure, reason=f"{failure.reason}; submitting again failed: {why}", action="fail")
@@ -442,7 +452,14 @@ class Controller:
         return asked[-1] if asked else None
 
     def _sbatch_again(self, excluded: str, nodes: int | None = None) -> tuple[str | None, str]:
+        """job.sbatch again (same run dir), with EXCLUDED kept out, on the node count the decision
+        judged: its lowered count, or else as many nodes as this life had (a requeue keeps a lowered
+        NumNodes; job.sbatch asks for every training node and spare again, which the nodes left
+        after EXCLUDED may not hold: "Requested node configuration is not available")."""
         nodes = self._requeue_node_count() if nodes is None else nodes
+        if nodes is None:
+            this_life = self.env.get("SLURM_JOB_NODELIST", "")
+            nodes = len(parse_node_list(this_life)) if this_life else None
         command = [
             "sbatch",
             "--parsable",
