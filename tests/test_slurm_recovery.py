@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.relaunch_breakdown import breakdown, told
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
     events,
@@ -122,6 +123,7 @@ def test_hot_spare_relaunches_without_requeue(slurm_env, tmp_path: Path) -> None
     # 10 s on a quiet machine. What a spare saves is a requeue's wait, whose BeginTime hold alone
     # is about 120 s: under that, whatever the load (Restarts 0 above says no requeue came).
     print(f"hot spare: {starts[1]['time'] - failed_at:.1f} s from node failure to the relaunched step")
+    print(f"hot spare, the relaunch piece by piece: {told(breakdown(run_dir, failed_at))}")
     assert starts[1]["time"] - failed_at < 120
     reference = tmp_path / "reference"
     train_locally(slurm_env, reference, *config, "trainer.nprocs=2")

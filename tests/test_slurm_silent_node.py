@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from helpers.paced import PAUSE_ENV
+from helpers.relaunch_breakdown import breakdown, told
 from slurmtools import (
     SITE_TIMEOUTS_DIR,
     Reference,
@@ -140,6 +141,7 @@ def test_a_silent_node_with_a_spare_is_relaunched_around_in_seconds(tmp_path: Pa
             f"silent node with a spare: detected {detected_s:.1f} s after the freeze, training again "
             f"(step {again['step']}) {again['time'] - frozen_at:.1f} s after it; Slurm says {state}"
         )
+        print(f"silent node with a spare, the relaunch piece by piece: {told(breakdown(run_dir, frozen_at))}")
         _wait_event(run_dir, "finish", 400)
     finally:
         if frozen:
