@@ -84,7 +84,8 @@ def _said(event: Event) -> str:
         return f"start@{event.resumed_from_step} {','.join(event.nodes)}"
     if isinstance(event, (Failure, Requeue, Relaunch)):
         extra = next((v for v in (getattr(event, k, None) for k in ("nodes", "failed", "reason")) if v), "")
-        by = f" by {event.by}" if getattr(event, "by", None) else ""  # slurm, guardian or keeper
+        who = getattr(event, "by", None)  # slurm, guardian or keeper
+        by = f" by {who}" if who else ""
         return f"{event.name} {event.cause}{' ' + str(extra) if extra else ''}{by}"
     if isinstance(event, Cancelled):
         return f"cancelled@{event.step}"
