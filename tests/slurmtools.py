@@ -458,3 +458,17 @@ if __name__ == "__main__":
     for directory, names in left.items():
         print(f"{directory}: {' '.join(names)}")
     sys.exit(1 if left else 0)
+
+
+def first_step_after(run_dir: Path, when: float, timeout_s: float) -> dict:
+    """The first metrics record logged after `when` (a UNIX time), waited for."""
+    import json
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        later = [r for r in map(json.loads, filter(None, lines)) if (r.get("time") or 0) > when]
+        if later:
+            return later[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no step trained within {timeout_s:.0f} s of {when:.1f}:\n{job_output(run_dir)[-3000:]}")

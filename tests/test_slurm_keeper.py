@@ -22,7 +22,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -36,6 +35,7 @@ from slurmtools import (
     Reference,
     current_job,
     devcluster,
+    first_step_after,
     job_field,
     job_output,
     of,
@@ -73,17 +73,6 @@ def _keeper_failure(run_dir: Path, timeout_s: float) -> dict:
     raise AssertionError(f"no keeper `failure` within {timeout_s:.0f} s:\n{job_output(run_dir)[-3000:]}")
 
 
-def _first_step_after(run_dir: Path, when: float, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-        later = [r for r in map(json.loads, filter(None, lines)) if (r.get("time") or 0) > when]
-        if later:
-            return later[0]
-        time.sleep(0.2)
-    raise AssertionError(f"no step trained within {timeout_s:.0f} s of the freeze:\n{job_output(run_dir)[-3000:]}")
-
-
 def test_a_silent_batch_host_is_left_behind_by_the_keeper(tmp_path: Path) -> None:
     slurm_env = start_site_timeouts_cluster()
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
@@ -103,7 +92,7 @@ def test_a_silent_batch_host_is_left_behind_by_the_keeper(tmp_path: Path) -> Non
         assert new_job and new_job != job and current_job(run_dir) == new_job, failure
         (requeue,) = [r for r in of("requeue", run_dir) if r.get("by") == "keeper"]
         assert frozen in requeue["excluded"], requeue
-        again = _first_step_after(run_dir, failure["time"], 240)
+        again = first_step_after(run_dir, failure["time"], 240)
         print(
             f"silent batch host: heard {failure['time'] - frozen_at:.1f} s after the freeze, the new job "
             f"{new_job} trained step {again['step']} {again['time'] - frozen_at:.1f} s after it"

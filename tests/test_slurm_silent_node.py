@@ -21,7 +21,6 @@ the next trained step are printed (the README's table).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from slurmtools import (
     SITE_TIMEOUTS_DIR,
     Reference,
     devcluster,
+    first_step_after,
     job_field,
     job_output,
     lift_requeue_hold,
@@ -80,17 +80,6 @@ def _wait_event(run_dir: Path, kind: str, timeout_s: float) -> dict:
     raise AssertionError(f"no `{kind}` within {timeout_s:.0f} s:\n{job_output(run_dir)[-3000:]}")
 
 
-def _first_step_after(run_dir: Path, when: float, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-        later = [r for r in map(json.loads, filter(None, lines)) if (r.get("time") or 0) > when]
-        if later:
-            return later[0]
-        time.sleep(0.2)
-    raise AssertionError(f"no step trained within {timeout_s:.0f} s of the freeze")
-
-
 def _training_node(env: dict[str, str], run_dir: Path, job: str) -> str:
     """The life's training node that is not the batch node (whose loss the guardian handles)."""
     (start,) = _events_of(run_dir, "start")[-1:]
@@ -131,7 +120,7 @@ def test_a_silent_node_with_a_spare_is_relaunched_around_in_seconds(tmp_path: Pa
         detected_s = _detected(run_dir, frozen, frozen_at)
         relaunch = _wait_event(run_dir, "relaunch", 30)
         assert frozen in relaunch["excluded"] and frozen not in relaunch["nodes"], relaunch
-        again = _first_step_after(run_dir, _wait_event(run_dir, "relaunch", 1)["time"], 120)
+        again = first_step_after(run_dir, _wait_event(run_dir, "relaunch", 1)["time"], 120)
         # Slurm has not marked the node DOWN: the detection was hpctrain's own.
         state = subprocess.run(
             ["sinfo", "-h", "-n", frozen, "-o", "%T"], env=env, capture_output=True, text=True
