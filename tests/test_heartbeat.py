@@ -230,7 +230,7 @@ def test_the_watcher_ends_the_step_of_a_node_that_falls_silent(
         assert 2.0 <= took <= 8.0, f"ended {took:.1f} s after the freeze (timeout 3 s)"
         (silent,) = _silent_events(run_dir)
         assert (silent["nodes"], silent["ranks"], silent["step_id"], silent["job_id"]) == (["node2"], [1], "0", "4242")
-        assert 3.0 < silent["silent_s"] < 8.0 and silent["timeout_s"] == 3.0
+        assert 3.0 <= silent["silent_s"] < 8.0 and silent["timeout_s"] == 3.0  # silent_s: rounded to 0.1 s
     finally:
         _end([rank0, rank1], [beater0, beater1])
     assert "no heartbeat from node2" in _stderr_so_far(watcher)
