@@ -185,14 +185,17 @@ def fail_a_node_after_the_warning(env: dict[str, str], job_id: str, run_dir: Pat
     return victim
 
 
-def fault_at_step_20(env: dict[str, str], jobs: dict[str, str], runs: dict[str, Path], touched: set[str]) -> None:
+def fault_at_step_20(env: dict[str, str], jobs: dict[str, str], runs: dict[str, Path], touched: set[str]) -> str:
     """Each gets its fault at step 20, whichever of the two starts first (they compete for CPUs):
-    the one-node job the warning alone; the other, its idle spare drained, then the warning."""
+    the one-node job the warning alone; the other, its idle spare drained, then the warning.
+    Returns the drained spare (it may be the node the first job lost, back in service since)."""
+    drained: list[str] = []
 
     def drain_spare_and_warn() -> None:
         allocated = parse_node_list(job_field(env, jobs["drained_spare"], "NodeList") or "")
         (spare,) = set(allocated) - set(of("start", runs["drained_spare"])[0]["nodes"])
         touched.add(spare)
+        drained.append(spare)
         scontrol(env, "update", f"nodename={spare}", "state=drain", "reason=maintenance")
         warn(env, jobs["drained_spare"])
 
@@ -208,6 +211,7 @@ def fault_at_step_20(env: dict[str, str], jobs: dict[str, str], runs: dict[str, 
     assert not faults, f"{sorted(faults)}: no step 20 within 240 s"
     # Requeued for the time limit, the job starts again on its two training nodes, its spare
     # given up, while the spare is still drained (before: it waited for the maintenance's end).
+    return drained[0]
 
 
 def test_recovery_after_the_time_limit_warning_side_by_side(slurm_env, tmp_path: Path) -> None:
@@ -238,7 +242,7 @@ def test_recovery_after_the_time_limit_warning_side_by_side(slurm_env, tmp_path:
             submitted = {name: pool.submit(submit, paced, runs[name], *config) for name, config in configs.items()}
             jobs.update({name: future.result()[0][0] for name, future in submitted.items()})
 
-        fault_at_step_20(slurm_env, jobs, runs, touched)
+        spare = fault_at_step_20(slurm_env, jobs, runs, touched)
         states = wait_all_ended(slurm_env, jobs, 600)
     finally:
         for node in touched:  # a node back in service already refuses `resume`: not an error here
@@ -276,7 +280,6 @@ def test_recovery_after_the_time_limit_warning_side_by_side(slurm_env, tmp_path:
     drained = runs["drained_spare"]
     assert of("failure", drained) == []
     assert [e["nodes"] for e in of("requeue", drained)] == [2], events(drained)
-    (spare,) = touched - {victim}  # drained until the test ended
     assert spare not in of("start", drained)[1]["nodes"], events(drained)
     saved = [c["step"] for c in of("checkpoint", drained) if c["reason"] == "timelimit"]
     starts = of("start", drained)

@@ -352,8 +352,8 @@ def test_two_nodes_down_at_once_with_one_spare(slurm_env, reference: Path, tmp_p
     try:
         wait_for_state(slurm_env, job_id, {"PENDING"}, 120)
         lift_requeue_hold(slurm_env, job_id)
-        # ReturnToService=2 brings both back at their next registration. The requeue kept no node
-        # out and asks for the 2 training nodes only: the job trains again once either is back.
+        # ReturnToService=2 brings both back at their next registration. The requeue asks for the 2
+        # training nodes only: the job trains again once either is back.
         assert wait_finished(slurm_env, job_id, timeout_s=END_TIMEOUT_S, lift_holds=True) == "COMPLETED", job_output(
             run_dir
         )
@@ -365,6 +365,10 @@ def test_two_nodes_down_at_once_with_one_spare(slurm_env, reference: Path, tmp_p
     (lost,) = of("failure", run_dir)
     assert lost["cause"] == "node_failure" and set(lost["nodes"]) <= set(others) and lost["nodes"], journal
     (requeued,) = of("requeue", run_dir)
-    assert (requeued["cause"], requeued["excluded"], requeued.get("nodes")) == ("node_failure", [], 2), journal
+    # Both down when the step is judged: nothing kept out. On a loaded machine the spare (not in the
+    # step, so not in the failure) may have registered again first (ReturnToService=2, a ping every
+    # few seconds): then the lost node is kept out, the 2 left being enough. Both are the table's rows.
+    assert requeued["excluded"] in ([], lost["nodes"]), journal
+    assert (requeued["cause"], requeued.get("nodes")) == ("node_failure", 2), journal
     assert job_restarts(slurm_env, job_id) == 1
     assert_exact(run_dir, reference)
