@@ -26,9 +26,10 @@ PHASES = (("launch_s", "began"), ("imports_s", "imported"), ("rendezvous_s", "jo
 _marks: dict[str, float] = {}
 
 
-def mark(moment: str) -> None:
-    """This process reached `moment` (the first time counts)."""
-    _marks.setdefault(moment, time.time())
+def mark(moment: str, at: float | None = None) -> None:
+    """This process reached `moment` (the first time counts), now or `at` (a warm standby's
+    worker begins when its task did: hpctrain.standby)."""
+    _marks.setdefault(moment, time.time() if at is None else at)
 
 
 def phases(environ: Mapping[str, str] | None = None, marks: Mapping[str, float] | None = None) -> dict[str, float]:

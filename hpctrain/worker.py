@@ -90,6 +90,8 @@ def _alive(pid: int) -> bool:
 def main(argv: list[str] | None = None) -> None:
     startup_clock.mark("began")
     early = EarlySignals().hold()
+    # Forked by a warm standby (hpctrain.standby), the stop signals come blocked: held now, let in.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
     # The beats to the batch script's watcher begin before the imports: a node that dies while
     # torch loads is heard too (a no-op outside hpctrain's own batch script).
     beating = heartbeat.start(os.environ, int(os.environ.get("SLURM_PROCID") or 0))

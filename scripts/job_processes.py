@@ -7,7 +7,10 @@ training task as the kernel or a dying node would (SIGKILL, SIGSTOP) by its pid.
 - a task's own children (data-loader workers, a compile worker) inherit its environment, so
   SLURM_PROCID too: the task is the one whose parent is not itself a task of the job;
 - after a relaunch on a spare the old step's tasks may still be ending: the task is the newest
-  step's (the highest SLURM_STEP_ID).
+  step's (the highest SLURM_STEP_ID);
+- a relaunched task handed to its node's warm standby (hpctrain.handoff) is not the training
+  process: the standby's fork that took it on is, named `hpctrain-rR` (hpctrain.standby). The
+  standby's own step (HPCTRAIN_STANDBY_ROLE=server) is never a rank.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ class Process:
     parent: int
     program: str  # argv[0]'s file name ("srun", "python", ...)
     environ: dict[str, str]
+    argv: tuple[str, ...] = ()
+    name: str = ""  # /proc/PID/comm: what the process calls itself
+    started: int = 0  # start time in clock ticks since boot
 
 
 def processes(naming: str | None = None) -> list[Process]:
@@ -38,35 +44,63 @@ def processes(naming: str | None = None) -> list[Process]:
             if needle is not None and needle not in b"\0".join(argv):
                 continue
             # The fields after the command name, which may hold spaces and parentheses.
-            state, parent = (entry / "stat").read_text().rsplit(") ", 1)[1].split()[:2]
+            fields = (entry / "stat").read_text().rsplit(") ", 1)[1].split()
+            state, parent, started = fields[0], fields[1], int(fields[19])
             if state == "Z":
                 continue
             raw = (entry / "environ").read_bytes().split(b"\0")
+            name = (entry / "comm").read_text().strip()
         except (OSError, IndexError, ValueError):  # ended meanwhile, or a kernel thread
             continue
         environ = dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
-        found.append(Process(int(entry.name), int(parent), Path(argv[0].decode(errors="replace")).name, environ))
+        words = tuple(a.decode(errors="replace") for a in argv if a)
+        program = Path(argv[0].decode(errors="replace")).name
+        found.append(Process(int(entry.name), int(parent), program, environ, words, name, started))
     return found
 
 
 def is_task(process: Process) -> bool:
-    """A process of a job step other than the batch step's and srun itself."""
+    """A process of a job step other than the batch step's, srun itself and a warm standby."""
     step = process.environ.get("SLURM_STEP_ID")
-    return step is not None and step != "batch" and process.program != "srun"
+    standby = process.environ.get("HPCTRAIN_STANDBY_ROLE") == "server"
+    return step is not None and step != "batch" and process.program != "srun" and not standby
+
+
+def is_handoff(process: Process) -> bool:
+    return "hpctrain.handoff" in process.argv
+
+
+def standby_worker(job_id: str, rank: int, among: list[Process]) -> list[int]:
+    """The newest fork of a warm standby of job `job_id` that took on rank `rank` (its own forks,
+    data-loader workers, inherit its name: the one whose parent is not such a fork)."""
+    named = [
+        p
+        for p in among
+        if p.environ.get("HPCTRAIN_STANDBY_ROLE") == "server"
+        and p.environ.get("SLURM_JOB_ID") == job_id
+        and p.name == f"hpctrain-r{rank}"
+    ]
+    pids = {p.pid for p in named}
+    forks = [p for p in named if p.parent not in pids]
+    return [max(forks, key=lambda p: p.started).pid] if forks else []
 
 
 def rank_pids(job_id: str, rank: int, among: list[Process] | None = None) -> list[int]:
     """The training task of `rank` in job `job_id`: one pid normally, none when it has ended,
     more only if the rules above do not hold."""
+    everyone = processes() if among is None else among
     of_job = [
         p
-        for p in (processes() if among is None else among)
+        for p in everyone
         if is_task(p) and p.environ.get("SLURM_JOB_ID") == job_id and p.environ.get("SLURM_PROCID") == str(rank)
     ]
-    pids = {p.pid for p in of_job}
-    tasks = [p for p in of_job if p.parent not in pids]
+    in_job = {p.pid for p in of_job}
+    tasks = [p for p in of_job if p.parent not in in_job]
     newest = max((int(p.environ["SLURM_STEP_ID"]) for p in tasks), default=None)
-    return [p.pid for p in tasks if int(p.environ["SLURM_STEP_ID"]) == newest]
+    latest = [p for p in tasks if int(p.environ["SLURM_STEP_ID"]) == newest]
+    if any(is_handoff(p) for p in latest):
+        return standby_worker(job_id, rank, everyone)
+    return [p.pid for p in latest]
 
 
 def rank_pid(job_id: str, rank: int) -> int | None:

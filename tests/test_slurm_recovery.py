@@ -106,6 +106,7 @@ def test_hot_spare_relaunches_without_requeue(slurm_env, tmp_path: Path) -> None
     config = [*RUN, "trainer.max_steps=600", "slurm.nodes=2", "slurm.ntasks_per_node=1", "slurm.spare_nodes=1"]
     (job_id,), _ = submit(slurm_env, run_dir, *config)
     wait_for_step(run_dir, 50)
+    wait_for_standbys(run_dir, job_id, 3)
     victim = of("start", run_dir)[0]["nodes"][1]
     failed_at = time.time()
     node_state(slurm_env, victim, "down")
@@ -125,9 +126,23 @@ def test_hot_spare_relaunches_without_requeue(slurm_env, tmp_path: Path) -> None
     print(f"hot spare: {starts[1]['time'] - failed_at:.1f} s from node failure to the relaunched step")
     print(f"hot spare, the relaunch piece by piece: {told(breakdown(run_dir, failed_at))}")
     assert starts[1]["time"] - failed_at < 120
+    # Handed to the warm standbys (hpctrain.standby): no import of torch in the relaunched tasks,
+    # which took 2 s and more here (5-10 s loaded); what is left is the handoff and the fork.
+    assert starts[1]["startup"]["imports_s"] < 1.0, starts[1]
+    assert "starting cold" not in job_output(run_dir)
     reference = tmp_path / "reference"
     train_locally(slurm_env, reference, *config, "trainer.nprocs=2")
     assert same_weights(run_dir, reference)
+
+
+def wait_for_standbys(run_dir: Path, job_id: str, nodes: int, timeout_s: float = 120) -> None:
+    """Until the job's output says its NODES warm standbys are ready (they import once the life
+    trains: seconds; a relaunch before that starts cold, which other tests cover)."""
+    deadline = time.monotonic() + timeout_s
+    output = run_dir / f"slurm-{job_id}.out"
+    while (ready := output.read_text(errors="replace").count(": ready\n") if output.exists() else 0) < nodes:
+        assert time.monotonic() < deadline, f"{ready} of {nodes} standbys ready after {timeout_s} s"
+        time.sleep(0.2)
 
 
 def test_restart_budget_stops_a_job_that_always_fails(slurm_env, tmp_path: Path) -> None:

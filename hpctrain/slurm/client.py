@@ -32,6 +32,7 @@ from enum import Enum
 
 from hpctrain.faults import ENV as FAULTS_ENV
 from hpctrain.heartbeat import ADDR_ENV as HEARTBEAT_ADDR_ENV
+from hpctrain.standby import STANDBY_ENV
 
 log = logging.getLogger(__name__)
 
@@ -213,8 +214,9 @@ def outside_job_env(env: Mapping[str, str]) -> dict[str, str]:
     become the new job's options (its nodes, its name), so they are left out; SLURM_CONF (which
     cluster to talk to) is kept. So are a test's armed fault points (hpctrain.faults): they were
     meant for the job that had them, not for the one submitted in its place; and this job's
-    heartbeat watcher's address (the new job's ranks would beat to a watcher that is gone)."""
-    left_out = (FAULTS_ENV, HEARTBEAT_ADDR_ENV)
+    heartbeat watcher's address (the new job's ranks would beat to a watcher that is gone), and
+    its warm standbys' token (the new job draws its own)."""
+    left_out = (FAULTS_ENV, HEARTBEAT_ADDR_ENV, STANDBY_ENV)
     return {
         k: v
         for k, v in env.items()

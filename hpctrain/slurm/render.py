@@ -126,6 +126,8 @@ def render(config: Config, run_dir: Path, submit_dir: Path, code_dir: Path | Non
             # The heartbeat watcher runs on the batch node: it can only ever tell of another node,
             # so a one-node step has none.
             watch_beats=slurm.silent_node_timeout_s > 0 and slurm.nodes + slurm.spare_nodes > 1,
+            # Only a relaunch (spare nodes) can use a standby; a GPU's binding is not handed over.
+            warm_standby=slurm.warm_standby and slurm.spare_nodes > 0 and slurm.gpus_per_node == 0,
             step_wait_s=STEP_WAIT_S,
             run_dir=str(run_dir),
             submit_dir=str(submit_dir),

@@ -26,5 +26,19 @@ def run_soak(out: Path, *args: str) -> tuple[dict[str, Any], str, int]:
         *("--dir", CLUSTER_DIR, "--port-base", str(PORT_BASE), "--out", str(out)),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=SOAK_TIMEOUT_S)
+    report = json.loads((out / "chaos-report.json").read_text())
     output = f"exit {done.returncode}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
-    return json.loads((out / "chaos-report.json").read_text()), output, done.returncode
+    if done.returncode != 0 or not all(check["passed"] for check in report["checks"].values()):
+        output += slurmctld_says(report["job_ids"])
+    return report, output, done.returncode
+
+
+def slurmctld_says(job_ids: list[str], lines: int = 80) -> str:
+    """What slurmctld logged about the soak's jobs (who killed, requeued or cancelled them, with
+    the uid): a failed soak in CI is diagnosed from its output alone, the cluster long gone."""
+    log = Path(CLUSTER_DIR) / "log" / "slurmctld.log"
+    try:
+        said = [line for line in log.read_text(errors="replace").splitlines() if any(j in line for j in job_ids)]
+    except OSError as error:
+        return f"\nslurmctld.log unread: {error}"
+    return "\nslurmctld.log on the soak's jobs:\n" + "\n".join(said[-lines:])

@@ -1,0 +1,194 @@
+"""The warm standby and the handoff of a task to it (hpctrain.standby, hpctrain.handoff), with
+real processes, a real abstract socket, real signals: the worker gets the task's streams,
+environment, directory, affinity and signals; the task ends as the worker did; a task killed
+takes its worker with it; no standby (or another user) means a cold start in the same pid."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpctrain import standby
+
+TESTS = Path(__file__).resolve().parent
+READY_TIMEOUT_S = 120  # the standby imports torch: seconds, more on a loaded machine
+
+
+def _env(token: str, node: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    return {
+        **env,
+        standby.STANDBY_ENV: token,
+        "SLURMD_NODENAME": node,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]),
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    token, node = uuid.uuid4().hex[:12], "probe-node"
+    run_dir = tmp_path_factory.mktemp("run")
+    # The standby imports only once its life trains: this life (no Slurm job) has begun to.
+    (run_dir / "events.jsonl").write_text(json.dumps({"event": "start", "job_id": None, "restart": 0}) + "\n")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain.standby", str(run_dir)],
+        env=_env(token, node),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        assert process.stderr is not None
+        for line in process.stderr:
+            if "ready" in line:
+                break
+            assert time.monotonic() < deadline, "the standby was not ready in time"
+        else:
+            pytest.fail(f"the standby ended: {process.wait()}")
+        yield token, node
+    finally:
+        process.kill()
+        process.wait()
+
+
+def handoff(token: str, node: str, *args: str, cwd: Path | None = None, **env: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "hpctrain.handoff", "helpers.handoff_probe", *args]
+    return subprocess.Popen(
+        command, env=_env(token, node, **env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def report_of(task: subprocess.Popen) -> dict:
+    assert task.stdout is not None
+    line = task.stdout.readline()
+    assert line, task.stderr.read() if task.stderr else ""
+    return json.loads(line)
+
+
+def gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].startswith("Z"):
+                return True
+        except OSError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_task_handed_over_runs_warm_with_its_own_streams_environment_directory_and_cpus(server, tmp_path) -> None:
+    token, node = server
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    command = ["taskset", "-c", str(cpu), sys.executable, "-m", "hpctrain.handoff", "helpers.handoff_probe"]
+    task = subprocess.run(
+        [*command, "exit", "3"],
+        env=_env(token, node, SLURM_PROCID="5", HPCTRAIN_PROBE="a value"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert task.returncode == 3, task.stderr
+    report = json.loads(task.stdout.splitlines()[0])
+    assert report["torch_imported"], "the worker imported nothing itself: the standby's imports"
+    assert report["cwd"] == str(tmp_path)
+    assert report["env"]["HPCTRAIN_PROBE"] == "a value" and report["env"]["SLURM_PROCID"] == "5"
+    assert report["cpus"] == [cpu]
+    assert report["argv"] == ["exit", "3"]
+    assert report["comm"] == "hpctrain-r5"
+    assert "probe on stderr" in task.stderr
+
+
+def test_a_signal_to_the_task_reaches_the_worker_and_its_exit_code_comes_back(server) -> None:
+    task = handoff(*server, "wait")
+    worker = report_of(task)["pid"]
+    assert worker != task.pid
+    task.send_signal(signal.SIGTERM)
+    out, _ = task.communicate(timeout=30)
+    assert task.returncode == 75 and "probe got SIGTERM" in out
+
+
+def test_a_task_killed_takes_its_worker_with_it(server) -> None:
+    task = handoff(*server, "sleep")
+    worker = report_of(task)["pid"]
+    task.kill()  # as Slurm ends a step, or the heartbeat watcher kills it
+    task.wait()
+    assert gone(worker, 2.0), f"worker {worker} outlived its task"
+
+
+def test_a_worker_killed_by_a_signal_ends_its_task_by_the_same_signal(server) -> None:
+    task = handoff(*server, "sleep")
+    os.kill(report_of(task)["pid"], signal.SIGKILL)  # the OOM killer, say
+    _, err = task.communicate(timeout=30)
+    assert task.returncode == -signal.SIGKILL, err
+
+
+def test_without_a_standby_the_task_becomes_the_worker_itself_cold() -> None:
+    task = handoff("no-such-life", "probe-node", "exit", "4")
+    report = report_of(task)
+    assert task.wait(timeout=120) == 4
+    assert report["pid"] == task.pid, "the cold worker is the task itself (exec)"
+    assert not report["torch_imported"]
+
+
+def catches(pid: int, signum: int) -> bool:
+    """The process has a handler for signum (its SigCgt mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def test_a_stop_that_comes_while_the_task_waits_for_a_standby_reaches_the_cold_worker() -> None:
+    """A standby that never answers (still importing, stuck): the task waits its time, then
+    starts cold; a SIGTERM that came meanwhile is held across the exec, not fatal and not lost."""
+    token, node = uuid.uuid4().hex[:12], "mute-node"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as mute:
+        mute.bind(standby.address(token, node))
+        mute.listen(1)  # connections wait in the backlog: never accepted, never answered
+        task = handoff(token, node, "wait")
+        deadline = time.monotonic() + 60
+        while not catches(task.pid, signal.SIGTERM):
+            assert time.monotonic() < deadline and task.poll() is None, "the task never held SIGTERM"
+            time.sleep(0.01)
+        task.send_signal(signal.SIGTERM)
+        out, err = task.communicate(timeout=120)  # its streams were never sent: they end with it
+    assert task.returncode == 75, (out, err)
+    assert json.loads(out.splitlines()[0])["pid"] == task.pid and "probe got SIGTERM" in out
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as another user")
+def test_another_users_process_gets_nothing_from_the_standby(server) -> None:
+    token, node = server
+    child = os.fork()
+    if child == 0:  # as nobody: connect, send a task, read the answer
+        try:
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect(standby.address(token, node))
+                standby.send_message(sock, {"module": "x", "argv": [], "env": {}}, standby.STREAMS)
+                answer, _ = standby.receive_message(sock)
+            os._exit(0 if answer is None else 1)
+        except ConnectionError:
+            os._exit(0)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the standby answered another user"
