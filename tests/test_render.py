@@ -216,3 +216,24 @@ def test_hostile_values_never_run_in_bash(tmp_path: Path) -> None:
     assert not list(tmp_path.rglob("pwned")), "a hostile value ran as a command"
     # The run dir reached srun as one intact argument.
     assert (run_dir / "srun-args").read_text().splitlines()[-1] == str(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "standby"),
+    [
+        (("slurm.nodes=2", "slurm.spare_nodes=1"), True),
+        (("slurm.nodes=2", "slurm.spare_nodes=0"), False),  # no relaunch: nothing to hand over
+        (("slurm.nodes=2", "slurm.spare_nodes=1", "slurm.warm_standby=false"), False),
+        (("slurm.nodes=2", "slurm.spare_nodes=1", "slurm.gpus_per_node=2", "slurm.ntasks_per_node=2"), False),
+    ],
+)
+def test_a_warm_standby_only_where_a_relaunch_can_use_it(overrides: tuple[str, ...], standby: bool) -> None:
+    script = rendered(*overrides)
+    assert ("-m hpctrain.standby" in script) is standby
+    assert ("${excluded:+hpctrain.handoff }hpctrain.worker" in script) is standby
+    assert "export HPCTRAIN_STANDBY=" in script if standby else "HPCTRAIN_STANDBY" not in script
+    if standby:  # the standby step survives a node lost (--no-kill): the others serve the relaunch
+        (line,) = [line for line in script.splitlines() if "HPCTRAIN_STANDBY_ROLE=server srun" in line]
+        following = script[script.index(line) :].split("hpctrain.standby")[0]
+        assert "--overlap" in following and "--no-kill" in following and "--exact" not in following
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
