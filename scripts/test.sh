@@ -29,6 +29,8 @@ fi
 up_before=0
 .venv/bin/python tests/slurmtools.py >/dev/null || up_before=1
 .venv/bin/python -m pytest -q --durations=15 "${parallel[@]}" "$@" || status=$?
+# The reference runs the workers shared (tests/slurmtools.py Reference): this run's only.
+rm -rf "${TMPDIR:-/tmp}/hpctrain-references"
 if [ "${up_before}" = 0 ] && [ "${HPCTRAIN_TEST_KEEP_CLUSTERS:-}" != 1 ]; then
   if ! .venv/bin/python tests/slurmtools.py; then
     echo "test.sh: the run left dev cluster daemons running (listed above)" >&2

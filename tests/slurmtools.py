@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -315,14 +316,8 @@ def wait_for_output(run_dir: Path, text: str, timeout_s: float) -> None:
 
 
 def train_locally(env: dict[str, str], run_dir: Path, *overrides: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={run_dir}", *overrides],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    """`hpctrain-train` into run_dir, or a copy of the same run another test trained (below)."""
+    Reference(env, run_dir, list(overrides)).trained(timeout_s=900)
 
 
 def suite_cluster_dirs() -> list[str]:
@@ -376,23 +371,78 @@ def set_grace(env: dict[str, str], seconds: int) -> None:
 
 class Reference:
     """The uninterrupted run a faulted job must match bit for bit, trained on this machine beside
-    the job (`hpctrain-train`, the test helpers importable): started at once, awaited at the end."""
+    the job (`hpctrain-train`, the test helpers importable): started at once, awaited at the end.
+
+    Trained once per suite run for each config: the workers of one pytest-xdist run share a store
+    (keyed by the overrides, those of Slurm and the cluster left out: they change where a run
+    trains, never its numbers), the first to claim a config trains it there, and every test gets
+    its own copy in run_dir. Outside xdist (`-n 0`) each trains its own."""
 
     def __init__(self, env: dict[str, str], run_dir: Path, overrides: list[str]) -> None:
         self.run_dir = run_dir
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={run_dir}", *overrides],
+        self.shared = _shared_reference(overrides)
+        self.output: list[str] = []
+        self.waiter: threading.Thread | None = None
+        if self.shared is not None and not _claim(self.shared):
+            return  # another test trains it: trained() waits for it and copies it
+        target = run_dir if self.shared is None else self.shared / "run"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={target}", *overrides],
             env={**env, "PYTHONPATH": with_test_helpers(env)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
+        # Awaited by a thread of its own: the tests that share it learn its end even when the one
+        # that started it failed before asking.
+        self.waiter = threading.Thread(target=self._wait, args=(process,), daemon=True)
+        self.waiter.start()
+
+    def _wait(self, process: subprocess.Popen[str]) -> None:
+        output, _ = process.communicate()
+        self.output.append(f"exit {process.returncode}\n{output}")
+        if self.shared is not None:
+            (self.shared / ("done" if process.returncode == 0 else "failed")).write_text(output)
 
     def trained(self, timeout_s: float = 600) -> Path:
         """The run dir, once the run ended well (asserted, its output shown otherwise)."""
-        output, _ = self.process.communicate(timeout=timeout_s)
-        assert self.process.returncode == 0, output[-3000:]
+        if self.waiter is not None:
+            self.waiter.join(timeout_s)
+            assert self.output, f"the reference run took over {timeout_s} s"
+            assert self.output[0].startswith("exit 0\n"), self.output[0][-3000:]
+        if self.shared is not None:
+            deadline = time.monotonic() + timeout_s
+            while not (self.shared / "done").exists():
+                failed = self.shared / "failed"
+                assert not failed.exists(), failed.read_text()[-3000:]
+                assert time.monotonic() < deadline, f"the shared reference in {self.shared} took over {timeout_s} s"
+                time.sleep(0.2)
+            shutil.copytree(self.shared / "run", self.run_dir, dirs_exist_ok=True)
         return self.run_dir
+
+
+def _shared_reference(overrides: list[str]) -> Path | None:
+    """Where the workers of this pytest-xdist run share the run of these overrides (None: no xdist)."""
+    import hashlib
+    import json
+    import tempfile
+
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        return None
+    kept = [o for o in overrides if not o.startswith(("slurm.", "cluster=", "hydra."))]
+    key = hashlib.sha1(json.dumps(kept).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "hpctrain-references" / run / key
+
+
+def _claim(shared: Path) -> bool:
+    """True for the one caller that is to train the shared run (mkdir is atomic)."""
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        shared.mkdir()
+    except FileExistsError:
+        return False
+    return True
 
 
 def current_job(run_dir: Path) -> str:

@@ -24,6 +24,7 @@ from helpers.paced import PAUSE_ENV
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
     ENDED,
+    Reference,
     events,
     job_field,
     job_output,
@@ -151,17 +152,6 @@ def wait_all_ended(env: dict[str, str], jobs: dict[str, str], timeout_s: float) 
     raise AssertionError(f"not all ended after {timeout_s:.0f} s: {states}")
 
 
-def train_reference(env: dict[str, str], run_dir: Path, *overrides: str) -> subprocess.Popen:
-    """The same config trained without Slurm and without the pause, in the background."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "hpctrain.cli.train", f"hydra.run.dir={run_dir}", *overrides],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
 def fail_a_node_after_the_warning(env: dict[str, str], job_id: str, run_dir: Path, touched: set[str]) -> str:
     """The warning, then a training node set down before the step ended; returns the node."""
     wait_for_step(run_dir, 20, timeout_s=180)
@@ -218,7 +208,7 @@ def test_recovery_after_the_time_limit_warning_side_by_side(slurm_env, tmp_path:
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     paced = {**env, PAUSE_ENV: PAUSE_S}
     runs = {name: tmp_path / name for name in ("node_fails", "dies_before_start", "drained_spare")}
-    reference = train_reference(env, tmp_path / "reference", *TRAIN, "trainer.nprocs=2")
+    reference = Reference(env, tmp_path / "reference", [*TRAIN, "trainer.nprocs=2"])
     jobs: dict[str, str] = {}
     touched: set[str] = set()  # nodes drained or set down here: resumed whatever happens
     try:
@@ -251,8 +241,7 @@ def test_recovery_after_the_time_limit_warning_side_by_side(slurm_env, tmp_path:
             )
         for job_id in jobs.values():
             subprocess.run(["scancel", job_id], env=slurm_env, capture_output=True)
-    output, _ = reference.communicate(timeout=600)
-    assert reference.returncode == 0, output[-3000:]
+    reference.trained()
 
     for name in ("node_fails", "drained_spare"):
         assert states[name] == "COMPLETED", job_output(runs[name])
