@@ -7,6 +7,7 @@ exit 2, no traceback, and a run dir this command made is removed again.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -22,11 +23,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hpctrain.config import Config, differences, fingerprint, identity, save_resolved, to_typed
 from hpctrain.metrics.extras import check_extras
+from hpctrain.run import lock
 from hpctrain.run.exitcodes import CLI_USER_ERROR
 from hpctrain.run.paths import RunDir, checkpoints_in, remove_empty_parents
 
-# Hydra's own files in a fresh output dir; a run dir holding nothing else can go on a bad config.
-_HYDRA_FILES = {".hydra"}
+# Hydra's own files in a fresh output dir, and the lock of the command that made it
+# (hpctrain.run.lock); a run dir holding nothing else can go on a bad config.
+_HYDRA_FILES = {".hydra", RunDir(Path()).lock.name}
 # (composed config, its overrides) -> (typed Config, resolved config to write as config.yaml)
 Checker = Callable[[DictConfig, Sequence[str]], tuple[Config, Any]]
 
@@ -65,6 +68,7 @@ def write_run_dir(cfg: DictConfig, check: Checker = to_typed) -> tuple[Config, R
     except ValueError as error:
         discard_if_empty(run.root)
         fail(str(error))
+    _refuse_a_live_command(run)
     _refuse_a_live_job(run)
     if run.config.exists():
         _refuse_a_different_config(run, resolved)
@@ -100,6 +104,25 @@ def _make(config: DictConfig, key: str) -> None:
         fail(f"{key}: cannot make {folder}: {error.strerror or error}")
 
 
+def _refuse_a_live_command(run: RunDir) -> None:
+    """Another hpctrain-train or hpctrain-submit writing or training in this run dir right now:
+    both would write the same files. This command holds the run dir's lock until it exits.
+    Not inside a Slurm job (a rank of the user's own `srun hpctrain-train`): a requeued life must
+    never wait on a lock its lost node still holds on a shared filesystem (NFS keeps a dead
+    client's lock for its lease); the job's own record keeps its lives apart there."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return
+    try:
+        lock.hold(run)
+    except lock.RunDirInUse as holder:
+        fail(
+            f"{run.root} is in use by a live hpctrain command ({holder}): two runs would train in the "
+            f"same run dir. Wait for it to end to resume there, or pick a new {run_dir_key()}"
+        )
+    except OSError as error:
+        fail(f"{run.root}: cannot lock {run.lock.name} ({error.strerror or error}); pick a new {run_dir_key()}")
+
+
 def _refuse_a_live_job(run: RunDir) -> None:
     """A run dir submitted before whose job is still queued or running: a second job (or a local
     run) would train in it at the same time."""
@@ -133,7 +156,7 @@ def _refuse_a_different_config(run: RunDir, resolved: DictConfig | dict[str, Any
 # the site's network interfaces).
 _NOT_WHAT_A_RUN_IS = {
     None: ("dry_run", "metrics", "tune"),
-    "slurm": ("submit_parallelism", "code_snapshot", "network", "array", "array_parallelism"),
+    "slurm": ("submit_parallelism", "code_snapshot", "network", "array", "array_parallelism", "warm_standby"),
     "trainer": ("progress_bar",),
 }
 # Sections with a fixed schema: a key a newer hpctrain added to them is missing from an older

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,13 @@ TARGET_NODES: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("sched", 1, ("total_steps",)),  # the optimizer
     ("loss", 0, ()),
 )
+
+
+# Drawn once per command: `${hpctrain_token:}` in the default run and sweep dirs, so two commands
+# started in the same second (a loop, two login nodes) never name the same run dir.
+COMMAND_TOKEN = secrets.token_hex(3)
+if not OmegaConf.has_resolver("hpctrain_token"):
+    OmegaConf.register_new_resolver("hpctrain_token", lambda: COMMAND_TOKEN)
 
 
 def register() -> None:

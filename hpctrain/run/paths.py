@@ -90,6 +90,12 @@ class RunDir:
         return self.root / "submission.json"
 
     @property
+    def lock(self) -> Path:
+        """Locked (flock) by the command that writes or trains in the run dir on this machine:
+        hpctrain-train, hpctrain-submit; it holds who (hpctrain.run.lock)."""
+        return self.root / ".run.lock"
+
+    @property
     def code(self) -> Path:
         """hpctrain-submit's snapshot of the code the job imports (slurm.code_snapshot)."""
         return self.root / "code"
