@@ -35,6 +35,7 @@ from hpctrain.cli.common import (
     single_line,
     write_run_dir,
 )
+from hpctrain.cli.overrides import before_hydra
 from hpctrain.config import to_typed
 from hpctrain.run.exitcodes import CLI_REFUSED
 from hpctrain.run.paths import restrict_umask
@@ -149,6 +150,7 @@ def main() -> None:
         from hpctrain.cli import retry
 
         sys.exit(retry.main([a for a in sys.argv[1:] if a != "--retry"]))
+    before_hydra("hpctrain-submit")
     compose_once.skip_the_mode_composition(sys.argv[1:])
     _main()
 

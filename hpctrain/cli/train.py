@@ -18,6 +18,7 @@ from hpctrain import config as hconfig
 from hpctrain import faults, logs, steprun
 from hpctrain.cli import compose_once
 from hpctrain.cli.common import fail, prepare_run_dir
+from hpctrain.cli.overrides import before_hydra
 from hpctrain.config import Config, differences, to_typed
 from hpctrain.early_signals import EarlySignals
 from hpctrain.errors import UserError
@@ -126,6 +127,7 @@ def main() -> None:
         sys.argv += steprun.step_overrides(os.environ, sys.argv[1:], life)
     except UserError as error:
         fail(str(error))
+    before_hydra("hpctrain-train")
     compose_once.skip_the_mode_composition(sys.argv[1:])
 
     @hydra.main(version_base="1.3", config_path="pkg://hpctrain.conf", config_name="config")

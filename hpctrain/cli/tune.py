@@ -29,6 +29,7 @@ from hpctrain import config as hconfig
 from hpctrain import logs
 from hpctrain.cli import compose_once
 from hpctrain.cli.common import discard_if_empty, fail, is_fresh
+from hpctrain.cli.overrides import before_hydra
 from hpctrain.config import save_resolved, to_typed
 from hpctrain.metrics.extras import check_extras
 from hpctrain.run.exitcodes import CLI_REFUSED
@@ -201,7 +202,8 @@ def main() -> None:
     rest, space = split_space(sys.argv[1:])
     _space_from_argv.update(space)
     sys.argv = [sys.argv[0], *rest]
-    compose_once.skip_the_mode_composition(rest)
+    before_hydra("hpctrain-tune")
+    compose_once.skip_the_mode_composition(sys.argv[1:])
     _main()
 
 

@@ -1,0 +1,165 @@
+"""The command line before Hydra sees it: hpctrain's own answers where Hydra's do not help.
+
+- `--version` prints hpctrain's version (Hydra's printed Hydra's).
+- `-m`/`--multirun` anywhere on the line (Hydra's parser took `-m` after an override for an
+  unknown option and printed its usage).
+- A mistyped key gets the closest keys that exist, named by hpctrain, with exit code 2 like every
+  other user error (Hydra advised `+optim.lrr=1`, which then failed as well, and exited 1).
+
+Only plain `key=value` overrides are looked at: `+key` and `++key` add keys on purpose (a
+constructor argument the config does not set), `group=option` is Hydra's to check (it lists the
+options), and `hydra.*` is Hydra's own. The keys are the schema's (hpctrain/config/schema.py)
+and, for the `_target_` groups, those of the option the line chooses (or the default one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+import typing
+from collections.abc import Iterator, Sequence
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from hpctrain import __version__
+from hpctrain.config.schema import Config
+from hpctrain.run.exitcodes import CLI_USER_ERROR
+
+MULTIRUN_FLAGS = ("-m", "--multirun")
+# Config groups whose options are `_target_` nodes: their keys come from the option chosen.
+TARGET_GROUPS = ("model", "optim", "sched")
+
+
+def before_hydra(program: str) -> None:
+    """On sys.argv, before `hydra.main` parses it: --version answered, -m moved to the front, a
+    mistyped key refused (exit 2) naming the closest keys."""
+    argv = sys.argv[1:]
+    if "--version" in argv:
+        print(version_line(program))
+        sys.exit(0)
+    sys.argv[1:] = multirun_first(argv)
+    wrong = mistyped_key(argv)
+    if wrong:
+        print(f"error: {wrong}", file=sys.stderr)
+        sys.exit(CLI_USER_ERROR)
+
+
+def version_line(program: str) -> str:
+    return f"{program} (hpctrain) {__version__}"
+
+
+def multirun_first(argv: Sequence[str]) -> list[str]:
+    """The arguments with -m/--multirun moved to the front, where Hydra's parser reads it."""
+    flags = [a for a in argv if a in MULTIRUN_FLAGS]
+    return [*flags[:1], *(a for a in argv if a not in MULTIRUN_FLAGS)]
+
+
+def mistyped_key(argv: Sequence[str]) -> str | None:
+    """The first plain override whose key does not exist, as an error line naming the closest
+    keys; None when every key exists."""
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    groups = _chosen_options(overrides)
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if key.startswith(("+", "~", "hydra.", "hydra/")) or "@" in key or key == "hydra" or key in _groups():
+            continue
+        known, where = _keys_beside(key, groups)
+        if known is None or key in known or _under_a_dict(key, known):
+            continue
+        close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        added = (
+            f" A constructor argument {where} does not set is added with +{override}."
+            if key.split(".", 1)[0] in TARGET_GROUPS
+            else ""
+        )
+        return f"{key}: no such key{f' in {where}' if where else ''}{hint}{added}"
+    return None
+
+
+def _keys_beside(key: str, groups: dict[str, str]) -> tuple[set[str] | None, str]:
+    """The keys a key of this section may be, and how to name the section; (None, _) when the
+    key's section takes any key."""
+    section = key.split(".", 1)[0]
+    if section in TARGET_GROUPS and "." in key:
+        option = groups.get(section)
+        if option is None:
+            return None, ""
+        return {f"{section}.{k}" for k in _flat(_option_yaml(section, option))}, f"{section}={option}"
+    known = set(_schema_keys(Config, ""))
+    if section in groups:  # a schema section filled from a group (data=tokens): its option's keys too
+        known |= {f"{section}.{k}" for k in _flat(_option_yaml(section, groups[section]))}
+    return known, ""
+
+
+def _under_a_dict(key: str, known: set[str]) -> bool:
+    """A key below one the schema types as a dict (slurm.restart_budget.crash): any name goes."""
+    return any(key.startswith(k + ".") for k in known if k in _DICT_KEYS)
+
+
+def _schema_keys(cls: type, prefix: str) -> Iterator[str]:
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        name = prefix + field.name
+        kind = hints[field.name]
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            yield name
+            yield from _schema_keys(kind, name + ".")
+            continue
+        yield name
+        if typing.get_origin(kind) is dict or (
+            typing.get_origin(kind) is typing.Union and any(typing.get_origin(a) is dict for a in typing.get_args(kind))
+        ):
+            _DICT_KEYS.add(name)
+
+
+_DICT_KEYS: set[str] = set()
+
+
+def _flat(tree: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield prefix + str(k)
+            yield from _flat(v, f"{prefix}{k}.")
+
+
+def _groups() -> set[str]:
+    """The config groups (conf/'s folders: `cluster=devcluster` chooses an option)."""
+    return {entry.name for entry in _conf().iterdir() if entry.is_dir() and not entry.name.startswith("_")}
+
+
+def _conf() -> Any:
+    return resources.files("hpctrain.conf")
+
+
+def _option_yaml(group: str, option: str) -> dict:
+    try:
+        loaded = yaml.safe_load((_conf() / group / f"{option}.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _chosen_options(overrides: Sequence[str]) -> dict[str, str]:
+    """Each group's option (`cluster` aside: it sets keys anywhere): the command line's
+    `group=option`, else the default."""
+    chosen: dict[str, str] = {}
+    try:
+        primary = yaml.safe_load((_conf() / "config.yaml").read_text())
+        for entry in primary.get("defaults", []):
+            if isinstance(entry, dict):
+                chosen.update({k: str(v) for k, v in entry.items() if k in _groups() - {"cluster"}})
+    except (OSError, yaml.YAMLError, AttributeError):
+        pass
+    for override in overrides:
+        key, _, value = override.partition("=")
+        group = key.lstrip("+")
+        if group in _groups() - {"cluster"}:
+            if "," in value:  # a sweep over options: their keys are not checked
+                chosen.pop(group, None)
+            else:
+                chosen[group] = value
+    return chosen
