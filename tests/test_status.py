@@ -328,6 +328,42 @@ def test_local_runs_from_their_journal(tmp_path: Path, slurm: FakeSlurm, capsys:
     assert rows["broken"]["state"] == "UNREADABLE (Is a directory)" and rows["finished"]["state"] == "FINISHED"
 
 
+def test_a_local_crash_a_dry_run_and_a_run_training_here_say_so(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # hpctrain-train journals a rank's crash (hpctrain.cli.train) as a batch script does a job's.
+    crash = {"event": "failure", "cause": "crash", "exit_code": 1, "rank": 1, "reason": "training process 1 exited"}
+    make_run(tmp_path / "crashed", [start(), crash], metrics=trained(30))
+    dry = make_run(tmp_path / "dry")
+    (dry / "job.sbatch").write_text("#!/bin/bash\n")  # hpctrain-submit dry_run=true: never submitted
+    live = make_run(tmp_path / "live", [start()], metrics=trained(50))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from hpctrain.run import lock;"
+            "from hpctrain.run.paths import RunDir; lock.hold(RunDir(Path(sys.argv[1]))); print(1, flush=True);"
+            "time.sleep(600)",
+            str(live),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "1"
+        code, rows, _ = rows_of(capsys, *(str(tmp_path / n) for n in ("crashed", "dry", "live")))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rows["crashed"]["state"] == "FAILED (crash)" and rows["crashed"]["failed"]
+    assert rows["dry"]["state"] == "DRY RUN" and not rows["dry"]["failed"]
+    assert rows["live"]["state"] == "RUNNING (local)"
+    assert code == 1 and slurm.calls() == []  # a failed run: exit 1, as the README says
+    # Its command gone, the same run dir has no end recorded: not said to be running.
+    _, rows, _ = rows_of(capsys, str(live))
+    assert rows["live"]["state"] == "UNKNOWN"
+
+
 def test_no_squeue_on_path_rows_from_the_journal(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

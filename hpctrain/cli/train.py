@@ -23,8 +23,9 @@ from hpctrain.config import Config, differences, to_typed
 from hpctrain.early_signals import EarlySignals
 from hpctrain.errors import UserError
 from hpctrain.launch import RankFailed, launch_local  # light: torch is imported by the training itself
-from hpctrain.run.events import Finish, read_events
-from hpctrain.run.exitcodes import CLI_USER_ERROR
+from hpctrain.run.causes import Action, Cause
+from hpctrain.run.events import Failure, Finish, Journal, read_events
+from hpctrain.run.exitcodes import CLI_USER_ERROR, WORKER_HUNG
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir, restrict_umask
 from hpctrain.slurm.env import SlurmEnvError
@@ -98,6 +99,7 @@ def _train(cfg: DictConfig, life: LifeStamp, early: EarlySignals) -> None:
     except SlurmEnvError as error:  # Slurm's environment, not the config: nothing was started
         fail(str(error))
     except RankFailed as error:  # its traceback or the watchdog's stacks are above
+        _journal_the_failure(run, error, life)
         print(f"error: {error}; the run dir {run.root} resumes from its newest checkpoint", file=sys.stderr)
         # The rank's own code (77: a hang, hpctrain/run/exitcodes.py), or 128+N for a signal.
         sys.exit(error.exit_code if error.exit_code > 0 else 128 - error.exit_code)
@@ -114,6 +116,25 @@ def _train(cfg: DictConfig, life: LifeStamp, early: EarlySignals) -> None:
         sys.exit(128 + stopped_by)
     if not rank:
         log.info(summary(run))
+
+
+def _journal_the_failure(run: RunDir, error: RankFailed, life: LifeStamp) -> None:
+    """A local run's crash or hang in its journal, as a batch script records a job's: status
+    then says FAILED and why, not UNKNOWN (a run with no end recorded)."""
+    cause = Cause.HANG if error.exit_code == WORKER_HUNG else Cause.CRASH
+    failure = Failure(
+        job_id=life.job_id,
+        restart=life.restart,
+        cause=cause,
+        exit_code=error.exit_code,
+        rank=error.index,
+        reason=str(error),
+        action=Action.FAIL.value,
+    )
+    try:
+        Journal(run.events).write_event(failure)
+    except OSError as written:  # a full disk: the error line below still says it
+        print(f"hpctrain: the failure is not in {run.events}: {written}", file=sys.stderr)
 
 
 def main() -> None:

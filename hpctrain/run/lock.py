@@ -19,6 +19,7 @@ import fcntl
 import os
 import socket
 import time
+from pathlib import Path
 
 from hpctrain.run.paths import RunDir
 
@@ -52,6 +53,23 @@ def hold(run: RunDir) -> None:
     os.ftruncate(fd, 0)
     os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
     _held[key] = fd
+
+
+def live_holder(run: RunDir) -> str | None:
+    """Who holds RUN's lock, when that is a live hpctrain process on this machine (read-only: the
+    lock itself is never touched, so a command starting meanwhile is never refused for it)."""
+    try:
+        said = run.lock.read_text(errors="replace").strip()
+    except OSError:
+        return None
+    words = said.split()
+    if len(words) < 4 or words[0] != "pid" or words[2] != "on" or words[3] != socket.gethostname():
+        return None
+    try:
+        command = Path(f"/proc/{int(words[1])}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return said if b"hpctrain" in command else None
 
 
 def release_all() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hpctrain.run import lock
 from hpctrain.run.causes import Word, stop_reason
 from hpctrain.run.events import ENDINGS, Checkpoint, Event, Finish, Relaunch, Requeue, Start, read_events
 from hpctrain.run.paths import RunDir
@@ -27,6 +28,8 @@ class JournalSummary:
     ending: str | None
     cause: Word | None  # of that ending: requeue/failure Cause, or the save's StopReason
     last_step: int | None  # the finish's step, else the newest checkpoint event's step
+    dry_run: bool = False  # hpctrain-submit dry_run=true wrote it: a job script, never submitted
+    live_here: str | None = None  # a live hpctrain command of this machine holds it (hpctrain.run.lock)
 
 
 def summarize(run: RunDir) -> JournalSummary:
@@ -48,6 +51,8 @@ def summarize(run: RunDir) -> JournalSummary:
         ending=ending,
         cause=cause,
         last_step=steps[-1] if steps else None,
+        dry_run=not events and job_id is None and run.job_script.exists(),
+        live_here=lock.live_holder(run),
     )
 
 

@@ -60,7 +60,12 @@ def _from_journal(journal: JournalSummary) -> RunState:
         return RunState(f"REQUEUED ({cause})" if cause else "REQUEUED", False)
     if ending == "stopped":
         return RunState(f"STOPPED ({cause})" if cause else "STOPPED", False)
-    # Started with no end recorded (still training, or killed without a word), or never started.
+    if journal.dry_run:
+        return RunState("DRY RUN", False)
+    if journal.live_here and not slurm:  # hpctrain-train on this machine, training now
+        return RunState("RUNNING (local)", False)
+    # Started with no end recorded (killed without a word, or training on another machine), or
+    # never started.
     return RunState("UNKNOWN", False)
 
 
