@@ -581,6 +581,7 @@ def test_plot_writes_a_png(tmp_path: Path, slurm: FakeSlurm, capsys: pytest.Capt
     )
     assert code == 0, err
     assert (tmp_path / "curves.png").read_bytes()[:8] == PNG_MAGIC
+    assert f"drawn to {tmp_path / 'curves.png'}" in err  # it says where the picture went
     from hpctrain.status.plot import curves
 
     loss = curves(tmp_path / "a")["loss"]

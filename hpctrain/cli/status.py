@@ -121,6 +121,7 @@ def show(status: Status, args: argparse.Namespace) -> None:
                 print(render_summary(path, summary))
     if args.plot is not None:
         draw(status.rows, args.plot)
+        print(f"hpctrain-status: loss and eval accuracy against step drawn to {args.plot}", file=sys.stderr)
 
 
 def figures_of(row: Row) -> Goodput:
