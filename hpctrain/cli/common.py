@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hpctrain.config import Config, differences, fingerprint, identity, save_resolved, to_typed
 from hpctrain.metrics.extras import check_extras
 from hpctrain.run import lock
+from hpctrain.run.events import Journal, Replanned
 from hpctrain.run.exitcodes import CLI_USER_ERROR
 from hpctrain.run.paths import RunDir, checkpoints_in, remove_empty_parents
 
@@ -70,13 +71,18 @@ def write_run_dir(cfg: DictConfig, check: Checker = to_typed) -> tuple[Config, R
         fail(str(error))
     _refuse_a_live_command(run)
     _refuse_a_live_job(run)
-    if run.config.exists():
-        _refuse_a_different_config(run, resolved)
+    replanned = _refuse_a_different_config(run, resolved) if run.config.exists() else {}
     _refuse_checkpoints_of_another_model(run, config)
+    if replanned:
+        _refuse_a_plan_shorter_than_trained(run, replanned)
     plain = resolved if isinstance(resolved, dict) else OmegaConf.to_container(resolved, enum_to_str=True)
     assert isinstance(plain, dict)  # a DictConfig's container is a dict
     plain = cast(dict[str, Any], plain)  # its keys are config keys
     save_resolved(plain, run.config)
+    if replanned:
+        Journal(run.events).write_event(Replanned(changes=replanned))
+        changes = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in replanned.items())
+        print(f"hpctrain: {run.root} goes on with a new plan ({changes})", file=sys.stderr)
     return config, run, plain
 
 
@@ -136,18 +142,65 @@ def _refuse_a_live_job(run: RunDir) -> None:
         )
 
 
-def _refuse_a_different_config(run: RunDir, resolved: DictConfig | dict[str, Any]) -> None:
-    """Starting an existing run dir again resumes it, but only with the config it ran."""
+def _refuse_a_different_config(run: RunDir, resolved: DictConfig | dict[str, Any]) -> dict[str, list[Any]]:
+    """Starting an existing run dir again resumes it, with the config it ran but for the keys of
+    its plan (REPLANNABLE): those changed are returned as {key: [old, new]}."""
     try:
         old = OmegaConf.to_container(OmegaConf.load(run.config))
     except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as error:
         fail(f"{run.config} is unreadable ({str(error).splitlines()[0]}); pick a new {run_dir_key()}")
     new = OmegaConf.to_container(resolved) if isinstance(resolved, DictConfig) else resolved
-    changed = differences(_what_a_run_is(old), _what_a_run_is(new))
+    was, now = _what_a_run_is(old), _what_a_run_is(new)
+    plan = {key: [_leaf(was, key), _leaf(now, key)] for key in REPLANNABLE if _leaf(was, key) != _leaf(now, key)}
+    changed = differences(_without(was, REPLANNABLE), _without(now, REPLANNABLE))
     if changed:
         fail(
-            f"{run.root} already holds a run with another config ({changed}); "
-            f"resume it with its own config or pick a new {run_dir_key()}"
+            f"{run.root} already holds a run with another config ({changed}); resume it with its own config "
+            f"(only its plan may change: {', '.join(REPLANNABLE)}) or pick a new {run_dir_key()}"
+        )
+    return plan
+
+
+# The keys of a run's plan, which may change when its run dir is started again (a finished run
+# trained longer, checkpoints more often, a longer time limit, a spare node): each change is
+# journaled (`replanned`). What is trained (model, data, optimizer, schedule, seed, world) may not.
+REPLANNABLE = (
+    "trainer.max_steps",
+    "trainer.epochs",
+    "trainer.log_every",
+    "trainer.eval_every",
+    "trainer.ckpt_every",
+    "trainer.keep_checkpoints",
+    "slurm.time",
+    "slurm.spare_nodes",
+    "slurm.signal_delay_s",
+)
+
+
+def _leaf(tree: dict, key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _without(tree: dict, keys: Sequence[str]) -> dict:
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in tree.items()}
+    for key in keys:
+        section, _, name = key.partition(".")
+        if isinstance(out.get(section), dict):
+            out[section].pop(name, None)
+    return out
+
+
+def _refuse_a_plan_shorter_than_trained(run: RunDir, replanned: dict[str, list[Any]]) -> None:
+    """A step budget cut below the newest checkpoint would end a run past its own plan."""
+    new_steps = replanned.get("trainer.max_steps", [None, None])[1]
+    trained = [entry.step for entry in checkpoints_in(run.checkpoints)]
+    if new_steps and trained and max(trained) > new_steps:
+        fail(
+            f"trainer.max_steps={new_steps} is below the {max(trained)} steps {run.root} has trained; "
+            f"raise it to at least {max(trained)}, or pick a new {run_dir_key()}"
         )
 
 

@@ -207,6 +207,17 @@ class Retry(Event):
 
 
 @dataclass(frozen=True)
+class Replanned(Event):
+    """A run dir started again with a grown (or changed) plan: keys that may change between lives
+    (hpctrain.cli.common.REPLANNABLE: the step budget, the cadence of logging, evaluation and
+    checkpoints, the time limit, the spare nodes) differ from its config.yaml. `changes` maps
+    each key to [old, new]; the config.yaml written then holds the new values."""
+
+    name: ClassVar[str] = "replanned"
+    changes: dict[str, list[Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Finish(Event):
     name: ClassVar[str] = "finish"
     always: ClassVar[tuple[str, ...]] = ()
@@ -254,6 +265,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Silent,
         Cancelled,
         Retry,
+        Replanned,
         Finish,
         Pruned,
         Trial,
