@@ -48,7 +48,7 @@ def test_a_run_dir_in_use_by_a_live_command_is_refused_naming_who(tmp_path: Path
             "-c",
             "import sys, time; from pathlib import Path; from hpctrain.run import lock;"
             "from hpctrain.run.paths import RunDir;"
-            "lock.hold(RunDir(Path(sys.argv[1]))); print('held', flush=True); time.sleep(600)",
+            "r = RunDir(Path(sys.argv[1])); lock.hold(r); lock.announce(r); print('held', flush=True); time.sleep(600)",
             str(run_dir),
         ],
         stdout=subprocess.PIPE,

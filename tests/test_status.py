@@ -342,7 +342,8 @@ def test_a_local_crash_a_dry_run_and_a_run_training_here_say_so(
             sys.executable,
             "-c",
             "import sys, time; from pathlib import Path; from hpctrain.run import lock;"
-            "from hpctrain.run.paths import RunDir; lock.hold(RunDir(Path(sys.argv[1]))); print(1, flush=True);"
+            "from hpctrain.run.paths import RunDir; r = RunDir(Path(sys.argv[1])); lock.hold(r); lock.announce(r);"
+            "print(1, flush=True);"
             "time.sleep(600)",
             str(live),
         ],

@@ -49,7 +49,7 @@ BAD_INPUT = {
         ["error: hydra.sweep.dir: cannot make /proc/nope/sweep"],
     ),
     "unknown-model": (["model=nope"], 1, ["Could not find 'model/nope'", "Available options in 'model'", "convnet"]),
-    "unknown-key": (["trainer.nope=1"], 1, ["Could not override 'trainer.nope'", "Key 'nope' not in 'TrainerConfig'"]),
+    "unknown-key": (["trainer.nope=1"], 2, ["error: trainer.nope: no such key; did you mean"]),
     "wrong-type": (["data.batch_size=abc"], 1, ["data.batch_size", "could not be converted to Integer"]),
     "negative-batch": (["data.batch_size=-3"], 2, ["error: data.batch_size: must be >= 1 (got -3)"]),
     "unknown-argument": (["+model.foo=1"], 2, ["error: model.foo:", "takes no argument 'foo'"]),
@@ -336,6 +336,7 @@ def test_a_refused_resubmission_keeps_the_run_dir_that_was_there(tmp_path: Path)
     assert_refused(done, 1, "Invalid account", "nothing was queued; run dirs that held a run before are kept")
     kept = files(run_dir)
     assert sorted(name for name in kept if not name.startswith("code/")) == [
+        ".run.lock",  # who wrote it last (hpctrain.run.lock)
         "config.yaml",
         "guardian.sbatch",
         "job.sbatch",

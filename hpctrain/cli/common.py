@@ -79,6 +79,7 @@ def write_run_dir(cfg: DictConfig, check: Checker = to_typed) -> tuple[Config, R
     assert isinstance(plain, dict)  # a DictConfig's container is a dict
     plain = cast(dict[str, Any], plain)  # its keys are config keys
     save_resolved(plain, run.config)
+    lock.announce(run)
     if replanned:
         Journal(run.events).write_event(Replanned(changes=replanned))
         changes = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in replanned.items())

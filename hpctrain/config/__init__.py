@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hpctrain.config import setup_lines, yaml_text
+from hpctrain.config import fits, setup_lines, yaml_text
 from hpctrain.config.schema import Config, DataConfig, TrainerConfig
 from hpctrain.errors import UserError
 from hpctrain.run.paths import RunDir
@@ -99,6 +99,9 @@ def to_typed(cfg: DictConfig, overrides: Iterable[str] = ()) -> tuple[Config, Di
             targets.drop_foreign_arguments(holder[name], key, overridden)
     resolved = OmegaConf.create(plain)
     config = _structured(resolved)
+    problem = fits.check_values(plain) or fits.check_fit(plain)
+    if problem:
+        raise ValueError(problem)
     for key, positional, injected in TARGET_NODES:
         node = _node(config, key)
         if node is not None:

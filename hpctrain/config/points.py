@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hpctrain.config import (
     TARGET_NODES,
     Config,
+    fits,
     omegaconf_message,
     resolved_plain,
     setup_lines,
@@ -139,6 +140,9 @@ def derive(reference: _Reference, plain: dict[str, Any]) -> Config:
     """The typed Config of `plain`, rebuilt from a checked point of the same structure."""
     changed = list(changed_paths(reference.plain, plain))
     typed = _rebuild(reference.typed, plain, [path.split(".") for path in changed])
+    problem = fits.check_values(plain) or fits.check_fit(plain)
+    if problem:
+        raise ValueError(problem)
     for key, positional, injected in TARGET_NODES:
         if any(_overlaps(path, key) for path in changed):
             node = _node(typed, key)
