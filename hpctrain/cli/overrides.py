@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import sys
 import typing
 from collections.abc import Iterator, Sequence
@@ -34,11 +35,20 @@ TARGET_GROUPS = ("model", "optim", "sched")
 
 
 def before_hydra(program: str) -> None:
-    """On sys.argv, before `hydra.main` parses it: --version answered, -m moved to the front, a
-    mistyped key refused (exit 2) naming the closest keys."""
+    """On sys.argv, before `hydra.main` parses it: --version and --help answered (hpctrain's
+    groups and keys, hpctrain.cli.help_text), -m moved to the front, a mistyped key refused
+    (exit 2) naming the closest keys."""
     argv = sys.argv[1:]
     if "--version" in argv:
         print(version_line(program))
+        sys.exit(0)
+    if "--help" in argv or "-h" in argv:
+        from hpctrain.cli.help_text import render
+
+        try:
+            print(render(program), flush=True)
+        except BrokenPipeError:  # `--help | head`: the reader has all it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
     sys.argv[1:] = multirun_first(argv)
     wrong = mistyped_key(argv)

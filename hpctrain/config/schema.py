@@ -170,12 +170,17 @@ class SlurmConfig:
     mem: Optional[str] = None
     # Time limit, Slurm syntax: "MM", "HH:MM:SS", "D-HH:MM:SS".
     time: str = "01:00:00"
+    # The partition (-p); null leaves the site's default.
     partition: Optional[str] = None
+    # The account the job is charged to (-A); null leaves the user's default.
     account: Optional[str] = None
+    # The quality of service (--qos); null leaves the default.
     qos: Optional[str] = None
+    # Node features the job needs (--constraint, e.g. "a100&ib"); null: any node.
     constraint: Optional[str] = None
     # Nodes never to run on (Slurm hostlist, e.g. "gpu-[003,007]").
     exclude: Optional[str] = None
+    # The job's name in squeue and sacct (-J).
     job_name: str = "hpctrain"
     # More #SBATCH directives, whole flags: ["--mail-type=END", "--reservation=big"].
     extra: list[str] = field(default_factory=list)
@@ -322,6 +327,7 @@ class MetricsConfig:
     # Empty means MLFLOW_TRACKING_URI from the environment, else a file store in the run dir
     # (<run dir>/mlruns). Keep it the same across requeues: the run goes on in the same MLflow run.
     mlflow_tracking_uri: str = ""
+    # The MLflow experiment the run logs to (metrics.mlflow).
     mlflow_experiment: str = "hpctrain"
     # Empty means the run dir's path relative to the working directory (runs/2026-01-31/12-00-00).
     mlflow_run_name: str = ""
@@ -330,11 +336,13 @@ class MetricsConfig:
     # offline: files in <run dir>/wandb, no network (compute nodes often have none); upload
     # them later with `wandb sync`. online: straight to W&B (needs WANDB_API_KEY or a login).
     wandb_mode: str = "offline"
+    # The W&B project the run logs to (metrics.wandb).
     wandb_project: str = "hpctrain"
     # Empty means W&B's default entity (your user, or WANDB_ENTITY).
     wandb_entity: str = ""
     # Empty means the sweep dir for a sweep's points (runs/multirun/2026-01-31/12-00-00), else none.
     wandb_group: str = ""
+    # Tags of the W&B run (metrics.wandb), e.g. [baseline, gpt].
     wandb_tags: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,118 @@
+"""`--help` of hpctrain-train, -submit and -tune: hpctrain's config groups and every key of the
+schema with its default and its one-line doc, read from the schema itself (the comment above
+each field in hpctrain/config/schema.py), so the help can never say what the schema does not.
+Hydra's own help stays at `--hydra-help`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from hpctrain.config.schema import Config
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyDoc:
+    key: str  # trainer.max_steps
+    default: str  # as it would be written on the command line
+    doc: str  # the first sentence of the comment above the field
+
+
+def key_docs(cls: type = Config, prefix: str = "") -> Iterator[KeyDoc]:
+    """Every leaf key of the schema, in the schema's order, with its default and doc."""
+    comments = _comments_above_fields(cls)
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        kind = hints[field.name]
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            yield from key_docs(kind, f"{prefix}{field.name}.")
+            continue
+        yield KeyDoc(prefix + field.name, _default(field), comments.get(field.name, ""))
+
+
+def _default(field: dataclasses.Field) -> str:
+    if field.default is not dataclasses.MISSING:
+        value: Any = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        value = field.default_factory()
+    else:
+        return "(from its group)"
+    if value is None:
+        return "null"
+    if value == "???":  # OmegaConf's MISSING: the group's option sets it
+        return "from its group"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return repr(value) if value == "" else value
+    return str(value) if not isinstance(value, (dict, list)) else yaml.safe_dump(value, default_flow_style=True).strip()
+
+
+def _comments_above_fields(cls: type) -> dict[str, str]:
+    """field name -> the comment lines right above it, joined, cut at the first sentence."""
+    try:
+        lines = inspect.getsource(cls).splitlines()
+    except (OSError, TypeError):
+        return {}
+    docs: dict[str, str] = {}
+    pending: list[str] = []
+    for line in lines[1:]:
+        text = line.strip()
+        if text.startswith("#"):
+            pending.append(text.lstrip("#").strip())
+            continue
+        name = text.split(":", 1)[0].strip()
+        if ":" in text and name.isidentifier() and not text.startswith(("def ", "class ", "@")):
+            docs.setdefault(name, _first_sentence(" ".join(pending)))
+        pending = []
+    return docs
+
+
+def _first_sentence(text: str) -> str:
+    return text.split(". ", 1)[0] + "." if ". " in text else text
+
+
+def groups() -> dict[str, tuple[list[str], str | None]]:
+    """group -> (its options, the default one)."""
+    conf = resources.files("hpctrain.conf")
+    primary = yaml.safe_load((conf / "config.yaml").read_text())
+    defaults: dict[str, str] = {}
+    for entry in primary.get("defaults", []):
+        if isinstance(entry, dict):
+            defaults.update({str(k): str(v) for k, v in entry.items()})
+    out = {}
+    for entry in sorted(conf.iterdir(), key=lambda e: e.name):
+        if entry.is_dir() and not entry.name.startswith("_"):
+            options = sorted(p.name.removesuffix(".yaml") for p in entry.iterdir() if p.name.endswith(".yaml"))
+            out[entry.name] = (options, defaults.get(entry.name))
+    return out
+
+
+def render(program: str) -> str:
+    lines = [
+        f"usage: {program} [-m] [group=option ...] [key=value ...]",
+        "",
+        "Hydra overrides: `key=value` sets a key, `+key=value` adds one a `_target_` takes, `-m` sweeps",
+        "comma-separated values. --version: hpctrain's version; --hydra-help: Hydra's own options.",
+        "",
+        "Config groups (group=option; the default in brackets):",
+    ]
+    for group, (options, default) in groups().items():
+        shown = ", ".join(f"[{o}]" if o == default else o for o in options)
+        lines.append(f"  {group}: {shown}")
+    lines += [
+        "",
+        "model, optim, sched: the arguments of the option's `_target_` (model.hidden=256, optim.lr=3e-4).",
+        "",
+    ]
+    lines.append("Keys (key=value; the default in brackets):")
+    for doc in key_docs():
+        lines.append(f"  {doc.key} [{doc.default}]: {doc.doc}" if doc.doc else f"  {doc.key} [{doc.default}]")
+    return "\n".join(lines)
