@@ -73,11 +73,21 @@ def mistyped_key(argv: Sequence[str]) -> str | None:
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     groups = _chosen_options(overrides)
     for override in overrides:
-        key = override.split("=", 1)[0]
+        key, _, value = override.partition("=")
+        if key.lstrip("+") in _groups():
+            unknown = _unknown_option(key.lstrip("+"), value)
+            if unknown:
+                return unknown
+            continue
         if key.startswith(("+", "~", "hydra.", "hydra/")) or "@" in key or key == "hydra" or key in _groups():
             continue
         known, where = _keys_beside(key, groups)
-        if known is None or key in known or _under_a_dict(key, known):
+        if known is not None and key in known:
+            wrong = _wrong_type(key, value)
+            if wrong:
+                return wrong
+            continue
+        if known is None or _under_a_dict(key, known):
             continue
         close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
@@ -87,6 +97,17 @@ def mistyped_key(argv: Sequence[str]) -> str | None:
             else ""
         )
         return f"{key}: no such key{f' in {where}' if where else ''}{hint}{added}"
+    return None
+
+
+def _unknown_option(group: str, value: str) -> str | None:
+    """`model=resnet`: the group has no such option (each of a sweep's options is looked at)."""
+    options = sorted(p.name.removesuffix(".yaml") for p in (_conf() / group).iterdir() if p.name.endswith(".yaml"))
+    for option in value.split(","):
+        if option and option != "null" and option not in options:
+            close = difflib.get_close_matches(option, options, n=1, cutoff=0.6)
+            hint = f"did you mean {group}={close[0]}? " if close else ""
+            return f"{group}={option}: no such option; {hint}{group} has {', '.join(options)}"
     return None
 
 
@@ -105,6 +126,30 @@ def _keys_beside(key: str, groups: dict[str, str]) -> tuple[set[str] | None, str
     return known, ""
 
 
+def _wrong_type(key: str, value: str) -> str | None:
+    """A schema value Hydra could not convert (`data.batch_size=abc`), said as a user error; each
+    value of a sweep is looked at. Interpolations and null are left to the config's checks."""
+    kind = _LEAF_TYPES.get(key)
+    if kind is None:
+        return None
+    for item in value.split(","):
+        item = item.strip()
+        if not item or "${" in item or item == "null":
+            continue
+        try:
+            if kind is bool:
+                if item.lower() not in ("true", "false"):
+                    raise ValueError(item)
+            elif kind is int:
+                int(item)
+            else:
+                float(item)
+        except ValueError:
+            what = {int: "an integer", float: "a number", bool: "true or false"}[kind]
+            return f"{key}={item}: must be {what}"
+    return None
+
+
 def _under_a_dict(key: str, known: set[str]) -> bool:
     """A key below one the schema types as a dict (slurm.restart_budget.crash): any name goes."""
     return any(key.startswith(k + ".") for k in known if k in _DICT_KEYS)
@@ -120,6 +165,10 @@ def _schema_keys(cls: type, prefix: str) -> Iterator[str]:
             yield from _schema_keys(kind, name + ".")
             continue
         yield name
+        optional = [a for a in typing.get_args(kind) if a is not type(None)]
+        leaf = optional[0] if typing.get_origin(kind) is typing.Union and len(optional) == 1 else kind
+        if leaf in (int, float, bool):
+            _LEAF_TYPES[name] = leaf
         if typing.get_origin(kind) is dict or (
             typing.get_origin(kind) is typing.Union and any(typing.get_origin(a) is dict for a in typing.get_args(kind))
         ):
@@ -127,6 +176,7 @@ def _schema_keys(cls: type, prefix: str) -> Iterator[str]:
 
 
 _DICT_KEYS: set[str] = set()
+_LEAF_TYPES: dict[str, type] = {}  # schema key -> int, float or bool (filled with the keys)
 
 
 def _flat(tree: Any, prefix: str = "") -> Iterator[str]:
