@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers.lock_holder import holding
+
 from hpctrain.run.exitcodes import CLI_USER_ERROR
 
 BIN = Path(sys.executable).parent
@@ -39,45 +41,27 @@ def test_two_submissions_in_the_same_second_get_two_run_dirs(tmp_path: Path) -> 
         assert re.fullmatch(r"\d{2}-\d{2}-\d{2}-[0-9a-f]{6}", run_dir.name), run_dir
 
 
-def test_a_run_dir_in_use_by_a_live_command_is_refused_naming_who(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time; from pathlib import Path; from hpctrain.run import lock;"
-            "from hpctrain.run.paths import RunDir;"
-            "r = RunDir(Path(sys.argv[1])); lock.hold(r); lock.announce(r); print('held', flush=True); time.sleep(600)",
-            str(run_dir),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        refused = subprocess.run(
-            [str(BIN / "hpctrain-train"), f"hydra.run.dir={run_dir}", *QUICK],
-            env=env_without_slurm(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert refused.returncode == CLI_USER_ERROR, refused.stderr
-        assert f"pid {holder.pid} on" in refused.stderr and "hydra.run.dir" in refused.stderr, refused.stderr
-        assert "Traceback" not in refused.stderr
-        assert not (run_dir / "config.yaml").exists() and not (run_dir / "metrics.jsonl").exists()
-    finally:
-        holder.kill()
-        holder.wait()
-    # Its holder gone (killed: the kernel let go of the lock), the run dir is free again.
-    done = subprocess.run(
+def train_in(run_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [str(BIN / "hpctrain-train"), f"hydra.run.dir={run_dir}", *QUICK],
         env=env_without_slurm(),
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_a_run_dir_in_use_by_a_live_command_is_refused_naming_who(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with holding(run_dir) as holder:
+        refused = train_in(run_dir)
+        assert refused.returncode == CLI_USER_ERROR, refused.stderr
+        assert f"pid {holder.pid} on" in refused.stderr and "hydra.run.dir" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+        assert not (run_dir / "config.yaml").exists() and not (run_dir / "metrics.jsonl").exists()
+    # Its holder gone (killed: the kernel let go of the lock), the run dir is free again.
+    done = train_in(run_dir)
     assert done.returncode == 0, done.stderr[-3000:]
 
 

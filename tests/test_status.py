@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from helpers.lock_holder import holding
 
 from hpctrain.cli import status as cli
 from hpctrain.status import discover, metrics_tail, slurm_query
@@ -337,25 +338,8 @@ def test_a_local_crash_a_dry_run_and_a_run_training_here_say_so(
     dry = make_run(tmp_path / "dry")
     (dry / "job.sbatch").write_text("#!/bin/bash\n")  # hpctrain-submit dry_run=true: never submitted
     live = make_run(tmp_path / "live", [start()], metrics=trained(50))
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time; from pathlib import Path; from hpctrain.run import lock;"
-            "from hpctrain.run.paths import RunDir; r = RunDir(Path(sys.argv[1])); lock.hold(r); lock.announce(r);"
-            "print(1, flush=True);"
-            "time.sleep(600)",
-            str(live),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "1"
+    with holding(live):
         code, rows, _ = rows_of(capsys, *(str(tmp_path / n) for n in ("crashed", "dry", "live")))
-    finally:
-        holder.kill()
-        holder.wait()
     assert rows["crashed"]["state"] == "FAILED (crash)" and rows["crashed"]["failed"]
     assert rows["dry"]["state"] == "DRY RUN" and not rows["dry"]["failed"]
     assert rows["live"]["state"] == "RUNNING (local)"
