@@ -128,6 +128,7 @@ def overrides(max_steps: int) -> list[str]:
         "slurm.nodes=2",
         "slurm.ntasks_per_node=1",
         "slurm.spare_nodes=1",
+        "slurm.warm_standby=true",  # relaunches through the standbys, faults landing on them too
         "slurm.max_restarts=100",
         *(f"slurm.restart_budget.{cause}=30" for cause in ("preempt", "timelimit", "node_failure", "crash", "hang")),
     ]

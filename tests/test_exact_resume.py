@@ -190,11 +190,12 @@ def test_resuming_with_another_process_count_is_refused_by_key(references: dict,
     assert refused.returncode != 0, message[-3000:]
     assert "written by 2 processes and this run has 1" in message, message[-3000:]
     assert "trainer.nprocs=2" in message, message[-3000:]
-    # Checkpoints, weights and metrics untouched; the journal only gains the user_error failure.
+    # Checkpoints, weights and metrics untouched; the journal only gains the user_error failure
+    # (and .run.lock names the command that held the run dir last, hpctrain.run.lock).
     after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.parent.name != ".hydra"}
-    journal = run_dir / "events.jsonl"
-    assert {p: b for p, b in after.items() if p != journal} == {
-        p: b for p, b in before.items() if p != journal and p.parent.name != ".hydra"
+    journal, lock = run_dir / "events.jsonl", run_dir / ".run.lock"
+    assert {p: b for p, b in after.items() if p not in (journal, lock)} == {
+        p: b for p, b in before.items() if p not in (journal, lock) and p.parent.name != ".hydra"
     }
     assert after[journal].startswith(before[journal])
     assert [e["cause"] for e in events(run_dir, "failure")] == ["user_error"]

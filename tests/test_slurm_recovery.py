@@ -104,7 +104,7 @@ def test_node_failure_requeues_without_the_node(slurm_env, tmp_path: Path) -> No
 def test_hot_spare_relaunches_without_requeue(slurm_env, tmp_path: Path) -> None:
     run_dir = tmp_path / "spare"
     config = [*RUN, "trainer.max_steps=600", "slurm.nodes=2", "slurm.ntasks_per_node=1", "slurm.spare_nodes=1"]
-    (job_id,), _ = submit(slurm_env, run_dir, *config)
+    (job_id,), _ = submit(slurm_env, run_dir, *config, "slurm.warm_standby=true")
     wait_for_step(run_dir, 50)
     wait_for_standbys(run_dir, job_id, 3)
     victim = of("start", run_dir)[0]["nodes"][1]

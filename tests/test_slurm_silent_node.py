@@ -111,7 +111,8 @@ def test_a_silent_node_with_a_spare_is_relaunched_around_in_seconds(tmp_path: Pa
     run_dir = tmp_path / "run"
     trained = Reference(env, tmp_path / "reference", [*TRAIN, "trainer.nprocs=2"])
     armed = {**env, PAUSE_ENV: "0.1", faults.ENV: SLOW}
-    (job,), _ = submit(armed, run_dir, *TRAIN, "slurm.spare_nodes=1")
+    # The relaunch through the warm standbys (the frozen node's own is frozen with it).
+    (job,), _ = submit(armed, run_dir, *TRAIN, "slurm.spare_nodes=1", "slurm.warm_standby=true")
     frozen: str | None = None
     try:
         frozen, frozen_at = _freeze_when_trained(env, run_dir, job)

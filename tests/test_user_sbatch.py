@@ -70,7 +70,8 @@ def test_a_refusal_by_rank0_ends_every_task_at_once(tmp_path: Path) -> None:
     waiting for peers."""
     env = start_cluster()
     run_dir = tmp_path / "run"
-    train_locally(env, run_dir, *CONFIG, "trainer.max_steps=1")
+    # Another seed: what is trained (a longer plan, max_steps, would be taken as a replan).
+    train_locally(env, run_dir, *CONFIG, "trainer.max_steps=1", "trainer.seed=7")
     done = subprocess.run(
         [
             "salloc",
@@ -89,6 +90,6 @@ def test_a_refusal_by_rank0_ends_every_task_at_once(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode != 0
-    assert done.stderr.count("already holds a run with another config (trainer.max_steps: 1 -> 24)") == 1, done.stderr
+    assert done.stderr.count("already holds a run with another config (trainer.seed: 7 -> 0)") == 1, done.stderr
     assert "Traceback" not in done.stderr
     assert [e["event"] for e in events(run_dir)].count("start") == 1  # nothing trained again

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -95,11 +96,12 @@ def _train(cfg: DictConfig, life: LifeStamp, early: EarlySignals) -> None:
         else:
             config, run = follow_rank0(cfg, rank, life)
         faults.point("train.before_launch")
+        launched = time.time()
         stopped_by = launch_local(run.root, config.trainer.nprocs, config.slurm.signal, early)
     except SlurmEnvError as error:  # Slurm's environment, not the config: nothing was started
         fail(str(error))
     except RankFailed as error:  # its traceback or the watchdog's stacks are above
-        _journal_the_failure(run, error, life)
+        _journal_the_failure(run, error, life, launched)
         print(f"error: {error}; the run dir {run.root} resumes from its newest checkpoint", file=sys.stderr)
         # The rank's own code (77: a hang, hpctrain/run/exitcodes.py), or 128+N for a signal.
         sys.exit(error.exit_code if error.exit_code > 0 else 128 - error.exit_code)
@@ -118,9 +120,12 @@ def _train(cfg: DictConfig, life: LifeStamp, early: EarlySignals) -> None:
         log.info(summary(run))
 
 
-def _journal_the_failure(run: RunDir, error: RankFailed, life: LifeStamp) -> None:
+def _journal_the_failure(run: RunDir, error: RankFailed, life: LifeStamp, since: float) -> None:
     """A local run's crash or hang in its journal, as a batch script records a job's: status
-    then says FAILED and why, not UNKNOWN (a run with no end recorded)."""
+    then says FAILED and why, not UNKNOWN (a run with no end recorded). Unless a rank journaled
+    its own since this command launched it (the hang watchdog does)."""
+    if any(isinstance(e, Failure) and (e.time or 0) >= since for e in read_events(run.events)):
+        return
     cause = Cause.HANG if error.exit_code == WORKER_HUNG else Cause.CRASH
     failure = Failure(
         job_id=life.job_id,
