@@ -7,15 +7,15 @@ Hydra's own help stays at `--hydra-help`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
-import typing
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
 import yaml
 
-from hpctrain.config.schema import Config
+from hpctrain.config.schema_keys import schema_keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,16 +25,12 @@ class KeyDoc:
     doc: str  # the first sentence of the comment above the field
 
 
-def key_docs(cls: type = Config, prefix: str = "") -> Iterator[KeyDoc]:
+def key_docs() -> Iterator[KeyDoc]:
     """Every leaf key of the schema, in the schema's order, with its default and doc."""
-    comments = _comments_above_fields(cls)
-    hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        kind = hints[field.name]
-        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-            yield from key_docs(kind, f"{prefix}{field.name}.")
-            continue
-        yield KeyDoc(prefix + field.name, _default(field), comments.get(field.name, ""))
+    for entry in schema_keys():
+        if not entry.section:
+            doc = _comments_above_fields(entry.owner).get(entry.field.name, "")
+            yield KeyDoc(entry.key, _default(entry.field), doc)
 
 
 def _default(field: dataclasses.Field) -> str:
@@ -55,6 +51,7 @@ def _default(field: dataclasses.Field) -> str:
     return str(value) if not isinstance(value, (dict, list)) else yaml.safe_dump(value, default_flow_style=True).strip()
 
 
+@functools.cache
 def _comments_above_fields(cls: type) -> dict[str, str]:
     """field name -> the comment lines right above it, joined, cut at the first sentence."""
     try:

@@ -14,11 +14,9 @@ and, for the `_target_` groups, those of the option the line chooses (or the def
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
 import sys
-import typing
 from collections.abc import Iterator, Sequence
 from importlib import resources
 from typing import Any
@@ -26,7 +24,7 @@ from typing import Any
 import yaml
 
 from hpctrain import __version__
-from hpctrain.config.schema import Config
+from hpctrain.config.schema_keys import schema_keys
 from hpctrain.run.exitcodes import CLI_USER_ERROR
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -120,7 +118,7 @@ def _keys_beside(key: str, groups: dict[str, str]) -> tuple[set[str] | None, str
         if option is None:
             return None, ""
         return {f"{section}.{k}" for k in _flat(_option_yaml(section, option))}, f"{section}={option}"
-    known = set(_schema_keys(Config, ""))
+    known = {entry.key for entry in schema_keys()}
     if section in groups:  # a schema section filled from a group (data=tokens): its option's keys too
         known |= {f"{section}.{k}" for k in _flat(_option_yaml(section, groups[section]))}
     return known, ""
@@ -129,7 +127,7 @@ def _keys_beside(key: str, groups: dict[str, str]) -> tuple[set[str] | None, str
 def _wrong_type(key: str, value: str) -> str | None:
     """A schema value Hydra could not convert (`data.batch_size=abc`), said as a user error; each
     value of a sweep is looked at. Interpolations and null are left to the config's checks."""
-    kind = _LEAF_TYPES.get(key)
+    kind = next((entry.scalar for entry in schema_keys() if entry.key == key), None)
     if kind is None:
         return None
     for item in value.split(","):
@@ -152,31 +150,7 @@ def _wrong_type(key: str, value: str) -> str | None:
 
 def _under_a_dict(key: str, known: set[str]) -> bool:
     """A key below one the schema types as a dict (slurm.restart_budget.crash): any name goes."""
-    return any(key.startswith(k + ".") for k in known if k in _DICT_KEYS)
-
-
-def _schema_keys(cls: type, prefix: str) -> Iterator[str]:
-    hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        name = prefix + field.name
-        kind = hints[field.name]
-        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-            yield name
-            yield from _schema_keys(kind, name + ".")
-            continue
-        yield name
-        optional = [a for a in typing.get_args(kind) if a is not type(None)]
-        leaf = optional[0] if typing.get_origin(kind) is typing.Union and len(optional) == 1 else kind
-        if leaf in (int, float, bool):
-            _LEAF_TYPES[name] = leaf
-        if typing.get_origin(kind) is dict or (
-            typing.get_origin(kind) is typing.Union and any(typing.get_origin(a) is dict for a in typing.get_args(kind))
-        ):
-            _DICT_KEYS.add(name)
-
-
-_DICT_KEYS: set[str] = set()
-_LEAF_TYPES: dict[str, type] = {}  # schema key -> int, float or bool (filled with the keys)
+    return any(key.startswith(entry.key + ".") for entry in schema_keys() if entry.takes_any_key and entry.key in known)
 
 
 def _flat(tree: Any, prefix: str = "") -> Iterator[str]:
