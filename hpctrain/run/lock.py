@@ -81,10 +81,3 @@ def live_holder(run: RunDir) -> str | None:
     except (OSError, ValueError):
         return None
     return said if b"hpctrain" in command else None
-
-
-def release_all() -> None:
-    """Let go of every lock this process holds (tests; a process lets go when it ends)."""
-    for fd in _held.values():
-        os.close(fd)
-    _held.clear()
