@@ -90,19 +90,6 @@ def test_without_workers_the_training_process_generator_draws_and_is_not_reseede
     assert all(torch.equal(batch[:12], noise.flatten()) for batch, noise in zip(first, expected, strict=True))
 
 
-@pytest.mark.parametrize(
-    "saved_world, world_size, refused",
-    [(2, 2, False), (None, 3, False), (2, 1, True), (1, 2, True), (4, 8, True)],
-)
-def test_a_resume_at_another_process_count_is_refused(saved_world: int | None, world_size: int, refused: bool) -> None:
-    """None: a checkpoint that does not say (nothing to compare). Refusals name what to set."""
-    refusal = loaders.resume_world_refusal(saved_world, world_size, step=40)
-    assert (refusal is not None) == refused
-    if refusal:
-        assert f"written by {saved_world} processes and this run has {world_size}" in refusal
-        assert f"trainer.nprocs={saved_world}" in refusal and "hydra.run.dir" in refusal
-
-
 # ---- real runs: stopped mid-epoch by SIGTERM, resumed, bit-identical ----------------------------
 
 # 1437 digits at 8 per process x 2 processes: 89 batches an epoch, a few milliseconds a step. On a

@@ -5,10 +5,13 @@ A checkpoint's state is a dict of named parts:
     train                                 step, epoch and batch_in_epoch (the data position)
     rng                                   every rank's RNG states, a list indexed by rank
     world_size, fingerprint               who wrote it
+    layout                                how a step's batch was split (hpctrain.trainer.layout),
+                                          which the data position counts in (version 3 on)
     format_version                        FORMAT_VERSION below
 The .json beside the file repeats format_version, so a too-new checkpoint is refused before its
 data is read. Version 1 is the layout written before the field existed (the same parts, no
-format_version): it loads as it is.
+format_version): it loads as it is. Version 3 added `layout`: an older hpctrain must not read a
+position counted in micro-batches it does not know.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 OLDEST_READABLE = 1
 # The parts every version so far has; a newer version may add parts, never drop these.
 PARTS = ("model", "optimizer", "scheduler", "scaler", "train", "rng", "world_size", "fingerprint")

@@ -152,12 +152,17 @@ def _refuse_a_different_config(run: RunDir, resolved: DictConfig | dict[str, Any
         fail(f"{run.config} is unreadable ({str(error).splitlines()[0]}); pick a new {run_dir_key()}")
     new = OmegaConf.to_container(resolved) if isinstance(resolved, DictConfig) else resolved
     was, now = _what_a_run_is(old), _what_a_run_is(new)
-    plan = {key: [_leaf(was, key), _leaf(now, key)] for key in REPLANNABLE if _leaf(was, key) != _leaf(now, key)}
-    changed = differences(_without(was, REPLANNABLE), _without(now, REPLANNABLE))
+    # An elastic run (now and before) may also resume on another number of processes.
+    elastic = _leaf(was, "trainer.elastic") is True and _leaf(now, "trainer.elastic") is True
+    replannable = REPLANNABLE + (ELASTIC_REPLANNABLE if elastic else ())
+    plan = {key: [_leaf(was, key), _leaf(now, key)] for key in replannable if _leaf(was, key) != _leaf(now, key)}
+    changed = differences(_without(was, replannable), _without(now, replannable))
     if changed:
+        sizes = [key for key in ELASTIC_REPLANNABLE if _leaf(was, key) != _leaf(now, key)]
+        hint = f"; another size needs trainer.elastic=true ({', '.join(sizes)})" if sizes and not elastic else ""
         fail(
             f"{run.root} already holds a run with another config ({changed}); resume it with its own config "
-            f"(only its plan may change: {', '.join(REPLANNABLE)}) or pick a new {run_dir_key()}"
+            f"(only its plan may change: {', '.join(replannable)}{hint}) or pick a new {run_dir_key()}"
         )
     return plan
 
@@ -175,6 +180,14 @@ REPLANNABLE = (
     "slurm.time",
     "slurm.spare_nodes",
     "slurm.signal_delay_s",
+    "trainer.elastic",
+)
+# With trainer.elastic, the number of processes is part of the plan too (hpctrain.trainer.layout).
+ELASTIC_REPLANNABLE = (
+    "trainer.nprocs",
+    "slurm.nodes",
+    "slurm.ntasks_per_node",
+    "slurm.gpus_per_node",
 )
 
 

@@ -66,6 +66,11 @@ class TrainerConfig:
     threads: int = 1
     # Micro-batches per optimizer step; gradients sync only on the last one (DDP no_sync).
     grad_accum: int = 1
+    # Resume at another number of processes (a node lost for good, a queue that gives more or
+    # fewer nodes): the global batch and the order of samples stay, each process's micro-batches
+    # and accumulation adapt (never above data.batch_size). The weights then equal an
+    # uninterrupted run's within floating-point reduction order; at the same size, bit for bit.
+    elastic: bool = False
     # Clip the global gradient norm to this value; 0 disables clipping.
     grad_clip: float = 1.0
     # GPU arithmetic: "bf16" autocast, "fp16" autocast + GradScaler, or "fp32". CPU is always fp32.

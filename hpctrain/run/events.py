@@ -60,6 +60,9 @@ class Start(Event):
     # Rank 0's start-up in seconds per phase (hpctrain.startup_clock): launch_s, imports_s,
     # rendezvous_s, resume_s; the phases it could time.
     startup: dict[str, float] | None = None
+    # How a step's global batch is split (hpctrain.trainer.layout): world_size, micro_batch,
+    # grad_accum, global_batch. An elastic resume at another size keeps global_batch.
+    layout: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)

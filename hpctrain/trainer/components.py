@@ -43,12 +43,17 @@ def build(config: Config, ctx: DistContext, total_steps_for: Any) -> Components:
     torch.manual_seed(rank_seed(config.trainer.seed, ctx.rank))
     model, ddp = wrap(raw_model, config.trainer, ctx)
     optimizer = targets.build(config.optim, raw_model.parameters())
-    scheduler = None
-    if config.sched is not None:
-        extra = {"total_steps": total_steps_for(splits)} if targets.accepts(config.sched, "total_steps") else {}
-        scheduler = targets.build(config.sched, optimizer, **extra)
+    scheduler = build_scheduler(config, optimizer, total_steps_for(splits))
     loss_fn = targets.build(config.loss)
     return Components(raw_model, model, ddp, optimizer, scheduler, loss_fn, splits)
+
+
+def build_scheduler(config: Config, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+    """The LR scheduler of `config.sched` (None without one), told the run's steps if it asks."""
+    if config.sched is None:
+        return None
+    extra = {"total_steps": total_steps} if targets.accepts(config.sched, "total_steps") else {}
+    return targets.build(config.sched, optimizer, **extra)
 
 
 def wrap(

@@ -18,7 +18,6 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from hpctrain.config import DataConfig
 from hpctrain.data.worker_seeds import SeededBatch, WorkerSeeded, batch_seed
 from hpctrain.dist import DistContext
-from hpctrain.errors import UserError
 
 
 class TrainSampler(DistributedSampler):
@@ -88,8 +87,10 @@ def _worker_options(data: DataConfig, ctx: DistContext) -> dict[str, Any]:
     }
 
 
-def train_loader(dataset: Dataset, data: DataConfig, ctx: DistContext, seed: int) -> DataLoader:
-    batches = TrainBatches(TrainSampler(dataset, ctx, seed), data.batch_size)
+def train_loader(dataset: Dataset, data: DataConfig, ctx: DistContext, seed: int, micro_batch: int) -> DataLoader:
+    """`micro_batch` samples per batch: data.batch_size, or less after an elastic resume
+    (hpctrain.trainer.layout)."""
+    batches = TrainBatches(TrainSampler(dataset, ctx, seed), micro_batch)
     return DataLoader(
         WorkerSeeded(dataset),
         batch_sampler=batches,
@@ -124,29 +125,6 @@ def start_epoch(loader: DataLoader, seed: int, epoch: int, batch_in_epoch: int) 
     # draws the same ones (the batches' randomness is seeded per batch anyway).
     assert loader.generator is not None  # train_loader always gives it one
     loader.generator.manual_seed(seed * 1_000_003 + epoch)
-
-
-def resume_world_refusal(saved_world: int | None, world_size: int, step: int) -> str | None:
-    """Why a checkpoint written by `saved_world` processes cannot resume with `world_size`, or None.
-
-    Its data position counts this rank's batches of a shard that exists only at that world size,
-    its steps are global batches of data.batch_size x processes x trainer.grad_accum, and its RNG
-    streams are per rank: another process count can neither continue the epoch's order nor the
-    run's arithmetic, so it is refused rather than resumed approximately."""
-    if saved_world is None or saved_world == world_size:
-        return None
-    return (
-        f"the checkpoint at step {step} was written by {saved_world} processes and this run has {world_size}; "
-        f"its data position and global batch belong to {saved_world} processes. Resume with {saved_world} "
-        f"processes (trainer.nprocs={saved_world} locally, slurm.nodes x slurm.ntasks_per_node = {saved_world} "
-        f"on Slurm), or train this config in a new run dir (hydra.run.dir=...)"
-    )
-
-
-def check_resume_world(saved_world: int | None, world_size: int, step: int) -> None:
-    refusal = resume_world_refusal(saved_world, world_size, step)
-    if refusal:
-        raise UserError(refusal)
 
 
 def to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -31,7 +31,7 @@ from hpctrain.run.causes import CheckpointReason, StopReason
 from hpctrain.run.events import Finish, Journal, Pruned, Start, Stop
 from hpctrain.run.paths import RunDir
 from hpctrain.signals import StopFlag
-from hpctrain.trainer import components, loaders
+from hpctrain.trainer import components, layout, loaders
 from hpctrain.trainer.evaluate import evaluate, flatten
 from hpctrain.trainer.progress import Progress
 from hpctrain.trainer.stop_vote import StopVote
@@ -48,6 +48,7 @@ class TrainState:
     step: int = 0  # optimizer steps done
     epoch: int = 0
     batch_in_epoch: int = 0  # micro-batches of this epoch already consumed (this rank's shard)
+    # (in the micro-batches of the run's layout: trainer.layout.moved_position converts it)
 
 
 class StopTraining(Exception):
@@ -78,10 +79,15 @@ class Trainer:
         self.stop = stop or StopFlag(config.slurm.signal)
         self.journal = Journal(self.run.events, enabled=ctx.is_main)
         self.metrics = MetricSinks()  # opened by train(), once the resumed step is known
+        # The configured split of a step's batch; a resume may change it (trainer.elastic).
+        self.layout = layout.Layout(ctx.world_size, config.data.batch_size, config.trainer.grad_accum)
         parts = components.build(config, ctx, self._total_steps_for)
+        self.splits = parts.splits
         self.raw_model, self.model, self.ddp = parts.raw_model, parts.model, parts.ddp
         self.optimizer, self.scheduler, self.loss_fn = parts.optimizer, parts.scheduler, parts.loss_fn
-        self.train_loader = loaders.train_loader(parts.splits.train, config.data, ctx, config.trainer.seed)
+        self.train_loader = loaders.train_loader(
+            parts.splits.train, config.data, ctx, config.trainer.seed, self.layout.micro_batch
+        )
         self.eval_loader = loaders.eval_loader(parts.splits.eval, config.data, ctx)
         self.total_steps = self._total_steps_for(parts.splits)
         self.scaler = torch.amp.GradScaler("cuda") if self._precision == "fp16" else None
@@ -108,8 +114,7 @@ class Trainer:
         self._journal_start()
         self.metrics = open_sinks(self.config, self.run.root, self.state.step, self.ctx.is_main)
         cfg = self.config.trainer
-        samples_per_step = self.config.data.batch_size * cfg.grad_accum * self.ctx.world_size
-        progress = Progress(self.ctx, samples_per_step, self.total_steps, self.state.step, cfg.progress_bar)
+        progress = Progress(self.ctx, self.layout.global_batch, self.total_steps, self.state.step, cfg.progress_bar)
         outcome = "failed"
         try:
             last = self._train(progress)
@@ -194,7 +199,7 @@ class Trainer:
     # ---- one optimizer step ----------------------------------------------------------------
 
     def _step(self, batches: Iterator[tuple[torch.Tensor, ...]]) -> torch.Tensor:
-        accum = self.config.trainer.grad_accum
+        accum = self.layout.grad_accum
         step_loss: torch.Tensor | None = None
         for micro in range(accum):
             inputs, target = loaders.to_device(next(batches), self.ctx.device)
@@ -248,6 +253,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "train": asdict(self.state),
+            "layout": self.layout.as_dict(),
         }
 
     def _forced_save(self, reason: StopReason) -> None:
@@ -290,17 +296,57 @@ class Trainer:
         if saved is None:
             return
         faults.point("trainer.resume_loading")
-        loaders.check_resume_world(saved.get("world_size"), self.ctx.world_size, saved["train"]["step"])
+        state = TrainState(**saved["train"])
+        saved_layout = self._saved_layout(saved)
+        cfg = self.config
+        resumed_layout = layout.resumed(
+            saved_layout, self.ctx.world_size, cfg.data.batch_size, cfg.trainer.elastic, state.step
+        )
+        state.batch_in_epoch = layout.moved_position(state.batch_in_epoch, saved_layout, resumed_layout)
+        if resumed_layout != self.layout:
+            self._use_layout(resumed_layout)
         self.raw_model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
         if self.scheduler is not None and saved["scheduler"] is not None:
             self.scheduler.load_state_dict(saved["scheduler"])
         if self.scaler is not None and saved["scaler"] is not None:
             self.scaler.load_state_dict(saved["scaler"])
-        self.state = TrainState(**saved["train"])
+        self.state = state
+        # At a new size a rank beyond the saved ones keeps its fresh per-rank seed (components).
         if saved["rng"] is not None:
             rng.restore(saved["rng"])
         log.info("resumed from step %d (epoch %d)", self.state.step, self.state.epoch)
+        if saved_layout.world_size != self.ctx.world_size:
+            log.info(
+                "resumed at another size: %d processes instead of %d; the global batch stays %d samples "
+                "(%d per micro-batch x %d micro-batches a step on each process)",
+                self.ctx.world_size,
+                saved_layout.world_size,
+                self.layout.global_batch,
+                self.layout.micro_batch,
+                self.layout.grad_accum,
+            )
+
+    def _saved_layout(self, saved: dict[str, Any]) -> layout.Layout:
+        """The layout a checkpoint was written in. Checkpoints before format 3 do not say: theirs
+        was the config's batch and accumulation (the fingerprint holds both) at their world size."""
+        if saved.get("layout"):
+            return layout.Layout.from_dict(saved["layout"])
+        cfg = self.config
+        world_size = saved.get("world_size") or self.ctx.world_size
+        return layout.Layout(world_size, cfg.data.batch_size, cfg.trainer.grad_accum)
+
+    def _use_layout(self, new: layout.Layout) -> None:
+        """Train in `new`'s layout: the loader's micro-batches, and the steps of an epoch-counted
+        run (a scheduler told the total is rebuilt, before its state is loaded)."""
+        self.layout = new
+        cfg = self.config
+        seed = cfg.trainer.seed
+        self.train_loader = loaders.train_loader(self.splits.train, cfg.data, self.ctx, seed, new.micro_batch)
+        total = self._total_steps_for(self.splits)
+        if total != self.total_steps:
+            self.total_steps = total
+            self.scheduler = components.build_scheduler(cfg, self.optimizer, total)
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -319,11 +365,12 @@ class Trainer:
         if cfg.max_steps > 0:
             return cfg.max_steps
         samples = len(splits.train)  # type: ignore[arg-type]
-        per_epoch = samples // self.ctx.world_size // self.config.data.batch_size // cfg.grad_accum
+        # Whole global batches (every world size alike: the sampler drops the rest).
+        per_epoch = samples // self.layout.global_batch
         if per_epoch == 0:
             raise UserError(
-                f"data.batch_size: {self.config.data.batch_size} x trainer.grad_accum {cfg.grad_accum} "
-                f"x {self.ctx.world_size} processes exceeds the {samples} training samples"
+                f"data.batch_size: {self.layout.micro_batch} x trainer.grad_accum {self.layout.grad_accum} "
+                f"x {self.layout.world_size} processes exceeds the {samples} training samples"
             )
         return cfg.epochs * per_epoch
 
@@ -353,6 +400,7 @@ class Trainer:
                 ranks=ranks,
                 allocated_at=self.ctx.life.allocated_at,
                 startup=startup_clock.phases() or None,
+                layout=self.layout.as_dict(),
             )
         )
 

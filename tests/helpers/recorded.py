@@ -1,0 +1,50 @@
+"""The digits, with every training sample each process fetches written down, in order.
+
+`_target_: helpers.recorded.recorded_digits`: with HPCTRAIN_TEST_SAMPLES=PATH set, each process
+appends the index of every training sample it fetches to PATH.rank<R> (R its global rank), so a
+test can rebuild which samples each step trained on, at any world size, and compare runs exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torch.utils.data import Dataset
+
+from hpctrain.data.digits import digits
+from hpctrain.data.splits import Splits
+
+ENV = "HPCTRAIN_TEST_SAMPLES"
+
+
+class Recorded(Dataset):
+    def __init__(self, inner: Dataset) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        path = os.environ.get(ENV)
+        if path:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            with open(f"{path}.rank{rank}", "a") as out:
+                out.write(f"{index}\n")
+        return self.inner[index]
+
+
+def recorded_digits(**options: Any) -> Splits:
+    splits = digits(**options)
+    return Splits(train=Recorded(splits.train), eval=splits.eval)
+
+
+def steps_of(path: str, world_size: int, micro_batch: int, grad_accum: int) -> list[list[int]]:
+    """The sorted sample indices of each step one life trained, from its processes' records."""
+    per_rank = [[int(i) for i in Path(f"{path}.rank{rank}").read_text().split()] for rank in range(world_size)]
+    per_step = micro_batch * grad_accum
+    steps = len(per_rank[0]) // per_step
+    assert all(len(fetched) == steps * per_step for fetched in per_rank), [len(f) for f in per_rank]
+    return [sorted(i for fetched in per_rank for i in fetched[k * per_step : (k + 1) * per_step]) for k in range(steps)]

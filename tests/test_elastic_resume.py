@@ -1,0 +1,118 @@
+"""Resume at another number of processes (trainer.elastic=true), with real local runs.
+
+Each chain trains one run dir in lives of different sizes (the plan grown by trainer.max_steps at
+each start, trainer.nprocs changed): every step trains the same samples as an uninterrupted run
+of the same global batch (12), checked exactly from the samples each process fetched
+(helpers/recorded.py), and the final weights equal that run's within floating-point reduction
+order. At the size a run started with, an elastic resume stays bit-identical.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import RUN_TIMEOUT_S, assert_ok, describe, events, load_weights, train_command, train_env
+from helpers.recorded import ENV, steps_of
+
+TESTS = Path(__file__).parent
+STEPS = 30
+COMMON = (
+    "model=mlp",
+    "sched=constant",
+    "data.dataset._target_=helpers.recorded.recorded_digits",
+    "trainer.eval_every=0",
+    "trainer.ckpt_every=0",
+    "trainer.log_every=5",
+    "trainer.elastic=true",
+)
+# (processes, steps trained to) per life; each chain's first size sets data.batch_size so the
+# global batch is 12 samples a step.
+CHAINS = {
+    "2-3-2": [(2, 10), (3, 20), (2, STEPS)],
+    "3-2": [(3, 15), (2, STEPS)],
+    "4-1-4": [(4, 8), (1, 19), (4, STEPS)],
+}
+GLOBAL_BATCH = 12
+
+
+def train_life(run_dir: Path, nprocs: int, steps: int, batch_size: int, samples: Path) -> None:
+    overrides = [*COMMON, f"data.batch_size={batch_size}", f"trainer.nprocs={nprocs}", f"trainer.max_steps={steps}"]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        train_command(run_dir, overrides),
+        cwd=run_dir.parent,
+        env={**train_env(TESTS), ENV: str(samples)},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert_ok(done)
+
+
+def trained_steps(run_dir: Path, samples_of_life: list[Path]) -> list[list[int]]:
+    """Every step's samples, life after life, in the layout each life's `start` recorded."""
+    steps: list[list[int]] = []
+    for start, samples in zip(events(run_dir, "start"), samples_of_life, strict=True):
+        assert start["resumed_from_step"] == len(steps), start
+        layout = start["layout"]
+        assert layout["global_batch"] == GLOBAL_BATCH, layout
+        steps += steps_of(str(samples), layout["world_size"], layout["micro_batch"], layout["grad_accum"])
+    return steps
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[int]]]:
+    """One process, the whole global batch in one micro-batch, uninterrupted."""
+    root = tmp_path_factory.mktemp("reference")
+    run_dir, samples = root / "run", root / "samples"
+    train_life(run_dir, 1, STEPS, GLOBAL_BATCH, samples)
+    return run_dir, trained_steps(run_dir, [samples])
+
+
+@pytest.mark.parametrize("chain", list(CHAINS))
+def test_a_run_resumed_at_other_sizes_trains_the_same_samples_and_weights(
+    chain: str, reference: tuple[Path, list[list[int]]], tmp_path: Path
+) -> None:
+    lives = CHAINS[chain]
+    batch_size = GLOBAL_BATCH // lives[0][0]
+    run_dir = tmp_path / "run"
+    samples = [tmp_path / f"samples-{life}" for life in range(len(lives))]
+    for (nprocs, steps), recorded in zip(lives, samples, strict=True):
+        train_life(run_dir, nprocs, steps, batch_size, recorded)
+    reference_dir, reference_steps = reference
+    assert [s["world_size"] for s in events(run_dir, "start")] == [n for n, _ in lives]
+    assert trained_steps(run_dir, samples) == reference_steps  # the same samples in the same steps
+    mine, theirs = load_weights(run_dir), load_weights(reference_dir)
+    assert mine.keys() == theirs.keys()
+    for name in mine:
+        difference = (mine[name] - theirs[name]).abs().max().item()
+        assert torch.allclose(mine[name], theirs[name], rtol=1e-4, atol=1e-6), f"{name}: {difference}"
+
+
+def test_an_elastic_run_resumed_at_its_own_size_is_bit_identical(tmp_path: Path) -> None:
+    uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
+    train_life(uninterrupted, 2, STEPS, 6, tmp_path / "samples-u")
+    train_life(resumed, 2, 12, 6, tmp_path / "samples-0")
+    train_life(resumed, 2, STEPS, 6, tmp_path / "samples-1")
+    mine, theirs = load_weights(resumed), load_weights(uninterrupted)
+    assert all(torch.equal(mine[name], theirs[name]) for name in theirs)
+
+
+def test_another_size_without_elastic_is_refused_by_key_and_nothing_is_lost(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    overrides = [*COMMON[:-1], "data.batch_size=6", "trainer.nprocs=2", "trainer.max_steps=10"]
+    first = subprocess.run(
+        train_command(run_dir, overrides), cwd=tmp_path, env=train_env(TESTS), capture_output=True, text=True
+    )
+    assert_ok(first)
+    before = (run_dir / "model.pt").read_bytes()
+    again = [*overrides[:-2], "trainer.nprocs=3", "trainer.max_steps=20"]
+    refused = subprocess.run(
+        train_command(run_dir, again), cwd=tmp_path, env=train_env(TESTS), capture_output=True, text=True
+    )
+    assert refused.returncode == 2, describe(refused)
+    assert "trainer.nprocs" in refused.stderr and "trainer.elastic=true" in refused.stderr, describe(refused)
+    assert (run_dir / "model.pt").read_bytes() == before
