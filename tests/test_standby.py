@@ -129,7 +129,9 @@ def test_a_task_killed_takes_its_worker_with_it(server) -> None:
     worker = report_of(task)["pid"]
     task.kill()  # as Slurm ends a step, or the heartbeat watcher kills it
     task.wait()
-    assert gone(worker, 2.0), f"worker {worker} outlived its task"
+    # The monitor sees the task's end within 50 ms of being scheduled; on a loaded machine (the
+    # suite beside it) that can take seconds. What counts is that the worker goes, not the delay.
+    assert gone(worker, 15.0), f"worker {worker} outlived its task"
 
 
 def test_a_worker_killed_by_a_signal_ends_its_task_by_the_same_signal(server) -> None:
