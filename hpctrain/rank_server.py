@@ -13,6 +13,7 @@ the signals and unblocks them, so none is lost between the fork and the handlers
 its own, and each rank gets its handler back.)
 """
 
+import gc
 import signal
 
 from hpctrain.early_signals import HELD
@@ -22,3 +23,7 @@ signal.pthread_sigmask(signal.SIG_BLOCK, set(HELD) - {signal.SIGINT})
 import torch._dynamo  # noqa: E402, F401  (every optimizer imports it: a second of CPU per rank)
 
 from hpctrain import train_process  # noqa: E402, F401
+
+# Imported for good: kept out of every full collection, in the server and in each rank forked
+# from it (whose pages then stay shared, untouched by the collector).
+gc.freeze()

@@ -41,6 +41,10 @@ def run(run_dir: Path, ctx: DistContext, early: EarlySignals | None = None) -> S
     stop signal held in `early`, which came before this process could train). A user's mistake
     is reported here and raised again as UserError."""
     logs.setup(ctx.rank)
+    # What the imports made (torch, the trainer: about a million objects) lives as long as the
+    # process: out of the collector's sight, a full collection scans only what training makes
+    # (0.15 s of CPU -> microseconds, at the end below and at every full collection in training).
+    gc.freeze()
     try:
         return _run(run_dir, ctx, early)
     except (UserError, NoUsableCheckpoint) as error:

@@ -2,13 +2,15 @@
 # The test suite, from a fresh clone: install, then pytest (Slurm tests included where the dev
 # cluster can run: root on Debian/Ubuntu). Extra arguments go to pytest.
 #
-# The tests run on HPCTRAIN_TEST_WORKERS pytest-xdist workers (default 4; 0 runs them in this one
-# process). A Slurm test mostly waits on Slurm (its timers, requeue holds, time limits, a silent
-# node's timeout) and uses half a core or less, so four workers keep the two cores busy where
-# three left them idle a sixth of the run. Each worker has dev clusters of
-# its own (tests/slurmtools.py: its own folders and ports), so a node set down or a preemption in
-# one never touches another's jobs. Each module is one unit of work (its module fixtures are built
-# once), handed out longest first (tests/suite_order.py).
+# The tests run in two lanes side by side, each on pytest-xdist workers: the main lane on
+# HPCTRAIN_TEST_WORKERS (default 4), and the waiting lane on HPCTRAIN_TEST_WAITING_WORKERS (default
+# 2): the modules that mostly wait on Slurm's own clocks (SlurmdTimeout 300 s, MinJobAge, time
+# limits) at a quarter of a core or less (tests/suite_order.py WAITING_LANE). Their waiting then
+# overlaps the main lane's work instead of holding one of its workers. HPCTRAIN_TEST_WORKERS=0 runs
+# everything in this one process, one lane. Each worker has dev clusters of its own
+# (tests/slurmtools.py: its own folders and ports; the waiting lane's numbered after the main
+# lane's), so a node set down or a preemption in one never touches another's jobs. Each module is
+# one unit of work (its module fixtures are built once), handed out longest first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh test
@@ -20,15 +22,34 @@ check .venv/bin/ruff check hpctrain hydra_plugins scripts tests
 check .venv/bin/ruff format --check hpctrain hydra_plugins scripts tests
 check .venv/bin/mypy hpctrain hydra_plugins scripts
 workers="${HPCTRAIN_TEST_WORKERS:-4}"
-parallel=(-n "${workers}")
-if [ "${workers}" != 0 ]; then
-  parallel+=(--dist loadfile --no-loadscope-reorder)
-fi
+waiting_workers="${HPCTRAIN_TEST_WAITING_WORKERS:-2}"
 # The suite stops the dev clusters it starts (tests/conftest.py). Clusters already up before the run
 # are reused and left up, so the check below only holds when none was.
 up_before=0
 .venv/bin/python tests/slurmtools.py >/dev/null || up_before=1
-.venv/bin/python -m pytest -q --durations=15 "${parallel[@]}" "$@" || status=$?
+lane_ok() { [ "$1" = 0 ] || [ "$1" = 5 ]; }  # 5: pytest collected nothing (a selection of the other lane)
+if [ "${workers}" = 0 ]; then
+  .venv/bin/python -m pytest -q --durations=15 "$@" || status=$?
+else
+  # One store of shared reference runs for both lanes (tests/slurmtools.py Reference).
+  export HPCTRAIN_TEST_RUN_ID="run-$$-$(date +%s)"
+  spread=(--dist loadfile --no-loadscope-reorder)
+  waiting_log="$(mktemp)"
+  HPCTRAIN_TEST_LANE=waiting HPCTRAIN_TEST_WORKER_OFFSET="${workers}" \
+    .venv/bin/python -m pytest -q --durations=8 -n "${waiting_workers}" "${spread[@]}" "$@" >"${waiting_log}" 2>&1 &
+  waiting_pid=$!
+  main_status=0
+  HPCTRAIN_TEST_LANE=main .venv/bin/python -m pytest -q --durations=15 -n "${workers}" "${spread[@]}" "$@" ||
+    main_status=$?
+  waiting_status=0
+  wait "${waiting_pid}" || waiting_status=$?
+  echo "==== the waiting lane (${waiting_workers} workers, beside the main lane) ===="
+  cat "${waiting_log}"
+  rm -f "${waiting_log}"
+  if ! lane_ok "${main_status}" || ! lane_ok "${waiting_status}" || [ "${main_status}${waiting_status}" = 55 ]; then
+    status=1
+  fi
+fi
 # The reference runs the workers shared (tests/slurmtools.py Reference): this run's only.
 rm -rf "${TMPDIR:-/tmp}/hpctrain-references"
 if [ "${up_before}" = 0 ] && [ "${HPCTRAIN_TEST_KEEP_CLUSTERS:-}" != 1 ]; then

@@ -303,11 +303,20 @@ def user_module_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """On a pytest-xdist worker (scripts/test.sh), the longest modules first (tests/suite_order.py);
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """HPCTRAIN_TEST_LANE=main or waiting (scripts/test.sh) keeps that lane's modules only
+    (tests/suite_order.py WAITING_LANE). On a pytest-xdist worker, the longest modules first;
     every worker orders alike, as xdist requires. A run without xdist keeps the files' order.
     Last of the hooks: `-m` has deselected its tests by then, so a module weighs what it runs
     (first, the Slurm tests of a module it skipped put it ahead of the quick subset's longest)."""
+    lane = os.environ.get("HPCTRAIN_TEST_LANE")
+    if lane:
+        if lane not in suite_order.LANES:
+            raise pytest.UsageError(f"HPCTRAIN_TEST_LANE={lane!r}: one of {', '.join(suite_order.LANES)}")
+        other = [item for item in items if suite_order.lane_of(item.nodeid) != lane]
+        if other:
+            config.hook.pytest_deselected(items=other)
+            items[:] = [item for item in items if suite_order.lane_of(item.nodeid) == lane]
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items[:] = suite_order.longest_first(items, suite_order.read_measured())
 

@@ -28,8 +28,10 @@ MAX_WORKERS = 8
 
 
 def worker_number() -> int:
+    """This worker's number among every lane's (scripts/test.sh: the waiting lane's workers come
+    after the main lane's, HPCTRAIN_TEST_WORKER_OFFSET)."""
     name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    return int(name.removeprefix("gw"))
+    return int(name.removeprefix("gw")) + int(os.environ.get("HPCTRAIN_TEST_WORKER_OFFSET", "0"))
 
 
 def worker_cluster_dir(number: int) -> str:
@@ -427,7 +429,8 @@ def _shared_reference(overrides: list[str]) -> Path | None:
     import json
     import tempfile
 
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    # Both lanes of scripts/test.sh share one store (HPCTRAIN_TEST_RUN_ID); a lone xdist run its own.
+    run = os.environ.get("HPCTRAIN_TEST_RUN_ID") or os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if not run:
         return None
     kept = [o for o in overrides if not o.startswith(("slurm.", "cluster=", "hydra."))]

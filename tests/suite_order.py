@@ -60,6 +60,32 @@ def longest_first(items: Sequence[Item], measured: Mapping[str, float]) -> list[
     return [items[i] for i in order]
 
 
+# The modules that spend most of their time waiting on Slurm's own clocks (SlurmdTimeout 300 s,
+# MinJobAge, time limits, a slurmctld stopped for 30 s, requeue holds) or on signals, using a
+# quarter of a core or less while they wait (measured: busy CPU over wall time). scripts/test.sh
+# runs them in a lane of their own beside the others, so their waiting overlaps the others' work
+# instead of holding a worker the CPU-bound modules could use.
+WAITING_LANE = frozenset(
+    {
+        "tests/test_accounting.py",
+        "tests/test_heartbeat.py",
+        "tests/test_slurm_node_lost_before_launch.py",
+        "tests/test_slurm_full_disk.py",
+        "tests/test_slurm_time_limit.py",
+        "tests/test_goodput.py",
+        "tests/test_slurm_silent_node.py",
+        "tests/test_exact_resume.py",
+        "tests/test_slurm_keeper.py",
+        "tests/test_slurm_outage.py",
+    }
+)
+LANES = ("main", "waiting")
+
+
+def lane_of(nodeid: str) -> str:
+    return "waiting" if module_of(nodeid) in WAITING_LANE else "main"
+
+
 def read_measured(path: Path = SECONDS_FILE) -> dict[str, float]:
     try:
         return {str(k): float(v) for k, v in json.loads(path.read_text()).items()}
@@ -68,6 +94,11 @@ def read_measured(path: Path = SECONDS_FILE) -> dict[str, float]:
 
 
 def store_measured(measured: Mapping[str, float], path: Path = SECONDS_FILE) -> None:
-    """Merge a run's test times into the file: tests this run ran are replaced, others kept."""
-    merged = {**read_measured(path), **{nodeid: round(s, 2) for nodeid, s in measured.items()}}
-    path.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")
+    """Merge a run's test times into the file: tests this run ran are replaced, others kept.
+    Under a lock: the two lanes of scripts/test.sh may merge theirs at the same moment."""
+    import fcntl
+
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        merged = {**read_measured(path), **{nodeid: round(s, 2) for nodeid, s in measured.items()}}
+        path.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.paced import PAUSE_ENV
+from helpers.paced import PACED, PAUSE_ENV
 from slurmtools import (
     SITE_TIMEOUTS_DIR,
     Reference,
@@ -51,7 +51,7 @@ from slurmtools import (
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TRAIN = [
-    "model._target_=helpers.paced.PacedConvNet",
+    *PACED,
     "trainer.max_steps=300",
     "trainer.log_every=10",
     "trainer.eval_every=0",

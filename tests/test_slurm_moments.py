@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers.paced import PAUSE_ENV
+from helpers.paced import PACED, PAUSE_ENV
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
     Reference,
@@ -62,7 +62,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # A paced ConvNet (at least 100 ms a step in a job): 400 steps outlast the first minute of a
 # 1-minute job, whose warning comes at most 30 s after its start (--signal=B:USR2@30).
 TRAIN = [
-    "model._target_=helpers.paced.PacedConvNet",
+    *PACED,
     "trainer.max_steps=400",
     "trainer.log_every=10",
     "trainer.eval_every=0",

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 from helpers import gated
-from helpers.paced import PAUSE_ENV
+from helpers.paced import PACED, PAUSE_ENV
 from slurmtools import (
     CLUSTER_DIR,
     ENDED,
@@ -66,7 +66,7 @@ from hpctrain import faults
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TRAIN = [
-    "model._target_=helpers.paced.PacedConvNet",
+    *PACED,
     "trainer.max_steps=200",
     "trainer.log_every=10",
     "trainer.eval_every=0",

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers.paced import PAUSE_ENV
+from helpers.paced import PACED, PAUSE_ENV
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
     ENDED,
@@ -45,7 +45,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # A small paced model: each step takes at least 100 ms in a job (PAUSE_ENV), so a signal sent at
 # step 20 finds it training; the unpaced reference trains the same config to the same weights.
 TRAIN = [
-    "model._target_=helpers.paced.PacedConvNet",
+    *PACED,
     "trainer.max_steps=120",
     "trainer.log_every=5",
     "trainer.eval_every=0",

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.paced import PAUSE_ENV
+from helpers.paced import PACED, PAUSE_ENV
 from helpers.relaunch_breakdown import breakdown, told
 from slurmtools import (
     SITE_TIMEOUTS_DIR,
@@ -50,7 +50,7 @@ from hpctrain import faults
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TRAIN = [
-    "model._target_=helpers.paced.PacedConvNet",
+    *PACED,
     "trainer.max_steps=400",
     "trainer.log_every=10",
     "trainer.eval_every=0",

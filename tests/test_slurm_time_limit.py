@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.paced import PAUSE_ENV
+from helpers.paced import PACED, PAUSE_ENV
 from slurmtools import (
     events,
     job_output,
@@ -45,7 +45,7 @@ def test_time_limit_requeues_until_done(slurm_env, tmp_path: Path) -> None:
     # config without the pause.
     config = [
         *RUN,
-        "model._target_=helpers.paced.PacedConvNet",
+        *PACED,
         "trainer.max_steps=700",
         "slurm.time=1",
         "slurm.signal_delay_s=40",

@@ -95,3 +95,11 @@ def test_stored_times_merge_and_a_damaged_file_reads_as_nothing(tmp_path: Path) 
     assert suite_order.read_measured(path) == {"tests/test_a.py::test_1": 12.34, "tests/test_b.py::test_1": 2.0}
     path.write_text("[1, 2]")
     assert suite_order.read_measured(path) == {}
+
+
+def test_every_module_of_the_waiting_lane_exists_and_the_rest_is_the_main_lane() -> None:
+    """A module renamed away would silently move to the main lane: each name must be a file."""
+    repo = Path(__file__).resolve().parents[1]
+    assert all((repo / module).is_file() for module in suite_order.WAITING_LANE)
+    assert suite_order.lane_of("tests/test_slurm_silent_node.py::test_x[a]") == "waiting"
+    assert suite_order.lane_of("tests/test_trainer.py::test_x") == "main"

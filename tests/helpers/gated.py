@@ -13,12 +13,12 @@ from pathlib import Path
 
 from slurmtools import submit, wait_at_gate
 
-from helpers.paced import PAUSE_ENV
+from helpers.paced import PACED, PAUSE_ENV
 from hpctrain import faults
 
 STEPS = 120
 TRAIN = [
-    "model._target_=helpers.paced.PacedConvNet",
+    *PACED,
     f"trainer.max_steps={STEPS}",
     "trainer.log_every=10",
     "trainer.eval_every=0",

@@ -19,3 +19,9 @@ class PacedConvNet(ConvNet):
         if self.training and pause_s > 0:
             time.sleep(pause_s)
         return super().forward(x)
+
+
+# The paced model as a test's config, and small: a paced step's time is its pause, so the
+# arithmetic (6 CPU-ms a step for the default 32/64-channel ConvNet, under 2 for this one) only
+# costs CPU the suite shares with every other test.
+PACED = ["model._target_=helpers.paced.PacedConvNet", "model.channels=[8,16]", "model.hidden=32"]
