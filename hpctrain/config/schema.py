@@ -77,6 +77,17 @@ class TrainerConfig:
     precision: str = "bf16"
     # Wrap the model in torch.compile.
     compile: bool = False
+    # How the model is spread over the processes: "ddp" (each holds the whole model, gradients
+    # all-reduced) or "fsdp" (FSDP2: parameters, gradients and optimizer state sharded, each unit
+    # gathered only while it computes; checkpoints sharded through torch.distributed.checkpoint).
+    strategy: str = "ddp"
+    # With fsdp: class names of the submodules sharded as units of their own (gathered one at a
+    # time); empty means every module held in an nn.ModuleList (a transformer's blocks). The rest
+    # of the model (embeddings, head: tied weights stay together) is the root's unit.
+    fsdp_units: list[str] = field(default_factory=list)
+    # With fsdp: shard within a node and replicate across nodes (HSDP): gathers stay on the node's
+    # fast links, only the gradient all-reduce crosses nodes. Needs the same tasks on every node.
+    hsdp: bool = False
     # torch.distributed backend: "auto" is NCCL on GPU, gloo on CPU.
     backend: str = "auto"
     # DDP gradient bucket size in MiB (larger buckets, fewer all-reduces).
@@ -130,6 +141,23 @@ class TrainerConfig:
             self.precision in ("bf16", "fp16", "fp32"),
             "trainer.precision",
             f"must be bf16, fp16 or fp32 (got {self.precision!r})",
+        )
+        require(self.strategy in ("ddp", "fsdp"), "trainer.strategy", f"must be ddp or fsdp (got {self.strategy!r})")
+        require(
+            not (self.strategy == "fsdp" and self.compile),
+            "trainer.compile",
+            "is not offered with trainer.strategy=fsdp yet; set trainer.compile=false or trainer.strategy=ddp",
+        )
+        require(
+            not (self.strategy == "fsdp" and self.precision == "fp16"),
+            "trainer.precision",
+            "fp16 needs a gradient scaler that FSDP's sharded gradients do not have here; use bf16 with "
+            "trainer.strategy=fsdp",
+        )
+        require(
+            not self.hsdp or self.strategy == "fsdp",
+            "trainer.hsdp",
+            "shards within a node, which needs trainer.strategy=fsdp",
         )
         require(
             self.backend in ("auto", "gloo", "nccl"),

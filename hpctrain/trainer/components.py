@@ -14,12 +14,13 @@ from torch.nn.parallel import DistributedDataParallel
 from hpctrain.config import Config, TrainerConfig, targets
 from hpctrain.data.splits import Splits
 from hpctrain.dist import DistContext
+from hpctrain.trainer import sharding
 
 
 @dataclass
 class Components:
     raw_model: nn.Module  # the user's module: what model.pt and checkpoints hold
-    model: nn.Module  # what the step calls: DDP-wrapped and maybe compiled
+    model: nn.Module  # what the step calls: DDP-wrapped and maybe compiled, or FSDP-sharded
     ddp: DistributedDataParallel | None  # the DDP wrapper inside `model` (no_sync), if distributed
     optimizer: torch.optim.Optimizer
     scheduler: Any  # an LR scheduler, or None
@@ -41,7 +42,11 @@ def build(config: Config, ctx: DistContext, total_steps_for: Any) -> Components:
     torch.manual_seed(config.trainer.seed)
     raw_model = targets.build(config.model).to(ctx.device)
     torch.manual_seed(rank_seed(config.trainer.seed, ctx.rank))
-    model, ddp = wrap(raw_model, config.trainer, ctx)
+    if config.trainer.strategy == "fsdp" and ctx.distributed:
+        # Sharded in place: every rank built the same weights above (FSDP broadcasts nothing).
+        model, ddp = sharding.shard(raw_model, config.trainer, ctx), None
+    else:
+        model, ddp = wrap(raw_model, config.trainer, ctx)
     optimizer = targets.build(config.optim, raw_model.parameters())
     scheduler = build_scheduler(config, optimizer, total_steps_for(splits))
     loss_fn = targets.build(config.loss)

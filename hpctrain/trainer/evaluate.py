@@ -28,13 +28,20 @@ def evaluate(
     loader: DataLoader,
     ctx: DistContext,
     autocast: Callable[[], ContextManager[object]],
+    equal_forwards: bool = False,
 ) -> dict[str, float]:
+    """`equal_forwards`: every rank runs as many forwards as the rank with the most batches (a
+    sharded model's forward is a collective); the extra ones count nothing."""
     was_training = model.training
     model.eval()
     # [sum of losses, samples, correct predictions, class predictions made], kept on the device
     # until the end: one all-reduce and one host sync per evaluation.
     totals = torch.zeros(4, dtype=torch.float64, device=ctx.device)
+    batches = 0
+    first: tuple[torch.Tensor, ...] | None = None
     for batch in loader:
+        batches += 1
+        first = first or batch
         inputs, target = to_device(batch, ctx.device)
         with autocast():
             output = model(inputs)
@@ -45,6 +52,13 @@ def evaluate(
         if output.dim() == 2 and not target.is_floating_point():
             totals[2] += (output.argmax(dim=1) == target).sum()
             totals[3] += count
+    if equal_forwards and ctx.distributed:
+        most = torch.tensor([batches], device=ctx.device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        for _ in range(int(most.item()) - batches):
+            inputs, _ = to_device(first if first is not None else _any_batch(loader), ctx.device)
+            with autocast():
+                model(inputs)
     if ctx.distributed:
         dist.all_reduce(totals)
     model.train(was_training)
@@ -53,3 +67,8 @@ def evaluate(
     if classified:
         metrics["eval_accuracy"] = correct / classified
     return metrics
+
+
+def _any_batch(loader: DataLoader) -> tuple[torch.Tensor, ...]:
+    """One sample of the loader's dataset as a batch: the forward of a rank whose shard is empty."""
+    return next(iter(DataLoader(loader.dataset, batch_size=1)))

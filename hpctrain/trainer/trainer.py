@@ -21,6 +21,7 @@ import torch.distributed as dist
 from hpctrain import faults, startup_clock
 from hpctrain.checkpoint import Checkpointer, rng
 from hpctrain.checkpoint.deadline import SigtermTimesReading, deadline_s, preempted_now, sigterm_s
+from hpctrain.checkpoint.sharded import ShardedCheckpointer
 from hpctrain.checkpoint.writer import DiskFull
 from hpctrain.config import Config, fingerprint, identity
 from hpctrain.data.splits import Splits
@@ -31,7 +32,7 @@ from hpctrain.run.causes import CheckpointReason, StopReason
 from hpctrain.run.events import Finish, Journal, Pruned, Start, Stop
 from hpctrain.run.paths import RunDir
 from hpctrain.signals import StopFlag
-from hpctrain.trainer import components, layout, loaders
+from hpctrain.trainer import components, layout, loaders, sharding
 from hpctrain.trainer.evaluate import evaluate, flatten
 from hpctrain.trainer.progress import Progress
 from hpctrain.trainer.stop_vote import StopVote
@@ -91,15 +92,31 @@ class Trainer:
         self.eval_loader = loaders.eval_loader(parts.splits.eval, config.data, ctx)
         self.total_steps = self._total_steps_for(parts.splits)
         self.scaler = torch.amp.GradScaler("cuda") if self._precision == "fp16" else None
-        self.checkpointer = Checkpointer(
-            self.run.checkpoints,
-            ctx,
-            config.trainer.keep_checkpoints,
-            fingerprint(config),
-            on_written=self.journal.write_event,
-            identity=identity(config),
-            on_forced=self.journal.write_event,
-        )
+        # trainer.strategy=fsdp: no process holds the whole model, so none writes it whole either.
+        self.sharded = config.trainer.strategy == "fsdp"
+        self.checkpointer: Checkpointer | ShardedCheckpointer
+        if self.sharded:
+            self.checkpointer = ShardedCheckpointer(
+                self.run.checkpoints,
+                ctx,
+                config.trainer.keep_checkpoints,
+                fingerprint(config),
+                on_written=self.journal.write_event,
+                model=self.raw_model,
+                optimizer=self.optimizer,
+                identity=identity(config),
+                on_forced=self.journal.write_event,
+            )
+        else:
+            self.checkpointer = Checkpointer(
+                self.run.checkpoints,
+                ctx,
+                config.trainer.keep_checkpoints,
+                fingerprint(config),
+                on_written=self.journal.write_event,
+                identity=identity(config),
+                on_forced=self.journal.write_event,
+            )
         # A trial of hpctrain-tune with a pruner: asked at evaluation steps (None otherwise).
         self.pruner = TrialPruner.for_run(self.run, config, ctx)
         # What a SIGTERM gives for the forced save (GraceTime, KillWait): read once, beside the
@@ -171,7 +188,11 @@ class Trainer:
         return last
 
     def evaluate(self) -> dict[str, float]:
-        return evaluate(self.raw_model, self.loss_fn, self.eval_loader, self.ctx, self._autocast)
+        # A sharded model gathers its weights in every forward, a collective: every rank runs as
+        # many forwards as the rank with the most evaluation batches.
+        return evaluate(
+            self.raw_model, self.loss_fn, self.eval_loader, self.ctx, self._autocast, equal_forwards=self.sharded
+        )
 
     def _log(self, progress: Progress, evaluate_now: bool) -> dict[str, Any]:
         record: dict[str, Any] = progress.collect(self.state.step, self.optimizer.param_groups[0]["lr"])
@@ -204,6 +225,8 @@ class Trainer:
         for micro in range(accum):
             inputs, target = loaders.to_device(next(batches), self.ctx.device)
             # Only the last micro-batch all-reduces gradients; the others accumulate locally.
+            if accum > 1 and sharding.is_sharded(self.model):  # one process: a plain model
+                sharding.set_gradient_sync(self.model, micro == accum - 1)
             with components.grad_sync(self.ddp, last=micro == accum - 1):
                 with self._autocast():
                     output, target = flatten(self.model(inputs), target)
@@ -247,9 +270,12 @@ class Trainer:
     # ---- checkpoints ------------------------------------------------------------------------
 
     def _state_tree(self) -> dict[str, Any]:
+        # A sharded checkpointer takes the model's and the optimizer's shards itself (DCP).
+        weights = (
+            {} if self.sharded else {"model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        )
         return {
-            "model": self.raw_model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            **weights,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "train": asdict(self.state),
@@ -292,7 +318,8 @@ class Trainer:
         return blocked
 
     def _resume(self) -> None:
-        saved = self.checkpointer.load(expect_model=self.raw_model.state_dict())
+        # A sharded checkpoint is loaded into the model and the optimizer by the checkpointer.
+        saved = self.checkpointer.load(expect_model=None if self.sharded else self.raw_model.state_dict())
         if saved is None:
             return
         faults.point("trainer.resume_loading")
@@ -305,8 +332,9 @@ class Trainer:
         state.batch_in_epoch = layout.moved_position(state.batch_in_epoch, saved_layout, resumed_layout)
         if resumed_layout != self.layout:
             self._use_layout(resumed_layout)
-        self.raw_model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
+        if not self.sharded:
+            self.raw_model.load_state_dict(saved["model"])
+            self.optimizer.load_state_dict(saved["optimizer"])
         if self.scheduler is not None and saved["scheduler"] is not None:
             self.scheduler.load_state_dict(saved["scheduler"])
         if self.scaler is not None and saved["scaler"] is not None:
@@ -346,7 +374,12 @@ class Trainer:
         total = self._total_steps_for(self.splits)
         if total != self.total_steps:
             self.total_steps = total
+            # A new scheduler sets the groups' learning rate to its first step's: the rate the
+            # checkpoint's optimizer state holds (a sharded one is loaded already) is kept.
+            rates = [group["lr"] for group in self.optimizer.param_groups]
             self.scheduler = components.build_scheduler(cfg, self.optimizer, total)
+            for group, rate in zip(self.optimizer.param_groups, rates, strict=True):
+                group["lr"] = rate
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -406,9 +439,12 @@ class Trainer:
 
     def _save_weights(self) -> None:
         """model.pt: a plain state_dict on CPU, no `module.` prefix, written atomically."""
+        if self.sharded:  # gathered to rank 0 (collective), one tensor at a time
+            weights = sharding.full_weights(self.raw_model)
+        elif self.ctx.is_main:
+            weights = {k: v.detach().cpu() for k, v in self.raw_model.state_dict().items()}
         if not self.ctx.is_main:
             return
-        weights = {k: v.detach().cpu() for k, v in self.raw_model.state_dict().items()}
         tmp = self.run.model.with_name("model.pt.tmp")
         torch.save(weights, tmp)
         os.replace(tmp, self.run.model)

@@ -1,0 +1,403 @@
+"""Sharded checkpoints (trainer.strategy=fsdp): every rank writes its own shards through
+torch.distributed.checkpoint (DCP), and no rank ever holds the whole model.
+
+    step_00000120.dcp/    DCP's files: __<rank>_0.distcp (each rank's shards), .metadata (written
+                          last, by rank 0), and shard<rank>.sums (each rank's sizes and sha256)
+    step_00000120.json    written last, by rank 0, once every rank's files are complete: step,
+                          reason, format_version, fingerprint, identity, and every file's size and
+                          sha256. The checkpoint counts only with it, so a torn save is never loaded.
+
+What a .pt checkpoint promises holds here too: atomic (the .json), integrity-checked (every file
+against its sha256, the work shared by the ranks on load), background saves whose blocking part
+is DCP's copy to host memory (their collectives run on a gloo group of their own, so training's
+collectives go on beside them), forced saves under the signal's deadline, `keep` rotation and a
+format version. A DCP write cannot be cancelled half-way: a forced save waits for the write under
+way, then writes the stop step if the time left allows. A checkpoint written by W ranks loads on
+any number of ranks (DCP reshards model and optimizer state), or into a plain model
+(`hpctrain-export`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hpctrain import faults
+from hpctrain.checkpoint import rng
+from hpctrain.checkpoint.deadline import plan_forced_save
+from hpctrain.checkpoint.format import FORMAT_VERSION, check_readable
+from hpctrain.checkpoint.store import NoUsableCheckpoint
+from hpctrain.dist import DistContext
+from hpctrain.errors import UserError
+from hpctrain.run.causes import CheckpointReason, StopReason
+from hpctrain.run.events import Checkpoint, ForcedSave
+from hpctrain.run.paths import checkpoint_files, checkpoints_in
+
+log = logging.getLogger(__name__)
+
+SUMS_WAIT_S = 600.0  # rank 0 waits this long for every rank's sums of a completed write
+
+
+def shards_dir(folder: Path, step: int) -> Path:
+    return checkpoint_files(folder, step).data.with_suffix(".dcp")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as file:
+        json.dump(value, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ShardedCheckpointer:
+    def __init__(
+        self,
+        folder: Path,
+        ctx: DistContext,
+        keep: int,
+        fingerprint: str,
+        on_written: Callable[[Checkpoint], None],
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        identity: dict[str, Any] | None = None,
+        on_forced: Callable[[ForcedSave], None] | None = None,
+    ) -> None:
+        self.folder = folder
+        self.ctx = ctx
+        self.keep = keep
+        self.fingerprint = fingerprint
+        self.on_written = on_written
+        self.on_forced = on_forced or (lambda record: None)
+        self.model = model
+        self.optimizer = optimizer
+        self.meta = {
+            "fingerprint": fingerprint,
+            "format_version": FORMAT_VERSION,
+            "sharded": True,
+            **({"identity": identity} if identity is not None else {}),
+        }
+        # DCP's collectives of a background write, apart from the training's: two threads never
+        # share one group (gloo would mix their messages up).
+        self.group = dist.new_group(backend="gloo") if ctx.distributed else None
+        self._pending: threading.Thread | None = None
+        self._pending_step: int | None = None
+        self._error: BaseException | None = None
+        self.last_write_s: float | None = None  # the last complete write's time (a forced save's estimate)
+
+    # ---- save ------------------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        reason: CheckpointReason,
+        background: bool,
+        stop_requested: Callable[[], bool] | None = None,
+    ) -> float:
+        """Collective. Returns the seconds training was blocked. Every rank writes alike (a
+        sharded save cannot be skipped by one rank alone: `stop_requested` is not consulted; the
+        forced save after it waits for this write)."""
+        started = time.perf_counter()
+        rngs = self._gather(rng.capture())
+        self.wait()  # never two writes at once
+        tree = self._tree(state, rngs)
+        target = self._fresh_target(step)
+        info = {"reason": reason}
+        if background and self.ctx.distributed:  # one process has no training to go on beside
+            import torch.distributed.checkpoint as dcp
+
+            # The blocking part: DCP stages (copies) the shards to host memory, then writes them in
+            # its own thread while training goes on.
+            future = dcp.async_save(tree, storage_writer=self._writer(target), process_group=self.group)
+            blocking_s = time.perf_counter() - started
+            self._finish_in_background(step, future, {**info, "blocking_s": round(blocking_s, 4)}, started)
+            return blocking_s
+        self._write_now(step, tree, info, started)
+        return time.perf_counter() - started
+
+    def _fresh_target(self, step: int) -> Path:
+        """Collective. The step's folder, empty: a torn or corrupt write of the same step (a life
+        that redoes steps) must leave no file, and no sums, that could pass for this write's."""
+        target = shards_dir(self.folder, step)
+        if self.ctx.is_main:
+            checkpoint_files(self.folder, step).meta.unlink(missing_ok=True)
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir(parents=True)
+        if self.ctx.distributed:
+            dist.barrier()
+        return target
+
+    def _writer(self, target: Path) -> Any:
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        return FileSystemWriter(str(target), sync_files=True, overwrite=True)
+
+    def _write_now(self, step: int, tree: dict[str, Any], info: dict[str, Any], started: float) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        target = self._fresh_target(step)
+        blocking_s = time.perf_counter() - started
+        dcp.save(tree, storage_writer=self._writer(target), process_group=self.group, no_dist=not self.ctx.distributed)
+        self._publish(step, {**info, "blocking_s": round(blocking_s, 4)}, started)
+
+    def _finish_in_background(self, step: int, future: Any, info: dict[str, Any], started: float) -> None:
+        def finish() -> None:
+            try:
+                future.result()
+                self._publish(step, info, started)
+            except BaseException as error:  # reported to the trainer at the next wait()
+                log.error("checkpoint at step %d failed: %s; the previous checkpoints are intact", step, error)
+                self._error = error
+
+        self._pending_step = step
+        self._pending = threading.Thread(target=finish, name=f"checkpoint-{step}", daemon=False)
+        self._pending.start()
+
+    def _publish(self, step: int, info: dict[str, Any], started: float) -> None:
+        """Every rank: the sums of its own files. Rank 0: once every rank's sums are there, the
+        .json (the checkpoint counts from here), then the rotation and the record."""
+        target = shards_dir(self.folder, step)
+        rank = self.ctx.rank
+        mine = sorted(target.glob(f"__{rank}_*.distcp"))
+        if rank == 0:
+            mine.append(target / ".metadata")
+        _write_json(target / f"shard{rank}.sums", {p.name: [p.stat().st_size, _sha256(p)] for p in mine})
+        if not self.ctx.is_main:
+            return
+        files: dict[str, list[Any]] = {}
+        waited_until = time.monotonic() + SUMS_WAIT_S
+        for other in range(self.ctx.world_size):
+            sums = target / f"shard{other}.sums"
+            while not sums.exists():
+                if time.monotonic() > waited_until:
+                    raise TimeoutError(f"{sums}: rank {other} did not finish its part of the checkpoint")
+                time.sleep(0.02)
+            files.update(json.loads(sums.read_text()))
+        faults.point("checkpoint.between_renames")
+        write_s = time.perf_counter() - started
+        meta = {"step": step, "files": files, "world_size": self.ctx.world_size, **info, **self.meta}
+        _write_json(checkpoint_files(self.folder, step).meta, meta)
+        _fsync_dir(self.folder)
+        self.last_write_s = write_s
+        self._prune()
+        self.on_written(Checkpoint(**info, step=step, write_s=round(write_s, 4)))
+
+    def wait(self) -> None:
+        """The write under way, finished and published (every rank); its error raised."""
+        if self._pending is not None:
+            self._pending.join()
+            self._pending, self._pending_step = None, None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _prune(self) -> None:
+        published = checkpoints_in(self.folder)
+        for entry in published[self.keep :]:
+            entry.meta.unlink(missing_ok=True)  # the marker first: a half-deleted one never counts
+            shutil.rmtree(shards_dir(self.folder, entry.step), ignore_errors=True)
+        kept = {entry.step for entry in published[: self.keep]}
+        oldest_kept = min(kept) if kept else None
+        for folder in self.folder.glob("step_*.dcp"):
+            step = int(folder.stem.removeprefix("step_"))
+            if step not in kept and oldest_kept is not None and step < oldest_kept:
+                shutil.rmtree(folder, ignore_errors=True)  # torn: never published
+
+    # ---- forced save -----------------------------------------------------------------------
+
+    def forced_save(self, step: int, state: dict[str, Any], reason: StopReason, deadline_s: float | None) -> None:
+        """Collective. The write under way is waited for (a DCP write cannot be cancelled half-way);
+        then rank 0 plans the stop step's write against what is left of the deadline
+        (hpctrain.checkpoint.deadline) and every rank follows the plan."""
+        started = time.perf_counter()
+        rngs = self._gather(rng.capture())
+        inflight_step = self._pending_step
+        self.wait()
+        left_s = None if deadline_s is None else max(0.0, deadline_s - (time.perf_counter() - started))
+        decision: list[Any] = [None]
+        newest = checkpoints_in(self.folder)
+        if self.ctx.is_main:
+            chosen = plan_forced_save(step, left_s, self.last_write_s, None, None, newest[0].step if newest else None)
+            decision = [(chosen.choice, chosen.why)]
+        if self.ctx.distributed:
+            dist.broadcast_object_list(decision, src=0)
+        choice, why = decision[0]
+        if choice == "written":
+            info = {"reason": reason.checkpoint_reason, "deadline_s": deadline_s, "forced_save": choice}
+            self._write_now(step, self._tree(state, rngs), info, time.perf_counter())
+        if inflight_step is not None and choice != "written":
+            choice = "inflight_only"
+        if self.ctx.is_main:
+            complete = checkpoints_in(self.folder)
+            resume_step = complete[0].step if complete else 0
+            self.on_forced(
+                ForcedSave(
+                    step=step,
+                    reason=reason,
+                    forced_save=choice,
+                    why=why if inflight_step is None else f"waited for the write of step {inflight_step}; {why}",
+                    deadline_s=None if deadline_s is None else round(deadline_s, 2),
+                    estimated_write_s=None if self.last_write_s is None else round(self.last_write_s, 2),
+                    inflight_step=inflight_step,
+                    resume_step=resume_step,
+                    redo_steps=step - resume_step,
+                    took_s=round(time.perf_counter() - started, 3),
+                )
+            )
+        if self.ctx.distributed:
+            dist.barrier()  # every rank exits after rank 0 published, never during it
+
+    # ---- the state -------------------------------------------------------------------------
+
+    def _tree(self, state: dict[str, Any], rngs: list[dict[str, Any]]) -> dict[str, Any]:
+        """What DCP writes: model and optimizer sharded (FQN keys), the rest one small blob."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        extras = {
+            **{k: v for k, v in state.items() if k not in ("model", "optimizer")},
+            "rng": rngs,
+            "world_size": self.ctx.world_size,
+            "fingerprint": self.fingerprint,
+            "format_version": FORMAT_VERSION,
+        }
+        blob = io.BytesIO()
+        torch.save(extras, blob)
+        blob.seek(0)
+        return {"model": model_state, "optimizer": optimizer_state, "extras": blob}
+
+    def _gather(self, mine: dict[str, Any]) -> list[dict[str, Any]]:
+        if not self.ctx.distributed:
+            return [mine]
+        everyone: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(everyone, mine)
+        return everyone
+
+    # ---- load ------------------------------------------------------------------------------
+
+    def load(self, expect_model: Any = None) -> dict[str, Any] | None:
+        """Collective. Loads the newest complete, intact checkpoint into the model and the
+        optimizer (resharded to this world size) and returns the rest of its state, this rank's
+        RNG under "rng" (None for a rank the writer did not have); None for a fresh run."""
+        candidates = checkpoints_in(self.folder)
+        problems: list[str] = []
+        for entry in candidates:
+            problem = self._agreed_problem(entry.step)
+            if problem is None:
+                return self._load(entry.step)
+            problems.append(f"{entry.meta.name}: {problem}")
+            log.warning("checkpoint %s is not usable (%s); trying the one before", entry.meta.name, problem)
+        if problems or any(self.folder.glob("step_*.dcp")):
+            raise NoUsableCheckpoint(
+                f"{self.folder} has checkpoints but none is usable:\n  "
+                + "\n  ".join(problems or ["no complete checkpoint (shards without their .json)"])
+                + "\nRefusing to start over; move the folder away to train from scratch."
+            )
+        return None
+
+    def _agreed_problem(self, step: int) -> str | None:
+        """What is wrong with the checkpoint of `step` (None: nothing): every rank checks its
+        share of the files, and all learn the first problem found."""
+        try:
+            meta = json.loads(checkpoint_files(self.folder, step).meta.read_text())
+        except (OSError, ValueError) as error:
+            problem: str | None = f"unreadable ({error})"
+            meta = {}
+        else:
+            check_readable(meta, str(checkpoint_files(self.folder, step).meta))
+            problem = self._mismatch(meta, step) or self._check_files(meta, step)
+        if not self.ctx.distributed:
+            return problem
+        everyone: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(everyone, problem)
+        return next((p for p in everyone if p is not None), None)
+
+    def _mismatch(self, meta: dict[str, Any], step: int) -> str | None:
+        if meta.get("fingerprint") == self.fingerprint:
+            return None
+        from hpctrain.checkpoint import CheckpointMismatch
+        from hpctrain.config import differences
+
+        mine = self.meta.get("identity")
+        changed = differences(meta.get("identity") or {}, mine if isinstance(mine, dict) else {})
+        raise CheckpointMismatch(
+            f"{self.folder}: the checkpoint at step {step} was written by a run with a different model, data or "
+            f"optimizer{f' ({changed})' if changed else ''}; refusing to resume it: train this config in a new run "
+            f"dir (hydra.run.dir=...), or move {self.folder} away to start over"
+        )
+
+    def _check_files(self, meta: dict[str, Any], step: int) -> str | None:
+        files = meta.get("files")
+        if not isinstance(files, dict) or ".metadata" not in files:
+            return "no list of its files"
+        target = shards_dir(self.folder, step)
+        for index, (name, (size, digest)) in enumerate(sorted(files.items())):
+            if index % self.ctx.world_size != self.ctx.rank:
+                continue  # another rank's share
+            path = target / name
+            if not path.is_file():
+                return f"{name}: missing"
+            if path.stat().st_size != size:
+                return f"{name}: {path.stat().st_size} bytes, expected {size} (torn write?)"
+            if _sha256(path) != digest:
+                return f"{name}: checksum mismatch (corrupted)"
+        return None
+
+    def _load(self, step: int) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        blob = io.BytesIO()
+        tree: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state, "extras": blob}
+        try:
+            reader = FileSystemReader(str(shards_dir(self.folder, step)))
+            dcp.load(tree, storage_reader=reader, no_dist=not self.ctx.distributed)
+        except Exception as error:  # the model's code changed: other names or shapes
+            raise UserError(
+                f"{self.folder}: the checkpoint at step {step} does not fit this model ({str(error).splitlines()[0]}); "
+                f"was the model's code changed? Refusing to resume it: train this config in a new run dir "
+                f"(hydra.run.dir=...), or move {self.folder} away to start over"
+            ) from error
+        set_state_dict(self.model, self.optimizer, model_state_dict=tree["model"], optim_state_dict=tree["optimizer"])
+        # DCP hands a saved BytesIO back unpickled (its own torch.load); read it here if not.
+        extras = tree["extras"]
+        if isinstance(extras, io.BytesIO):
+            extras.seek(0)
+            extras = torch.load(extras, map_location="cpu", weights_only=True)
+        check_readable(extras, str(shards_dir(self.folder, step)))
+        rngs = extras["rng"]
+        extras["rng"] = rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else None
+        return extras
