@@ -13,7 +13,9 @@ checkpoints sharded through torch.distributed.checkpoint (DCP).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,26 @@ def test_a_torn_newest_checkpoint_is_never_loaded(uninterrupted: Path, tmp_path:
     assert [s["resumed_from_step"] for s in events(run_dir, "start")] == [0, 5]
     mine, theirs = load_weights(run_dir), load_weights(uninterrupted)
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+
+
+def test_hpctrain_export_writes_the_weights_of_any_checkpoint(uninterrupted: Path, tmp_path: Path) -> None:
+    """A sharded checkpoint, read in one process without a process group: the final one equals
+    model.pt; an earlier one is the model at its step; a corrupt shard is refused by name."""
+    export = [sys.executable, "-m", "hpctrain.cli.export", str(uninterrupted)]
+    done = subprocess.run([*export, "--out", str(tmp_path / "final.pt")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    final, model_pt = torch.load(tmp_path / "final.pt", weights_only=True), load_weights(uninterrupted)
+    assert final.keys() == model_pt.keys() and all(torch.equal(final[k], model_pt[k]) for k in final)
+    done = subprocess.run([*export, "--step", "15", "--out", str(tmp_path / "at15.pt")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert not torch.equal(torch.load(tmp_path / "at15.pt")["wte.weight"], final["wte.weight"])
+    missing = subprocess.run([*export, "--step", "3"], capture_output=True, text=True)
+    assert missing.returncode == 2 and "it has: 20, 15" in missing.stderr, missing.stderr
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(uninterrupted, corrupt)
+    shard = corrupt / "checkpoints" / "step_00000020.dcp" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:-1])
+    refused = subprocess.run(
+        [sys.executable, "-m", "hpctrain.cli.export", str(corrupt)], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "__0_0.distcp: missing, torn or corrupt" in refused.stderr, refused.stderr

@@ -171,6 +171,8 @@ def test_install_gives_working_console_scripts(way: str, tmp_path: Path) -> None
     assert len(rows) == len(shown) + 1, status.stdout  # a row per sweep point
     if way == "wheel":
         assert "FINISHED" in rows[0] and "4/4" in rows[0], status.stdout
+        exported = _run([str(scripts / "hpctrain-export"), "trained", "--out", "weights.pt"], work)
+        assert "step 4 of trained" in exported.stdout and (work / "weights.pt").is_file(), exported.stderr
 
     # The sweep operations: a dry-run sweep has no job to cancel or retry, and says so.
     cancel = _run([str(scripts / "hpctrain-cancel"), "--dry-run", "sweep"], work)

@@ -27,6 +27,7 @@ import os
 import shutil
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -401,3 +402,31 @@ class ShardedCheckpointer:
         rngs = extras["rng"]
         extras["rng"] = rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else None
         return extras
+
+
+def read_model_weights(folder: Path, step: int) -> dict[str, torch.Tensor]:
+    """The model's full weights from a sharded checkpoint, in one process without a process
+    group (hpctrain-export): only the model's tensors are read, never the optimizer's. Raises
+    ValueError when a file does not match its .json's sha256."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = json.loads(checkpoint_files(folder, step).meta.read_text())
+    check_readable(meta, str(checkpoint_files(folder, step).meta))
+    target = shards_dir(folder, step)
+    for name, (size, digest) in sorted(meta.get("files", {}).items()):
+        path = target / name
+        if not path.is_file() or path.stat().st_size != size or _sha256(path) != digest:
+            raise ValueError(f"{path}: missing, torn or corrupt (its size or sha256 differ from {step:08d}'s .json)")
+    reader = FileSystemReader(str(target))
+    stored = reader.read_metadata().state_dict_metadata
+    weights = {
+        key.removeprefix("model."): torch.empty(item.size, dtype=item.properties.dtype)
+        for key, item in stored.items()
+        if key.startswith("model.") and isinstance(item, TensorStorageMetadata)
+    }
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
+        dcp.load({"model": weights}, storage_reader=reader, no_dist=True)
+    return weights
