@@ -9,6 +9,7 @@ import os
 import time
 
 from hpctrain.models.convnet import ConvNet
+from hpctrain.models.gpt import GPT
 
 PAUSE_ENV = "HPCTRAIN_TEST_STEP_PAUSE_S"
 
@@ -25,3 +26,13 @@ class PacedConvNet(ConvNet):
 # arithmetic (6 CPU-ms a step for the default 32/64-channel ConvNet, under 2 for this one) only
 # costs CPU the suite shares with every other test.
 PACED = ["model._target_=helpers.paced.PacedConvNet", "model.channels=[8,16]", "model.hidden=32"]
+
+
+class PacedGPT(GPT):
+    """The GPT with the same floor on each training step (for trainer.strategy=fsdp on Slurm)."""
+
+    def forward(self, idx):
+        pause_s = float(os.environ.get(PAUSE_ENV, "0"))
+        if self.training and pause_s > 0:
+            time.sleep(pause_s)
+        return super().forward(idx)
