@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.paced import DEFAULT_STEP_PAUSE_S, PACED, PAUSE_ENV
 from helpers.relaunch_breakdown import breakdown, told
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
@@ -35,13 +36,16 @@ pytestmark = pytest.mark.slurm
 
 # Long enough to be interrupted mid-run; digits has 22 steps an epoch at 2 x 32, so any
 # interruption point is mid-epoch or close to it.
-RUN = ["trainer.log_every=5", "trainer.eval_every=0", "trainer.ckpt_every=20"]
+RUN = [*PACED, "trainer.log_every=5", "trainer.eval_every=0", "trainer.ckpt_every=20"]
 SETUP_BEGINS = "hpctrain-test: setup begins"
 
 
 @pytest.fixture(scope="module")
 def slurm_env() -> dict[str, str]:
-    return start_cluster()
+    # The small paced model (helpers.paced, in every config here): its steps take about as long
+    # as the default ConvNet's, at a quarter of the CPU the suite shares.
+    env = start_cluster()
+    return {**env, "PYTHONPATH": with_test_helpers(env), PAUSE_ENV: DEFAULT_STEP_PAUSE_S}
 
 
 def test_preemption_saves_at_the_signal_step_and_resumes_exactly(slurm_env, tmp_path: Path) -> None:

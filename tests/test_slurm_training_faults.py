@@ -46,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers.paced import DEFAULT_STEP_PAUSE_S, PACED, PAUSE_ENV
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
     events,
@@ -64,6 +65,7 @@ from slurmtools import (
     wait_finished,
     wait_for_state,
     wait_for_step,
+    with_test_helpers,
 )
 
 from hpctrain import faults
@@ -75,6 +77,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 # Two tasks on one node (its two CPUs): a rank to kill, and ranks that must agree on the stop.
 CONFIG = [
+    *PACED,
     "trainer.log_every=5",
     "trainer.eval_every=0",
     "trainer.ckpt_every=20",
@@ -88,7 +91,10 @@ END_TIMEOUT_S = 600  # two lives of a job, a requeue hold lifted, on a loaded tw
 
 @pytest.fixture(scope="module")
 def slurm_env() -> dict[str, str]:
-    return start_cluster()
+    # The small paced model (helpers.paced, in every config here): its steps take about as long
+    # as the default ConvNet's, at a quarter of the CPU the suite shares.
+    env = start_cluster()
+    return {**env, "PYTHONPATH": with_test_helpers(env), PAUSE_ENV: DEFAULT_STEP_PAUSE_S}
 
 
 @pytest.fixture(scope="module")
