@@ -76,7 +76,18 @@ def report_of(task: subprocess.Popen) -> dict:
     return json.loads(line)
 
 
-def gone(pid: int, within_s: float) -> bool:
+def started_at(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, /proc/PID/stat field 22), None if gone:
+    with it, a pid the kernel handed to a new process is not taken for the old one (pid_max is
+    32768 here, and the suite starts tens of thousands of processes)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def gone(pid: int, within_s: float, started: str | None = None) -> bool:
+    """The process `pid` (started at `started`, if given) ended or is a zombie within_s."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         try:
@@ -88,6 +99,8 @@ def gone(pid: int, within_s: float) -> bool:
                 return True
         except OSError:
             return True
+        if started is not None and started_at(pid) != started:
+            return True  # the pid now belongs to another process
         time.sleep(0.02)
     return False
 
@@ -127,11 +140,12 @@ def test_a_signal_to_the_task_reaches_the_worker_and_its_exit_code_comes_back(se
 def test_a_task_killed_takes_its_worker_with_it(server) -> None:
     task = handoff(*server, "sleep")
     worker = report_of(task)["pid"]
+    started = started_at(worker)
     task.kill()  # as Slurm ends a step, or the heartbeat watcher kills it
     task.wait()
     # The monitor sees the task's end within 50 ms of being scheduled; on a loaded machine (the
     # suite beside it) that can take seconds. What counts is that the worker goes, not the delay.
-    assert gone(worker, 15.0), f"worker {worker} outlived its task"
+    assert gone(worker, 15.0, started), f"worker {worker} outlived its task"
 
 
 def test_a_worker_killed_by_a_signal_ends_its_task_by_the_same_signal(server) -> None:
