@@ -24,20 +24,13 @@ from slurmtools import (
     wait_for_step,
     with_test_helpers,
 )
+from test_fsdp import TINY_MODEL
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TRAIN = [
-    "model=gpt",
-    "data=tokens",
+    *TINY_MODEL,
     "model._target_=helpers.paced.PacedGPT",
-    "model.n_layer=2",
-    "model.n_embd=32",
-    "model.n_head=2",
-    "data.dataset.vocab_size=64",
-    "data.dataset.seq_len=16",
-    "data.dataset.num_train=512",
-    "data.dataset.num_eval=40",
     "data.batch_size=6",
     "trainer.strategy=fsdp",
     "trainer.max_steps=300",

@@ -107,22 +107,15 @@ def listener() -> Iterator[socket.socket]:
 
 
 def _beats_for(sock: socket.socket, seconds: float) -> list[Beat]:
-    heard, deadline = [], time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            beat = Beat.decode(sock.recv(4096))
-        except TimeoutError:
-            continue
-        if beat is not None:
-            heard.append(beat)
-    return heard
+    return _first_beats(sock, count=None, within_s=seconds)
 
 
-def _first_beats(sock: socket.socket, count: int, within_s: float) -> list[Beat]:
-    """The first `count` beats, waiting at most within_s: a beater's start (a Python process)
-    takes seconds on a loaded machine, and only then does it beat once a second."""
-    heard, deadline = [], time.monotonic() + within_s
-    while len(heard) < count and time.monotonic() < deadline:
+def _first_beats(sock: socket.socket, count: int | None, within_s: float) -> list[Beat]:
+    """The first `count` beats (None: all), waiting at most within_s: a beater's start (a Python
+    process) takes seconds on a loaded machine, and only then does it beat once a second."""
+    heard: list[Beat] = []
+    deadline = time.monotonic() + within_s
+    while (count is None or len(heard) < count) and time.monotonic() < deadline:
         try:
             beat = Beat.decode(sock.recv(4096))
         except TimeoutError:

@@ -83,7 +83,7 @@ class Checkpointer:
         save is skipped when `stop_requested()` is (or turns) true before its copy: the stop's
         forced save, at the next step boundary, then decides within its deadline."""
         started = time.perf_counter()
-        rngs = self._gather(rng.capture())
+        rngs = rng.gathered(self.ctx)
         if self.ctx.is_main:
             # Once a stop is requested, neither the wait nor the copy: the forced save comes next.
             if (
@@ -120,7 +120,7 @@ class Checkpointer:
         limit): waits for, abandons or keeps the write under way, writes the stop step or not,
         as hpctrain.checkpoint.deadline decides; rank 0 reports what it did to `on_forced`."""
         started = time.perf_counter()
-        rngs = self._gather(rng.capture())
+        rngs = rng.gathered(self.ctx)
         if self.ctx.is_main:
             chosen, estimates = forced.plan(self.writer, step, state, deadline_s)
             log.info("forced save at step %d (%s): %s, %s", step, reason, chosen.choice, chosen.why)
@@ -160,13 +160,6 @@ class Checkpointer:
                 f"{self.folder}: the weights of the checkpoint at step {step} do not fit this model "
                 f"({'; '.join(problems)}); was the model's code changed? Refusing to resume it: {self._what_to_do()}"
             )
-
-    def _gather(self, mine: dict[str, Any]) -> list[dict[str, Any]]:
-        if not self.ctx.distributed:
-            return [mine]
-        everyone: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(everyone, mine)
-        return everyone
 
     # ---- load ------------------------------------------------------------------------------
 

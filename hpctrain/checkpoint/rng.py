@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 
 def capture() -> dict[str, Any]:
@@ -46,3 +47,13 @@ def restore(state: dict[str, Any]) -> None:
     )
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def gathered(ctx: Any) -> list[dict[str, Any]]:
+    """Collective. Every rank's RNG states (capture()), indexed by rank, on every rank."""
+    mine = capture()
+    if not ctx.distributed:
+        return [mine]
+    everyone: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(everyone, mine)
+    return everyone

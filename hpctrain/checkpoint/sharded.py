@@ -40,7 +40,7 @@ from hpctrain import faults
 from hpctrain.checkpoint import rng
 from hpctrain.checkpoint.deadline import plan_forced_save
 from hpctrain.checkpoint.format import FORMAT_VERSION, check_readable
-from hpctrain.checkpoint.store import NoUsableCheckpoint
+from hpctrain.checkpoint.store import NoUsableCheckpoint, fsync_dir
 from hpctrain.dist import DistContext
 from hpctrain.errors import UserError
 from hpctrain.run.causes import CheckpointReason, StopReason
@@ -71,14 +71,6 @@ def _write_json(path: Path, value: Any) -> None:
         file.flush()
         os.fsync(file.fileno())
     os.replace(tmp, path)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ShardedCheckpointer:
@@ -130,7 +122,7 @@ class ShardedCheckpointer:
         sharded save cannot be skipped by one rank alone: `stop_requested` is not consulted; the
         forced save after it waits for this write)."""
         started = time.perf_counter()
-        rngs = self._gather(rng.capture())
+        rngs = rng.gathered(self.ctx)
         self.wait()  # never two writes at once
         tree = self._tree(state, rngs)
         target = self._fresh_target(step)
@@ -209,7 +201,7 @@ class ShardedCheckpointer:
         write_s = time.perf_counter() - started
         meta = {"step": step, "files": files, "world_size": self.ctx.world_size, **info, **self.meta}
         _write_json(checkpoint_files(self.folder, step).meta, meta)
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)
         self.last_write_s = write_s
         self._prune()
         self.on_written(Checkpoint(**info, step=step, write_s=round(write_s, 4)))
@@ -242,7 +234,7 @@ class ShardedCheckpointer:
         then rank 0 plans the stop step's write against what is left of the deadline
         (hpctrain.checkpoint.deadline) and every rank follows the plan."""
         started = time.perf_counter()
-        rngs = self._gather(rng.capture())
+        rngs = rng.gathered(self.ctx)
         inflight_step = self._pending_step
         self.wait()
         left_s = None if deadline_s is None else max(0.0, deadline_s - (time.perf_counter() - started))
@@ -297,13 +289,6 @@ class ShardedCheckpointer:
         torch.save(extras, blob)
         blob.seek(0)
         return {"model": model_state, "optimizer": optimizer_state, "extras": blob}
-
-    def _gather(self, mine: dict[str, Any]) -> list[dict[str, Any]]:
-        if not self.ctx.distributed:
-            return [mine]
-        everyone: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(everyone, mine)
-        return everyone
 
     # ---- load ------------------------------------------------------------------------------
 

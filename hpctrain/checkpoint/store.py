@@ -116,7 +116,8 @@ class _HashingWriter(io.RawIOBase):
             self.control.in_flight()
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make the renames and unlinks in `folder` durable (its entries, not only its files)."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -154,7 +155,7 @@ def write(
         tmp_meta.write_text(json.dumps(meta))
         os.replace(tmp_meta, entry.meta)
         published = True
-        _fsync_dir(folder)
+        fsync_dir(folder)
     except BaseException:
         leftovers = (tmp_data, tmp_meta) if published else (tmp_data, tmp_meta, entry.data)
         for path in leftovers:
