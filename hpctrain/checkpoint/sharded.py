@@ -19,15 +19,12 @@ any number of ranks (DCP reshards model and optimizer state), or into a plain mo
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
-import os
 import shutil
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,7 +37,8 @@ from hpctrain import faults
 from hpctrain.checkpoint import rng
 from hpctrain.checkpoint.deadline import plan_forced_save
 from hpctrain.checkpoint.format import FORMAT_VERSION, check_readable
-from hpctrain.checkpoint.store import NoUsableCheckpoint, fsync_dir
+from hpctrain.checkpoint.shard_files import file_problem, shards_dir, write_json
+from hpctrain.checkpoint.store import NoUsableCheckpoint, fsync_dir, sha256_of
 from hpctrain.dist import DistContext
 from hpctrain.errors import UserError
 from hpctrain.run.causes import CheckpointReason, StopReason
@@ -50,27 +48,6 @@ from hpctrain.run.paths import checkpoint_files, checkpoints_in
 log = logging.getLogger(__name__)
 
 SUMS_WAIT_S = 600.0  # rank 0 waits this long for every rank's sums of a completed write
-
-
-def shards_dir(folder: Path, step: int) -> Path:
-    return checkpoint_files(folder, step).data.with_suffix(".dcp")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _write_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as file:
-        json.dump(value, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, path)
 
 
 class ShardedCheckpointer:
@@ -185,7 +162,7 @@ class ShardedCheckpointer:
         mine = sorted(target.glob(f"__{rank}_*.distcp"))
         if rank == 0:
             mine.append(target / ".metadata")
-        _write_json(target / f"shard{rank}.sums", {p.name: [p.stat().st_size, _sha256(p)] for p in mine})
+        write_json(target / f"shard{rank}.sums", {p.name: [p.stat().st_size, sha256_of(p)] for p in mine})
         if not self.ctx.is_main:
             return
         files: dict[str, list[Any]] = {}
@@ -200,7 +177,7 @@ class ShardedCheckpointer:
         faults.point("checkpoint.between_renames")
         write_s = time.perf_counter() - started
         meta = {"step": step, "files": files, "world_size": self.ctx.world_size, **info, **self.meta}
-        _write_json(checkpoint_files(self.folder, step).meta, meta)
+        write_json(checkpoint_files(self.folder, step).meta, meta)
         fsync_dir(self.folder)
         self.last_write_s = write_s
         self._prune()
@@ -344,21 +321,8 @@ class ShardedCheckpointer:
         )
 
     def _check_files(self, meta: dict[str, Any], step: int) -> str | None:
-        files = meta.get("files")
-        if not isinstance(files, dict) or ".metadata" not in files:
-            return "no list of its files"
         target = shards_dir(self.folder, step)
-        for index, (name, (size, digest)) in enumerate(sorted(files.items())):
-            if index % self.ctx.world_size != self.ctx.rank:
-                continue  # another rank's share
-            path = target / name
-            if not path.is_file():
-                return f"{name}: missing"
-            if path.stat().st_size != size:
-                return f"{name}: {path.stat().st_size} bytes, expected {size} (torn write?)"
-            if _sha256(path) != digest:
-                return f"{name}: checksum mismatch (corrupted)"
-        return None
+        return file_problem(meta, target, share=(self.ctx.rank, self.ctx.world_size))
 
     def _load(self, step: int) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
@@ -387,31 +351,3 @@ class ShardedCheckpointer:
         rngs = extras["rng"]
         extras["rng"] = rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else None
         return extras
-
-
-def read_model_weights(folder: Path, step: int) -> dict[str, torch.Tensor]:
-    """The model's full weights from a sharded checkpoint, in one process without a process
-    group (hpctrain-export): only the model's tensors are read, never the optimizer's. Raises
-    ValueError when a file does not match its .json's sha256."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    meta = json.loads(checkpoint_files(folder, step).meta.read_text())
-    check_readable(meta, str(checkpoint_files(folder, step).meta))
-    target = shards_dir(folder, step)
-    for name, (size, digest) in sorted(meta.get("files", {}).items()):
-        path = target / name
-        if not path.is_file() or path.stat().st_size != size or _sha256(path) != digest:
-            raise ValueError(f"{path}: missing, torn or corrupt (its size or sha256 differ from {step:08d}'s .json)")
-    reader = FileSystemReader(str(target))
-    stored = reader.read_metadata().state_dict_metadata
-    weights = {
-        key.removeprefix("model."): torch.empty(item.size, dtype=item.properties.dtype)
-        for key, item in stored.items()
-        if key.startswith("model.") and isinstance(item, TensorStorageMetadata)
-    }
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
-        dcp.load({"model": weights}, storage_reader=reader, no_dist=True)
-    return weights

@@ -168,6 +168,14 @@ def has_any(folder: Path) -> bool:
     return folder.is_dir() and any(p.suffix in (".pt", ".json") for p in folder.iterdir())
 
 
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def verify(entry: Entry) -> dict[str, Any]:
     """The entry's metadata if its data file is whole and unchanged; raises ValueError if not."""
     try:
@@ -179,11 +187,7 @@ def verify(entry: Entry) -> dict[str, Any]:
     size = entry.data.stat().st_size
     if size != meta.get("size"):
         raise ValueError(f"{entry.data.name}: {size} bytes, expected {meta.get('size')} (torn write?)")
-    digest = hashlib.sha256()
-    with open(entry.data, "rb") as file:
-        for block in iter(lambda: file.read(1 << 22), b""):
-            digest.update(block)
-    if digest.hexdigest() != meta.get("sha256"):
+    if sha256_of(entry.data) != meta.get("sha256"):
         raise ValueError(f"{entry.data.name}: checksum mismatch (corrupted)")
     return meta
 

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 def export(run_dir: Path, step: int | None, out: Path | None) -> tuple[Path, int]:
     import torch
 
-    from hpctrain.checkpoint import sharded, store
+    from hpctrain.checkpoint import shard_files, store
 
     folder = RunDir(run_dir).checkpoints
     complete = checkpoints_in(folder)
@@ -59,8 +59,8 @@ def export(run_dir: Path, step: int | None, out: Path | None) -> tuple[Path, int
     if entry is None:
         steps = ", ".join(str(e.step) for e in complete)
         raise ValueError(f"--step {step}: {folder} has no complete checkpoint of that step (it has: {steps})")
-    if sharded.shards_dir(folder, step).is_dir():
-        weights = sharded.read_model_weights(folder, step)
+    if shard_files.shards_dir(folder, step).is_dir():
+        weights = shard_files.read_model_weights(folder, step)
     else:
         store.verify(entry)
         weights = torch.load(entry.data, map_location="cpu", weights_only=True)["model"]

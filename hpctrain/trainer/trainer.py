@@ -94,6 +94,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if self._precision == "fp16" else None
         # trainer.strategy=fsdp: no process holds the whole model, so none writes it whole either.
         self.sharded = config.trainer.strategy == "fsdp"
+        self.sharded_model = sharding.is_sharded(self.model)  # fsdp on one process: a plain model
         self.checkpointer: Checkpointer | ShardedCheckpointer
         if self.sharded:
             self.checkpointer = ShardedCheckpointer(
@@ -225,7 +226,7 @@ class Trainer:
         for micro in range(accum):
             inputs, target = loaders.to_device(next(batches), self.ctx.device)
             # Only the last micro-batch all-reduces gradients; the others accumulate locally.
-            if accum > 1 and sharding.is_sharded(self.model):  # one process: a plain model
+            if accum > 1 and self.sharded_model:
                 sharding.set_gradient_sync(self.model, micro == accum - 1)
             with components.grad_sync(self.ddp, last=micro == accum - 1):
                 with self._autocast():
