@@ -109,6 +109,7 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
         watchdog.stop()
         raise
     startup_clock.mark("joined")
+    watchdog.beat()  # each stage of a start done is progress: a slow start on a loaded node is no hang
     trainer = None
     try:
         log.info("rank %d/%d on %s (%s), run dir %s", ctx.rank, ctx.world_size, ctx.device, ctx.source, run_dir)

@@ -1,7 +1,8 @@
 """End a training process that stopped making progress, so recovery can take over.
 
 A hung collective or a stuck filesystem would otherwise burn the allocation until the time
-limit. The trainer calls `beat()` after every step (and around evaluation and saving); if no
+limit. The trainer calls `beat()` after every step (and around evaluation and saving, and as each
+stage of a start ends: the rendezvous, the resume); if no
 beat comes for `timeout_s`, every thread's stack is dumped to stderr (the Slurm .out file) and
 a `failure` event (cause `hang`, the rank) is written to the journal, and the process exits
 with WORKER_HUNG. The batch script counts the event against the `hang` budget: srun passes a

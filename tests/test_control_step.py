@@ -313,6 +313,27 @@ def test_without_an_answer_the_sigterm_counts_as_a_scancel(tmp_path: Path, slurm
     assert [e["event"] for e in events(root)] == ["cancelled"]
 
 
+@pytest.mark.parametrize(("marked", "cause"), [(True, "preempt"), (False, "node_failure")])
+def test_a_restart_after_a_marked_sigterm_is_slurms_requeue_not_a_node_failure(
+    tmp_path: Path, slurm: FakeSlurm, marked: bool, cause: str
+) -> None:
+    """The last life's shell marked its SIGTERM (RunDir.sigterm_mark) and was killed before its
+    control step wrote anything: the next start records Slurm's requeue (preempt), then clears
+    the mark; without the mark, a restart with nothing written is a node failure."""
+    slurm.says("scontrol", Said(out=REQUEUED.replace("JobState=COMPLETING", "JobState=RUNNING")))
+    root = run_dir(tmp_path / "run")
+    env = {**os.environ, "SLURM_JOB_ID": "1", "SLURM_RESTART_COUNT": "1", "SLURM_JOB_NODELIST": "node1"}
+    controller = Controller(root, env=env)
+    mark = controller.run.sigterm_mark("1", 0)
+    if marked:
+        mark.touch()
+    assert controller.begin() == 0
+    assert [(e["event"], e["cause"], e.get("by")) for e in events(root) if e["event"] == "requeue"] == [
+        ("requeue", cause, "slurm")
+    ]
+    assert not mark.exists()
+
+
 # ---- hpctrain-follow -----------------------------------------------------------------------------
 
 

@@ -594,6 +594,17 @@ def test_a_preemption_whose_grace_ran_out_is_counted_as_preemption() -> None:
     assert decision is not None and [_named(e) for e in decision.events] == ["requeue:preempt"]
 
 
+def test_a_shell_killed_before_its_trap_recorded_the_sigterm_is_a_preemption() -> None:
+    """An admin's `scontrol requeue` while the batch script set up: the trap marked the SIGTERM,
+    then Slurm killed it (KillWait) before its control step wrote the requeue. No node died."""
+    history = History(JOB, 1, EARLIER, previous_shell_terminated=True)
+    decision = decide_begin(history, ClusterView(sinfo("node_down_while_held")), Budgets(DEFAULTS))
+    assert decision is not None and [(_named(e), e.by) for e in decision.events] == [("requeue:preempt", BY_SLURM)]
+    # Without the mark the same restart is a node failure (test_the_batch_node_dying_...).
+    unmarked = decide_begin(History(JOB, 1, EARLIER), ClusterView(sinfo("node_down_while_held")), Budgets(DEFAULTS))
+    assert unmarked is not None and _named(unmarked.events[0]) == "failure:node_failure"
+
+
 def test_a_life_that_wrote_nothing_is_not_judged_by_the_life_before() -> None:
     """Life 0 was preempted (saved, requeued by its batch script); life 1's batch node died while
     torch imported, before any record; Slurm restarted it. Life 2 must see a node failure, not

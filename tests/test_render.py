@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from hpctrain import config as hconfig
 from hpctrain.config import Config
 from hpctrain.config.schema import SlurmConfig
 from hpctrain.run import exitcodes
+from hpctrain.run.paths import RunDir
 from hpctrain.slurm.render import builtin_templates, filename_pattern, render, sbatch_flag, sbatch_quote
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -237,3 +240,49 @@ def test_a_warm_standby_only_where_a_relaunch_can_use_it(overrides: tuple[str, .
         following = script[script.index(line) :].split("hpctrain.standby")[0]
         assert "--overlap" in following and "--no-kill" in following and "--exact" not in following
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+def test_the_sigterm_trap_marks_the_signal_before_its_control_step_runs(tmp_path: Path) -> None:
+    """Slurm SIGTERMs every process of the batch step, then SIGKILLs them KillWait seconds later.
+    Under load the trap's control step (a Python start) may not finish in time; the mark, a
+    builtin, is there at once, for the next life to read (RunDir.sigterm_mark)."""
+    run_dir = tmp_path / "run dir 'quoted'"
+    run_dir.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # A stand-in python whose every control step hangs: `begin` holds the shell (as a gate
+    # would), `cancelled` never returns (a control step too slow for KillWait).
+    (bin_dir / "python").write_text('#!/bin/bash\n[ "$3" = begin ] || [ "$3" = cancelled ] && exec sleep 60\nexit 0\n')
+    (bin_dir / "python").chmod(0o755)
+    config = make_config()
+    script = render(replace(config, slurm=replace(config.slurm, python=str(bin_dir / "python"))), run_dir, tmp_path)
+    (tmp_path / "job.sbatch").write_text(script.script)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "SLURM_JOB_ID": "77",
+        "SLURM_RESTART_COUNT": "2",
+        "SLURM_JOB_NODELIST": "n1",
+    }
+    shell = subprocess.Popen(["bash", str(tmp_path / "job.sbatch")], cwd=tmp_path, env=env, start_new_session=True)
+    mark = RunDir(run_dir).sigterm_mark("77", 2)
+    try:
+        deadline = time.monotonic() + 20
+        while not _holds_sleep(shell.pid):
+            assert time.monotonic() < deadline, "the script never reached its control step"
+            time.sleep(0.05)
+        assert not mark.exists()
+        os.killpg(shell.pid, signal.SIGTERM)  # as Slurm signals the batch step
+        deadline = time.monotonic() + 10
+        while not mark.exists():
+            assert time.monotonic() < deadline, "no mark of the SIGTERM"
+            time.sleep(0.05)
+        assert shell.poll() is None  # the trap's control step still runs: the mark came first
+    finally:
+        os.killpg(shell.pid, signal.SIGKILL)  # KillWait over
+        shell.wait()
+
+
+def _holds_sleep(pid: int) -> bool:
+    """The shell's foreground child is a stand-in control step, asleep."""
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return any(Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"sleep") for child in children)

@@ -48,6 +48,9 @@ class History:
     # Other names of this job: an array task (SLURM_JOB_ID 44) is also `36_7`, the id
     # submission.json and hpctrain-cancel use.
     aliases: tuple[str, ...] = ()
+    # The life before this one's batch shell got SIGTERM (its trap's mark, RunDir.sigterm_mark):
+    # Slurm told it to stop, so a restart with nothing recorded was no node failure.
+    previous_shell_terminated: bool = False
 
     @property
     def agreed_stop(self) -> Stop | None:
@@ -172,8 +175,12 @@ def decide_begin(history: History, cluster: ClusterView, budgets: Budgets) -> De
         return Decision(Action.FAIL, (failure,), message=spent)
     previous = _previous_life(history)
     written: list[Event] = []
-    if any(isinstance(e, Cancelled) or _saved_for(e) is StopReason.PREEMPT for e in previous):
-        cause = Cause.PREEMPT  # the tasks saved for SIGTERM, then Slurm requeued: a preemption
+    if history.previous_shell_terminated or any(
+        isinstance(e, Cancelled) or _saved_for(e) is StopReason.PREEMPT for e in previous
+    ):
+        # The tasks saved for SIGTERM, or the shell got one (an admin's requeue, a preemption's
+        # grace ended, its trap killed before it recorded it), then Slurm requeued: a preemption.
+        cause = Cause.PREEMPT
     else:
         cause = Cause.NODE_FAILURE
         nodes = next((e.nodes for e in reversed(previous) if isinstance(e, Start)), [])

@@ -164,6 +164,18 @@ class RunDir:
             probe.unlink(missing_ok=True)
         return None
 
+    @property
+    def sigterm_mark_prefix(self) -> Path:
+        """The batch shell's SIGTERM trap touches `<prefix><SLURM_JOB_ID>.<restart>` before
+        anything else (a builtin, no process started): should Slurm kill the shell before the
+        trap's control step has recorded the signal, the next life still knows its shell was
+        told to stop (an admin's requeue, a preemption's grace ended), so no node died."""
+        return self.root / ".sigterm-"
+
+    def sigterm_mark(self, job_number: str, restart: int) -> Path:
+        """The mark of life `restart` of job `job_number` (SLURM_JOB_ID): its shell got SIGTERM."""
+        return Path(f"{self.sigterm_mark_prefix}{job_number}.{restart}")
+
     def slurm_outputs(self) -> list[Path]:
         """The jobs' output files (SLURM_OUTPUT_PATTERN), oldest job first."""
         return sorted(self.root.glob(SLURM_OUTPUT_PATTERN.replace("%j", "*")))

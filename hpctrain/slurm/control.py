@@ -109,6 +109,7 @@ class Controller:
         self.job_id = life.job_id or ""
         self.restart = life.restart
         self.aliases = life.aliases
+        self.number = life.number or ""
         self.until = time.monotonic() + SLURM_BUDGET_S
 
     # ---- facts -----------------------------------------------------------------------------------
@@ -119,7 +120,11 @@ class Controller:
     def history(self, launched_at: float | None = None) -> History:
         events = lineage(read_events(self.run.events), self.job_id, self.aliases)
         since = () if launched_at is None else tuple(e for e in events if e.time >= launched_at)
-        return History(self.job_id, self.restart, events, since, self.aliases)
+        return History(self.job_id, self.restart, events, since, self.aliases, self._previous_shell_terminated())
+
+    def _previous_shell_terminated(self) -> bool:
+        """The life before this one marked its SIGTERM (the batch shell's trap, first thing)."""
+        return self.restart > 0 and self.run.sigterm_mark(self.number, self.restart - 1).exists()
 
     def cluster(self) -> ClusterView:
         original = self.env.get("SLURM_JOB_NODELIST", "")
@@ -220,6 +225,8 @@ class Controller:
             if decision.action.value == "fail":
                 self._trial_ended("fail")
                 return exitcodes.CONTROL_BUDGET_SPENT
+        if self.restart > 0:  # judged, and in the journal: the last life's mark has done its work
+            self.run.sigterm_mark(self.number, self.restart - 1).unlink(missing_ok=True)
         if cluster.preempting:
             # Preempted while the batch script started (a grace running): a step launched now
             # would get Slurm's SIGTERM as it starts, at the grace's end, warned by nobody.

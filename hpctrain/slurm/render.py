@@ -25,7 +25,7 @@ from hpctrain import __version__
 from hpctrain.config import Config
 from hpctrain.config.schema import SlurmConfig
 from hpctrain.run import exitcodes
-from hpctrain.run.paths import SLURM_OUTPUT_PATTERN
+from hpctrain.run.paths import SLURM_OUTPUT_PATTERN, RunDir
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.:,=/@+\-\[\]]+$")
 # srun --immediate of the training step: how long it may wait for its nodes before it ends and
@@ -130,6 +130,7 @@ def render(config: Config, run_dir: Path, submit_dir: Path, code_dir: Path | Non
             warm_standby=slurm.warm_standby and slurm.spare_nodes > 0 and slurm.gpus_per_node == 0,
             step_wait_s=STEP_WAIT_S,
             run_dir=str(run_dir),
+            sigterm_mark_prefix=str(RunDir(run_dir).sigterm_mark_prefix),
             submit_dir=str(submit_dir),
             code_dir=str(code_dir) if code_dir else "",
             output=filename_pattern(run_dir) + "/" + SLURM_OUTPUT_PATTERN,

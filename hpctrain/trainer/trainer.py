@@ -129,6 +129,7 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         """Train to the end (returns the final metrics) or raise StopTraining after a save."""
         self._resume()
+        self.watchdog.beat()  # the model built and the checkpoint loaded: progress, however long it took
         self._journal_start()
         self.metrics = open_sinks(self.config, self.run.root, self.state.step, self.ctx.is_main)
         cfg = self.config.trainer
