@@ -571,6 +571,66 @@ def test_relaunch_names_the_nodes_and_leaves_drained_ones_out() -> None:
     assert decision.action is Action.REQUEUE  # the only spare is draining: no relaunch onto it
 
 
+# ---- slurm.nodes a range (2-3, trainer.elastic): the survivors train on ----
+# node2 of a 3-node job DOWN (sinfo_node_down_while_held, seen on the dev cluster), left the
+# allocation (--no-kill); no spare, no other node in the partition.
+RANGE = {
+    "three nodes, one lost, two left (the low end): relaunch on the two": (
+        dict(nodes_least=2),
+        3000.0,
+        Action.RELAUNCH,
+        ("node1", "node3"),
+        ["node2"],
+    ),
+    # A count of 3 cannot train on 2: it waits for a node back, node2 not kept out (it could be
+    # the one that comes back).
+    "the same without a range: requeue to wait for a node": (dict(), 3000.0, Action.REQUEUE, None, []),
+    "a range of 3-3 is a count: requeue the same way": (dict(nodes_least=3), 3000.0, Action.REQUEUE, None, []),
+    "two left of a range 3-4, below its low end: requeue the same way": (
+        dict(nodes_least=3, nodes_wanted=4),
+        3000.0,
+        Action.REQUEUE,
+        None,
+        [],
+    ),
+    # No time for a relaunch: requeued, node2 kept out; Slurm starts it on the two left (its
+    # min-max), no node count lowered.
+    "too little time left for a checkpoint interval: requeue without node2": (
+        dict(nodes_least=2),
+        40.0,
+        Action.REQUEUE,
+        None,
+        ["node2"],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(RANGE))
+def test_a_range_of_nodes_trains_on_the_survivors(name: str) -> None:
+    fields, time_left_s, action, step_nodes, excluded = RANGE[name]
+    outcome = Outcome(exit_code=137, signal_delay_s=30.0, **{"nodes_wanted": 3, **fields})
+    step = start("node1", "node2", "node3")
+    cluster = ClusterView(
+        sinfo("node_down_while_held"),
+        ("node1", "node3"),  # node2 left the allocation (--no-kill)
+        ("node1", "node2", "node3"),
+        time_left_s,
+        partition_nodes=("node1", "node2", "node3"),
+    )
+    decision = decide(History(JOB, 0, (*EARLIER, step), (step,)), outcome, cluster, Budgets(DEFAULTS))
+    assert decision.action is action, decision
+    assert decision.events[0].cause is Cause.NODE_FAILURE and decision.events[0].nodes == ["node2"]
+    if action is Action.RELAUNCH:
+        relaunch = decision.events[-1]
+        assert isinstance(relaunch, Relaunch)
+        assert (tuple(relaunch.nodes), relaunch.excluded, relaunch.spare_nodes) == (step_nodes, excluded, 0)
+        assert decision.step_nodes == len(step_nodes)
+    else:
+        requeue = decision.events[-1]
+        assert isinstance(requeue, Requeue) and requeue.nodes is None, requeue
+        assert requeue.excluded == excluded
+
+
 # ---- a start of the batch script ----
 
 

@@ -52,13 +52,13 @@ def train_life(run_dir: Path, nprocs: int, steps: int, batch_size: int, samples:
     assert_ok(done)
 
 
-def trained_steps(run_dir: Path, samples_of_life: list[Path]) -> list[list[int]]:
+def trained_steps(run_dir: Path, samples_of_life: list[Path], global_batch: int = GLOBAL_BATCH) -> list[list[int]]:
     """Every step's samples, life after life, in the layout each life's `start` recorded."""
     steps: list[list[int]] = []
     for start, samples in zip(events(run_dir, "start"), samples_of_life, strict=True):
         assert start["resumed_from_step"] == len(steps), start
         layout = start["layout"]
-        assert layout["global_batch"] == GLOBAL_BATCH, layout
+        assert layout["global_batch"] == global_batch, layout
         steps += steps_of(str(samples), layout["world_size"], layout["micro_batch"], layout["grad_accum"])
     return steps
 
@@ -116,3 +116,21 @@ def test_another_size_without_elastic_is_refused_by_key_and_nothing_is_lost(tmp_
     assert refused.returncode == 2, describe(refused)
     assert "trainer.nprocs" in refused.stderr and "trainer.elastic=true" in refused.stderr, describe(refused)
     assert (run_dir / "model.pt").read_bytes() == before
+
+
+def test_a_resize_across_epochs_keeps_every_epochs_global_batches(tmp_path: Path) -> None:
+    """3 processes x 12 (a global batch of 36) resumed on 2 (2 micro-batches of 9 each), across
+    two epoch ends. The digits' 1,437 training samples give 39 steps an epoch at any size: at 2
+    processes 79 micro-batches, the 79th left out, since a step never spans two epochs (before:
+    it opened the next epoch's first step, and every step after differed)."""
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    steps = 90  # epochs end after steps 39 and 78
+    train_life(reference, 3, steps, 12, tmp_path / "samples-reference")
+    train_life(resumed, 3, 30, 12, tmp_path / "samples-0")
+    train_life(resumed, 2, steps, 12, tmp_path / "samples-1")
+    expected = trained_steps(reference, [tmp_path / "samples-reference"], 36)
+    assert len(expected) == steps
+    assert trained_steps(resumed, [tmp_path / "samples-0", tmp_path / "samples-1"], 36) == expected
+    mine, theirs = load_weights(resumed), load_weights(reference)
+    for name in theirs:
+        assert torch.allclose(mine[name], theirs[name], rtol=1e-4, atol=1e-6), name

@@ -44,7 +44,7 @@ SWEEP = [
 # A bad value in a point after a good one of the same structure: the cheap check refuses it
 # with the full check's words.
 BAD = [
-    ("slurm.nodes=0", "slurm.nodes: must be >= 1 (got 0)"),
+    ("slurm.nodes=0", "slurm.nodes: must be a count of nodes >= 1 (4) or a range min-max (2-4), min <= max (got 0)"),
     ("slurm.time=1:xx", "slurm.time: '1:xx' is not a Slurm time limit"),
     ("slurm.restart_budget.crash=-1", "slurm.restart_budget.crash: must be >= 0 (got -1)"),
     ("metrics.wandb_mode=cloud", "metrics.wandb_mode: must be offline or online (got 'cloud')"),

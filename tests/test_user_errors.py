@@ -34,7 +34,11 @@ TOOLS = ["train", "submit"]
 SHORT = ("trainer.max_steps=4", "trainer.ckpt_every=2", "trainer.eval_every=0", "model=mlp")
 
 BAD_INPUT = {
-    "negative-nodes": (["slurm.nodes=-1"], 2, ["error: slurm.nodes: must be >= 1 (got -1)"]),
+    "negative-nodes": (
+        ["slurm.nodes=-1"],
+        2,
+        ["error: slurm.nodes: must be a count of nodes >= 1 (4) or a range min-max (2-4), min <= max (got -1)"],
+    ),
     "time-four-parts": (["slurm.time=1:2:3:4"], 2, ["slurm.time: '1:2:3:4' is not a Slurm time limit"]),
     "time-word": (["slurm.time=abc"], 2, ["slurm.time: 'abc' is not a Slurm time limit"]),
     "negative-memory": (["slurm.mem=-5G"], 2, ["slurm.mem: '-5G' is not a Slurm memory size"]),

@@ -186,10 +186,28 @@ _STOP_SIGNALS = {"TERM": "scancel and a preemption send it", "INT": "Ctrl-C send
 MIN_SILENT_NODE_TIMEOUT_S = 3.0
 
 
+_NODE_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def node_range(nodes: Any) -> tuple[int, int]:
+    """slurm.nodes as (fewest, most): `4` is (4, 4), `"2-4"` is (2, 4). Raises ValueError
+    naming slurm.nodes for anything else."""
+    match = _NODE_RANGE.match(str(nodes)) if isinstance(nodes, (int, str)) and not isinstance(nodes, bool) else None
+    least, most = (int(match[1]), int(match[2] or match[1])) if match else (0, 0)
+    require(
+        match is not None and 1 <= least <= most,
+        "slurm.nodes",
+        f"must be a count of nodes >= 1 (4) or a range min-max (2-4), min <= max (got {nodes!r})",
+    )
+    return least, most
+
+
 @dataclass
 class SlurmConfig:
-    # Nodes to allocate.
-    nodes: int = 1
+    # Training nodes: a count (4), or with trainer.elastic a range (`2-4`, Slurm's min-max): the job
+    # starts on as many as Slurm gives within it, a node lost with none to replace it leaves the
+    # run training on the survivors, and a requeued job resumes on whatever count it gets.
+    nodes: Any = 1
     # Training processes per node; null means one per GPU (gpus_per_node), or 1 on CPU nodes.
     ntasks_per_node: Optional[int] = None
     # GPUs per node (--gpus-per-node); 0 for CPU nodes.
@@ -281,6 +299,21 @@ class SlurmConfig:
         }
     )
 
+    @property
+    def min_nodes(self) -> int:
+        """The fewest training nodes a step runs on (slurm.nodes, or the low end of its range)."""
+        return node_range(self.nodes)[0]
+
+    @property
+    def max_nodes(self) -> int:
+        """The most training nodes a step runs on (slurm.nodes, or the high end of its range)."""
+        return node_range(self.nodes)[1]
+
+    @property
+    def elastic_nodes(self) -> bool:
+        """slurm.nodes is a range: the step runs on however many nodes the job has within it."""
+        return self.min_nodes < self.max_nodes
+
     def __post_init__(self) -> None:
         for key in ("spare_nodes", "max_restarts"):
             value = getattr(self, key)
@@ -292,9 +325,19 @@ class SlurmConfig:
                 f"unknown cause; the causes are {', '.join(RESTART_CAUSES)}",
             )
             require(budget >= 0, f"slurm.restart_budget.{cause}", f"must be >= 0 (got {budget})")
-        for key in ("nodes", "submit_parallelism"):
-            value = getattr(self, key)
-            require(value >= 1, f"slurm.{key}", f"must be >= 1 (got {value})")
+        least, most = node_range(self.nodes)  # raises naming slurm.nodes
+        self.nodes = least if least == most else f"{least}-{most}"
+        require(
+            least == most or self.spare_nodes == 0,
+            "slurm.spare_nodes",
+            f"must be 0 with a range of nodes (slurm.nodes={self.nodes}): a node lost is replaced by "
+            "training on the survivors, not by a spare; use a count of nodes with spares, or no spares",
+        )
+        require(
+            self.submit_parallelism >= 1,
+            "slurm.submit_parallelism",
+            f"must be >= 1 (got {self.submit_parallelism})",
+        )
         for key in ("ntasks_per_node", "cpus_per_task", "array_parallelism"):
             value = getattr(self, key)
             require(value is None or value >= 1, f"slurm.{key}", f"must be >= 1 or null (got {value})")
@@ -410,3 +453,12 @@ class Config:
     tune: TuneConfig = field(default_factory=TuneConfig)
     # hpctrain-submit: print the rendered job script and write the run dir, but queue nothing.
     dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        require(
+            not self.slurm.elastic_nodes or self.trainer.elastic,
+            "slurm.nodes",
+            f"a range ({self.slurm.nodes}) needs trainer.elastic=true: the run trains on however many "
+            "nodes it gets, so its number of processes changes between steps; set trainer.elastic=true "
+            "or give one count of nodes",
+        )

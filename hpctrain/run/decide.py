@@ -66,6 +66,7 @@ class Decision:
     excluded: tuple[str, ...] = ()  # requeue: the job's ExcNodeList; relaunch: srun --exclude
     message: str = ""  # one line for the job's output
     comes_back: bool = False  # STOP: this life ends, but Slurm requeues the job (no cancel)
+    step_nodes: int | None = None  # RELAUNCH: how many nodes the new step runs on
 
     @property
     def ends_run(self) -> bool:
@@ -109,6 +110,7 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
                 (*written, relaunch),
                 tuple(relaunch.excluded),
                 f"relaunch on {','.join(relaunch.nodes)}",
+                step_nodes=len(relaunch.nodes),
             )
     kept_out, nodes = _requeue_shape(keep_out, outcome, cluster)
     excluded = sorted(kept_out)
@@ -409,21 +411,25 @@ def _relaunch(
 ) -> Relaunch | None:
     """A relaunch on the nodes left, when enough of them are in service (a drained spare is
     not) and the allocation has time for at least one checkpoint interval before its warning,
-    and no preemption's grace is running (Slurm would not warn the new step again)."""
+    and no preemption's grace is running (Slurm would not warn the new step again). Enough: the
+    training nodes (a spare takes a lost one's place), or with slurm.nodes a range its low end
+    (the step goes on with the survivors, fewer processes: trainer.elastic)."""
     if outcome.warned or cluster.time_left_s is None or cluster.preempting:
         return None
     survivors = [n for n in cluster.allocated if n not in keep_out and cluster.service(n) is Service.UP]
     interval = checkpoint_interval_s(history.events) or outcome.signal_delay_s
-    if len(survivors) < outcome.nodes_wanted or cluster.time_left_s < outcome.signal_delay_s + interval:
+    least = outcome.nodes_least or outcome.nodes_wanted
+    if len(survivors) < least or cluster.time_left_s < outcome.signal_delay_s + interval:
         return None
     excluded = sorted(keep_out | set(cluster.drained(cluster.allocated)))
+    step = survivors[: outcome.nodes_wanted]
     return Relaunch(
         **_marks(history),
         cause=Cause.NODE_FAILURE,
         failed=lost,
         excluded=excluded,
-        nodes=survivors[: outcome.nodes_wanted],
-        spare_nodes=len(survivors) - outcome.nodes_wanted,
+        nodes=step,
+        spare_nodes=len(survivors) - len(step),
     )
 
 
@@ -454,6 +460,11 @@ def _requeue_shape(keep_out: set[str], outcome: Outcome, cluster: ClusterView) -
     usable = {n for n in pool if cluster.service(n) is Service.UP}
     if len(usable) >= needed:
         return keep_out, None
+    least = outcome.nodes_least or outcome.nodes_wanted
+    if least < outcome.nodes_wanted:
+        # slurm.nodes is a range: Slurm starts the job on as many as it has within it. Too few
+        # even for its low end: keep only slurm.exclude out, as below, so a node back will do.
+        return (keep_out if len(usable) >= least else set(outcome.user_exclude)), None
     if len(usable) >= outcome.nodes_wanted:
         return keep_out, len(usable)
     return set(outcome.user_exclude), (outcome.nodes_wanted if needed > outcome.nodes_wanted else None)

@@ -168,5 +168,8 @@ class Outcome:
     warned: bool = False  # the batch shell got the time-limit signal
     excluded: tuple[str, ...] = ()  # srun --exclude of this step (earlier relaunches)
     user_exclude: tuple[str, ...] = ()  # slurm.exclude, expanded: always kept out
-    nodes_wanted: int = 1  # slurm.nodes: training nodes a step needs
+    nodes_wanted: int = 1  # slurm.nodes: training nodes a step wants (the high end of a range)
+    # The fewest it trains on (a range's low end; slurm.nodes itself otherwise): a node lost with
+    # none to replace it, the step goes on with the survivors while they are this many.
+    nodes_least: int | None = None
     signal_delay_s: float = 0.0  # slurm.signal_delay_s: the warning comes this long before the end

@@ -7,7 +7,8 @@
         when the srun step has ended (CODE `-`: no step was launched, a signal came first;
         TERMINATED: the shell got SIGTERM; WARNED: the time-limit signal; LAUNCHED: the UNIX
         time the step was launched, so it is judged by its own events only). Prints one line:
-        `finish`, `requeue [NODES]`, `relaunch NODES`, `stop` or `fail`.
+        `finish`, `requeue [NODES]`, `relaunch NODES` (and, when slurm.nodes is a range, the
+        count of nodes the new step runs on), `stop` or `fail`.
     python -m hpctrain.slurm.control cancelled RUN_DIR
         from the shell's SIGTERM trap: `cancelled` recorded at once (Slurm kills the shell
         KillWait seconds after scancel, maybe before after-step); once per life.
@@ -211,7 +212,8 @@ class Controller:
             warned=warned,
             excluded=tuple(excluded),
             user_exclude=tuple(parse_node_list(exclude)) if exclude else (),
-            nodes_wanted=self.slurm.nodes,
+            nodes_wanted=self.slurm.max_nodes,
+            nodes_least=self.slurm.min_nodes,
             signal_delay_s=float(self.slurm.signal_delay_s),
         )
 
@@ -249,7 +251,10 @@ class Controller:
         self._record(_timed(decision, self.env.get(STEP_ENDED_AT_ENV, "")))
         if decision.ends_run:
             self._trial_ended(decision.action.value)
-        return " ".join([decision.action.value, ",".join(decision.excluded)]).strip()
+        words = [decision.action.value, ",".join(decision.excluded)]
+        if self.slurm.elastic_nodes and decision.step_nodes is not None:
+            words.append(str(decision.step_nodes))  # the batch shell's srun --nodes for the survivors
+        return " ".join(words).strip()
 
     def cancelled(self) -> int:
         """The shell's SIGTERM trap: record `cancelled` now, once per life. Under the journal's
@@ -462,9 +467,10 @@ class Controller:
         """job.sbatch again (same run dir), with EXCLUDED kept out, on the node count the decision
         judged: its lowered count, or else as many nodes as this life had (a requeue keeps a lowered
         NumNodes; job.sbatch asks for every training node and spare again, which the nodes left
-        after EXCLUDED may not hold: "Requested node configuration is not available")."""
+        after EXCLUDED may not hold: "Requested node configuration is not available"). With
+        slurm.nodes a range, job.sbatch's own min-max: Slurm fits it to the nodes there are."""
         nodes = self._requeue_node_count() if nodes is None else nodes
-        if nodes is None:
+        if nodes is None and not self.slurm.elastic_nodes:
             this_life = self.env.get("SLURM_JOB_NODELIST", "")
             nodes = len(parse_node_list(this_life)) if this_life else None
         command = [

@@ -125,7 +125,7 @@ def render(config: Config, run_dir: Path, submit_dir: Path, code_dir: Path | Non
             gpu_per_task=slurm.gpu_bind == "per_task" and slurm.gpus_per_node > 0,
             # The heartbeat watcher runs on the batch node: it can only ever tell of another node,
             # so a one-node step has none.
-            watch_beats=slurm.silent_node_timeout_s > 0 and slurm.nodes + slurm.spare_nodes > 1,
+            watch_beats=slurm.silent_node_timeout_s > 0 and slurm.max_nodes + slurm.spare_nodes > 1,
             # Only a relaunch (spare nodes) can use a standby; a GPU's binding is not handed over.
             warm_standby=slurm.warm_standby and slurm.spare_nodes > 0 and slurm.gpus_per_node == 0,
             step_wait_s=STEP_WAIT_S,

@@ -44,12 +44,23 @@ class TrainSampler(DistributedSampler):
 
 class TrainBatches(Sampler[SeededBatch]):
     """The training loader's batch sampler: this rank's full batches of one epoch from a
-    position, each carrying the seed its worker draws the batch's randomness from."""
+    position, each carrying the seed its worker draws the batch's randomness from.
 
-    def __init__(self, sampler: TrainSampler, batch_size: int) -> None:
+    An epoch ends with its last whole optimizer step (`per_step` micro-batches each): a step
+    never takes micro-batches from two epochs, so step k of an epoch trains the global batch at
+    positions [k*G, (k+1)*G) of its permutation on every world size and split (trainer.elastic),
+    and an epoch has floor(samples / G) steps, as an epoch-counted run's total assumes."""
+
+    def __init__(self, sampler: TrainSampler, batch_size: int, per_step: int = 1) -> None:
         self.sampler = sampler
         self.batch_size = batch_size
+        self.per_step = per_step
         self.first_batch = 0  # batches of this epoch already consumed (a resume starts later)
+
+    def epoch_batches(self) -> int:
+        """Micro-batches a whole epoch gives this rank: full batches, whole steps of them."""
+        full = self.sampler.num_samples // self.batch_size
+        return full - full % self.per_step
 
     def start(self, epoch: int, batch_in_epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -59,12 +70,12 @@ class TrainBatches(Sampler[SeededBatch]):
     def __iter__(self) -> Iterator[SeededBatch]:
         indices = list(self.sampler)
         sampler, size = self.sampler, self.batch_size
-        for k in range(len(indices) // size):  # full batches only, on every world size alike
+        for k in range(len(self)):  # full batches of whole steps only, on every world size alike
             seed = batch_seed(sampler.seed, sampler.epoch, sampler.rank, self.first_batch + k)
             yield SeededBatch(indices[k * size : (k + 1) * size], seed)
 
     def __len__(self) -> int:
-        return len(self.sampler) // self.batch_size
+        return max(0, self.epoch_batches() - self.first_batch)
 
 
 class EvalShard(Sampler[int]):
@@ -87,10 +98,12 @@ def _worker_options(data: DataConfig, ctx: DistContext) -> dict[str, Any]:
     }
 
 
-def train_loader(dataset: Dataset, data: DataConfig, ctx: DistContext, seed: int, micro_batch: int) -> DataLoader:
+def train_loader(
+    dataset: Dataset, data: DataConfig, ctx: DistContext, seed: int, micro_batch: int, grad_accum: int = 1
+) -> DataLoader:
     """`micro_batch` samples per batch: data.batch_size, or less after an elastic resume
-    (hpctrain.trainer.layout)."""
-    batches = TrainBatches(TrainSampler(dataset, ctx, seed), micro_batch)
+    (hpctrain.trainer.layout); `grad_accum` of them make one optimizer step."""
+    batches = TrainBatches(TrainSampler(dataset, ctx, seed), micro_batch, grad_accum)
     return DataLoader(
         WorkerSeeded(dataset),
         batch_sampler=batches,

@@ -87,7 +87,7 @@ class Trainer:
         self.raw_model, self.model, self.ddp = parts.raw_model, parts.model, parts.ddp
         self.optimizer, self.scheduler, self.loss_fn = parts.optimizer, parts.scheduler, parts.loss_fn
         self.train_loader = loaders.train_loader(
-            parts.splits.train, config.data, ctx, config.trainer.seed, self.layout.micro_batch
+            parts.splits.train, config.data, ctx, config.trainer.seed, self.layout.micro_batch, self.layout.grad_accum
         )
         self.eval_loader = loaders.eval_loader(parts.splits.eval, config.data, ctx)
         self.total_steps = self._total_steps_for(parts.splits)
@@ -372,7 +372,9 @@ class Trainer:
         self.layout = new
         cfg = self.config
         seed = cfg.trainer.seed
-        self.train_loader = loaders.train_loader(self.splits.train, cfg.data, self.ctx, seed, new.micro_batch)
+        self.train_loader = loaders.train_loader(
+            self.splits.train, cfg.data, self.ctx, seed, new.micro_batch, new.grad_accum
+        )
         total = self._total_steps_for(self.splits)
         if total != self.total_steps:
             self.total_steps = total

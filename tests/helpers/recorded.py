@@ -3,6 +3,9 @@
 `_target_: helpers.recorded.recorded_digits`: with HPCTRAIN_TEST_SAMPLES=PATH set, each process
 appends the index of every training sample it fetches to PATH.rank<R> (R its global rank), so a
 test can rebuild which samples each step trained on, at any world size, and compare runs exactly.
+In a Slurm job each srun step of the batch script records apart, in PATH.<launched at>.rank<R>
+(HPCTRAIN_LAUNCHED_AT, which the batch shell exports before each launch), so a relaunch's records
+are not mixed with those of the step it replaced.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from hpctrain.data.digits import digits
 from hpctrain.data.splits import Splits
 
 ENV = "HPCTRAIN_TEST_SAMPLES"
+LAUNCHED_AT_ENV = "HPCTRAIN_LAUNCHED_AT"
 
 
 class Recorded(Dataset):
@@ -31,7 +35,9 @@ class Recorded(Dataset):
         path = os.environ.get(ENV)
         if path:
             rank = dist.get_rank() if dist.is_initialized() else 0
-            with open(f"{path}.rank{rank}", "a") as out:
+            launched_at = os.environ.get(LAUNCHED_AT_ENV)
+            step = f".{launched_at}" if launched_at else ""
+            with open(f"{path}{step}.rank{rank}", "a") as out:
                 out.write(f"{index}\n")
         return self.inner[index]
 
@@ -41,10 +47,14 @@ def recorded_digits(**options: Any) -> Splits:
     return Splits(train=Recorded(splits.train), eval=splits.eval)
 
 
-def steps_of(path: str, world_size: int, micro_batch: int, grad_accum: int) -> list[list[int]]:
-    """The sorted sample indices of each step one life trained, from its processes' records."""
+def steps_of(path: str, world_size: int, micro_batch: int, grad_accum: int, kept: int | None = None) -> list[list[int]]:
+    """The sorted sample indices of each step one life trained, from its processes' records;
+    `kept`: only its first steps (a life that died past them: the next resumed from there)."""
     per_rank = [[int(i) for i in Path(f"{path}.rank{rank}").read_text().split()] for rank in range(world_size)]
     per_step = micro_batch * grad_accum
+    if kept is not None:
+        assert all(len(fetched) >= kept * per_step for fetched in per_rank), [len(f) for f in per_rank]
+        per_rank = [fetched[: kept * per_step] for fetched in per_rank]
     steps = len(per_rank[0]) // per_step
     assert all(len(fetched) == steps * per_step for fetched in per_rank), [len(f) for f in per_rank]
     return [sorted(i for fetched in per_rank for i in fetched[k * per_step : (k + 1) * per_step]) for k in range(steps)]

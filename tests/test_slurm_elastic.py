@@ -1,0 +1,147 @@
+"""A run on a range of nodes (slurm.nodes=2-3, trainer.elastic=true) loses a node for good, on the
+real dev cluster: it goes on training on the two left, in the same job, sample-exact.
+
+The job gets all three nodes of the cluster; at step 60 or later the test sets a node that does
+not run the batch script DOWN (as an administrator or a health check does) and leaves it down.
+There is no spare and no node to replace it, so instead of requeueing to wait, the control step
+relaunches the step on the survivors (`relaunch`, its `nodes` two of them); the new step resumes
+the newest complete checkpoint at two processes (hpctrain.trainer.layout: the global batch kept,
+each process's share grown by gradient accumulation). Compared with an uninterrupted local run at
+three processes: every step trained the same samples in the same global batches (recorded by each
+process, helpers/recorded.py), and the final weights are equal within floating-point reduction
+order.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import RUN_TIMEOUT_S, assert_ok, load_weights, train_command, train_env
+from helpers.paced import DEFAULT_STEP_PAUSE_S, PACED, PAUSE_ENV
+from helpers.recorded import ENV, steps_of
+from slurmtools import (
+    cancel_run,
+    events,
+    job_field,
+    job_output,
+    job_restarts,
+    node_state,
+    of,
+    start_cluster,
+    submit,
+    wait_finished,
+    wait_for_step,
+    with_test_helpers,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+TESTS = Path(__file__).parent
+STEPS = 240
+BATCH = 12  # per process at three: a global batch of 36, 18 a process at two (2 micro-batches of 9)
+TRAIN = [
+    *PACED,
+    # No dropout: what a process draws at random follows its rank, so a resize changes it.
+    "model.dropout1=0",
+    "model.dropout2=0",
+    "data.dataset._target_=helpers.recorded.recorded_digits",
+    f"data.batch_size={BATCH}",
+    f"trainer.max_steps={STEPS}",
+    "trainer.log_every=10",
+    "trainer.eval_every=0",
+    "trainer.ckpt_every=40",
+    "trainer.elastic=true",
+]
+
+
+@pytest.fixture(scope="module")
+def slurm_env() -> dict[str, str]:
+    return start_cluster()
+
+
+def trained_steps(run_dir: Path, samples: Path) -> list[list[int]]:
+    """Every kept step's samples, step after step: each srun step's records (one file set per
+    launch, in launch order) read in the layout its `start` gives, up to where the next resumed."""
+    launches = sorted({p.name.rsplit(".rank", 1)[0] for p in samples.parent.glob(f"{samples.name}.*.rank0")})
+    starts = of("start", run_dir)
+    assert len(launches) == len(starts), (launches, starts)
+    steps: list[list[int]] = []
+    for index, (launch, start) in enumerate(zip(launches, starts, strict=True)):
+        assert start["resumed_from_step"] <= len(steps), start
+        del steps[start["resumed_from_step"] :]  # the steps after the checkpoint it resumed are redone
+        end = starts[index + 1]["resumed_from_step"] if index + 1 < len(starts) else STEPS
+        layout = start["layout"]
+        kept = end - start["resumed_from_step"]
+        steps += steps_of(
+            str(samples.parent / launch), layout["world_size"], layout["micro_batch"], layout["grad_accum"], kept
+        )
+    return steps
+
+
+def test_a_node_lost_for_good_leaves_the_run_training_on_the_survivors_sample_exact(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    run_dir, samples = tmp_path / "elastic", tmp_path / "samples" / "job"
+    samples.parent.mkdir()
+    config = [*TRAIN, "slurm.nodes=2-3", "slurm.ntasks_per_node=1"]
+    (job_id,), _ = submit({**env, PAUSE_ENV: DEFAULT_STEP_PAUSE_S, ENV: str(samples)}, run_dir, *config)
+    victim = ""
+    try:
+        wait_for_step(run_dir, 60)
+        (first,) = of("start", run_dir)
+        assert first["world_size"] == 3 and len(first["nodes"]) == 3, first
+        batch_host = job_field(slurm_env, job_id, "BatchHost")
+        victim = next(node for node in first["nodes"] if node != batch_host)
+        failed_at = time.time()
+        node_state(slurm_env, victim, "down")  # and it stays down: no node replaces it
+        assert wait_finished(slurm_env, job_id, timeout_s=600) == "COMPLETED", job_output(run_dir)
+    finally:
+        if victim:
+            node_state(slurm_env, victim, "resume")
+        cancel_run(slurm_env, run_dir)
+
+    # Never requeued: relaunched on the two nodes left, at two processes, from a checkpoint.
+    assert job_restarts(slurm_env, job_id) == 0, job_output(run_dir)
+    assert of("requeue", run_dir) == [], events(run_dir)
+    (relaunch,) = of("relaunch", run_dir)
+    assert relaunch["failed"] == [victim] and len(relaunch["nodes"]) == 2 and victim not in relaunch["nodes"]
+    first, second = of("start", run_dir)
+    assert (second["world_size"], sorted(second["nodes"])) == (2, sorted(relaunch["nodes"])), second
+    assert second["layout"] == {"world_size": 2, "micro_batch": 9, "grad_accum": 2, "global_batch": 36}
+    checkpoints = [c["step"] for c in of("checkpoint", run_dir) if c["time"] < second["time"]]
+    assert second["resumed_from_step"] == max(checkpoints) > 0, events(run_dir)
+    assert [f["step"] for f in of("finish", run_dir)] == [STEPS]
+    print(
+        f"elastic: {second['time'] - failed_at:.1f} s from the node failure to the step on 2 nodes "
+        f"(resumed from the checkpoint of step {second['resumed_from_step']}, set down at step 60 or later)"
+    )
+
+    # An uninterrupted local run of the same config at three processes.
+    reference, reference_samples = tmp_path / "reference", tmp_path / "reference-samples"
+    done = run_reference(reference, reference_samples)
+    assert_ok(done)
+    expected = steps_of(str(reference_samples), 3, BATCH, 1)
+    assert trained_steps(run_dir, samples) == expected  # the same samples in the same global batches
+    mine, theirs = load_weights(run_dir), load_weights(reference)
+    assert mine.keys() == theirs.keys()
+    for name in mine:
+        difference = (mine[name] - theirs[name]).abs().max().item()
+        assert torch.allclose(mine[name], theirs[name], rtol=1e-4, atol=1e-6), f"{name}: {difference}"
+
+
+def run_reference(run_dir: Path, samples: Path):
+    import subprocess
+
+    overrides = [*TRAIN, "trainer.nprocs=3"]
+    return subprocess.run(
+        train_command(run_dir, overrides),
+        cwd=run_dir.parent,
+        env={**train_env(TESTS), ENV: str(samples)},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
