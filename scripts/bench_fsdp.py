@@ -16,6 +16,7 @@ same rounds.
     ckpt_mb        the checkpoint's bytes on disk (all files)
 
     python scripts/bench_fsdp.py --rounds 3 --steps 20
+    python scripts/bench_fsdp.py --rounds 3 --steps 10 --batch 16 --seq 128   # 2,048 tokens a step
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ SIZES = {
     "gpt-small": {"n_layer": 4, "n_embd": 128, "n_head": 4},
     "gpt-medium": {"n_layer": 8, "n_embd": 256, "n_head": 8},
 }
-VOCAB, SEQ, BATCH = 512, 64, 4
+VOCAB = 512
 
 
-def _rank(rank: int, nprocs: int, store: str, strategy: str, size: str, steps: int, out: str) -> None:
+def _rank(
+    rank: int, nprocs: int, store: str, strategy: str, size: str, steps: int, out: str, batch: int, seq: int
+) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     from hpctrain.checkpoint import Checkpointer
@@ -58,7 +61,7 @@ def _rank(rank: int, nprocs: int, store: str, strategy: str, size: str, steps: i
     ctx = DistContext.for_spawn(rank, nprocs, store, cuda_devices=0)
     dist.init_process_group("gloo", init_method=ctx.init_method, rank=rank, world_size=nprocs)
     torch.manual_seed(0)
-    raw = GPT(vocab_size=VOCAB, block_size=SEQ, dropout=0.0, bias=True, **SIZES[size])
+    raw = GPT(vocab_size=VOCAB, block_size=seq, dropout=0.0, bias=True, **SIZES[size])
     trainer = TrainerConfig(strategy=strategy, max_steps=1)
     if strategy == "fsdp":
         model = sharding.shard(raw, trainer, ctx)
@@ -66,7 +69,7 @@ def _rank(rank: int, nprocs: int, store: str, strategy: str, size: str, steps: i
         model, _ = components.wrap(raw, trainer, ctx)
     optimizer = torch.optim.AdamW(raw.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(rank)
-    tokens = torch.randint(VOCAB, (BATCH, SEQ + 1), generator=generator)
+    tokens = torch.randint(VOCAB, (batch, seq + 1), generator=generator)
 
     def step() -> float:
         started = time.perf_counter()
@@ -74,13 +77,15 @@ def _rank(rank: int, nprocs: int, store: str, strategy: str, size: str, steps: i
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
         loss.backward()
         optimizer.step()
-        state_bytes = sharding.local_bytes(
+        took = time.perf_counter() - started
+        # Counted outside the timed step (walking DTensors is no part of training).
+        step.state_bytes = sharding.local_bytes(  # type: ignore[attr-defined]
             [*raw.parameters(), *[p.grad for p in raw.parameters() if p.grad is not None]]
             + [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
         )
+        started = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        step.state_bytes = state_bytes  # type: ignore[attr-defined]
-        return time.perf_counter() - started
+        return took + time.perf_counter() - started
 
     step()  # warm-up (and the optimizer's state)
     times = [step() for _ in range(steps)]
@@ -114,10 +119,11 @@ def _rank(rank: int, nprocs: int, store: str, strategy: str, size: str, steps: i
     dist.destroy_process_group()
 
 
-def measure(strategy: str, size: str, steps: int) -> dict[str, Any]:
+def measure(strategy: str, size: str, steps: int, batch: int, seq: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as out:
         store = os.path.join(out, "store")
-        mp.start_processes(_rank, args=(2, store, strategy, size, steps, out), nprocs=2, start_method="spawn")
+        options = (2, store, strategy, size, steps, out, batch, seq)
+        mp.start_processes(_rank, args=options, nprocs=2, start_method="spawn")
         return json.loads((Path(out) / "result.json").read_text())
 
 
@@ -130,6 +136,8 @@ def main() -> None:
     parse = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parse.add_argument("--rounds", type=int, default=3)
     parse.add_argument("--steps", type=int, default=20)
+    parse.add_argument("--batch", type=int, default=4, help="sequences a step on each process")
+    parse.add_argument("--seq", type=int, default=64, help="tokens a sequence")
     args = parse.parse_args()
     strategies = ["ddp", "fsdp"]
     for size in SIZES:
@@ -137,8 +145,9 @@ def main() -> None:
         for round_ in range(args.rounds):
             order = strategies[round_ % 2 :] + strategies[: round_ % 2]  # rotated
             for strategy in order:
-                got[strategy].append(measure(strategy, size, args.steps))
-        print(f"{size} ({SIZES[size]}), 2 processes, {args.rounds} rounds x {args.steps} steps:")
+                got[strategy].append(measure(strategy, size, args.steps, args.batch, args.seq))
+        shape = f"{args.batch} x {args.seq} tokens a step on each"
+        print(f"{size} ({SIZES[size]}), 2 processes, {shape}, {args.rounds} rounds x {args.steps} steps:")
         medians: dict[str, dict[str, float]] = {}
         for strategy in strategies:
             runs = got[strategy]
