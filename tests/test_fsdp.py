@@ -117,20 +117,27 @@ def test_a_resume_at_the_same_size_is_bit_identical(uninterrupted: Path, tmp_pat
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
 
-@pytest.mark.parametrize("sizes", [(2, 3), (3, 1)])
-def test_a_resume_at_another_size_reshards_model_and_optimizer(
-    sizes: tuple[int, int], uninterrupted: Path, tmp_path: Path
-) -> None:
-    first, then = sizes
+# (processes, steps trained to) per life: 2 -> 3, 3 -> 2, 4 -> 1 and back.
+CHAINS = {
+    "2-3": [(2, 10), (3, STEPS)],
+    "3-2": [(3, 10), (2, STEPS)],
+    "4-1-4": [(4, 6), (1, 12), (4, STEPS)],
+}
+
+
+@pytest.mark.parametrize("chain", list(CHAINS))
+def test_a_resume_at_another_size_reshards_model_and_optimizer(chain: str, uninterrupted: Path, tmp_path: Path) -> None:
+    lives = CHAINS[chain]
     run_dir = tmp_path / "elastic"
-    common = (*tiny(12 // first), "trainer.strategy=fsdp", "trainer.elastic=true")
-    train(run_dir, *common, f"trainer.nprocs={first}", "trainer.max_steps=10")
-    train(run_dir, *common, f"trainer.nprocs={then}", f"trainer.max_steps={STEPS}")
+    common = (*tiny(12 // lives[0][0]), "trainer.strategy=fsdp", "trainer.elastic=true")
+    for nprocs, steps in lives:
+        train(run_dir, *common, f"trainer.nprocs={nprocs}", f"trainer.max_steps={steps}")
     starts = events(run_dir, "start")
-    assert [s["world_size"] for s in starts] == [first, then] and starts[1]["resumed_from_step"] == 10
-    assert starts[1]["layout"]["global_batch"] == 12
+    assert [s["world_size"] for s in starts] == [n for n, _ in lives]
+    assert [s["resumed_from_step"] for s in starts] == [0, *(steps for _, steps in lives[:-1])]
+    assert {s["layout"]["global_batch"] for s in starts} == {12}
     difference = max_difference(load_weights(run_dir), load_weights(uninterrupted))
-    print(f"fsdp {first} -> {then} processes vs 2 uninterrupted: max |dw| {difference:.3g}")
+    print(f"fsdp {chain} processes vs 2 uninterrupted: max |dw| {difference:.3g}")
     assert difference < 1e-4
 
 
