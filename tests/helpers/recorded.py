@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from hpctrain.data.digits import digits
 from hpctrain.data.splits import Splits
+from hpctrain.data.tokens import synthetic_tokens
 
 ENV = "HPCTRAIN_TEST_SAMPLES"
 LAUNCHED_AT_ENV = "HPCTRAIN_LAUNCHED_AT"
@@ -44,6 +45,12 @@ class Recorded(Dataset):
 
 def recorded_digits(**options: Any) -> Splits:
     splits = digits(**options)
+    return Splits(train=Recorded(splits.train), eval=splits.eval)
+
+
+def recorded_tokens(**options: Any) -> Splits:
+    """The synthetic token sequences (data=tokens), recorded the same way."""
+    splits = synthetic_tokens(**options)
     return Splits(train=Recorded(splits.train), eval=splits.eval)
 
 
