@@ -72,15 +72,18 @@ def train_command(run_dir: Path, overrides: tuple[str, ...] | list[str]) -> list
 
 
 def run_train(
-    run_dir: Path, overrides: tuple[str, ...] | list[str], pythonpath: Path | None = None
+    run_dir: Path,
+    overrides: tuple[str, ...] | list[str],
+    pythonpath: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`hpctrain-train OVERRIDES hydra.run.dir=RUN_DIR`, from RUN_DIR's parent (nothing lands
-    in the repository), with one intra-op thread per process."""
+    in the repository), with one intra-op thread per process; `extra_env` added to its env."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.run(
         train_command(run_dir, overrides),
         cwd=run_dir.parent,
-        env=train_env(pythonpath),
+        env={**train_env(pythonpath), **(extra_env or {})},
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import RUN_TIMEOUT_S, assert_ok, describe, events, load_weights, train_command, train_env
+from conftest import assert_ok, describe, events, load_weights, run_train, train_command, train_env
 from helpers.recorded import ENV, steps_of
 
 TESTS = Path(__file__).parent
@@ -40,16 +40,7 @@ GLOBAL_BATCH = 12
 
 def train_life(run_dir: Path, nprocs: int, steps: int, batch_size: int, samples: Path) -> None:
     overrides = [*COMMON, f"data.batch_size={batch_size}", f"trainer.nprocs={nprocs}", f"trainer.max_steps={steps}"]
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        train_command(run_dir, overrides),
-        cwd=run_dir.parent,
-        env={**train_env(TESTS), ENV: str(samples)},
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
-    assert_ok(done)
+    assert_ok(run_train(run_dir, overrides, TESTS, {ENV: str(samples)}))
 
 
 def trained_steps(run_dir: Path, samples_of_life: list[Path], global_batch: int = GLOBAL_BATCH) -> list[list[int]]:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RUN_TIMEOUT_S, assert_ok, load_weights, train_command, train_env
+from conftest import assert_ok, load_weights, run_train
 from helpers.paced import DEFAULT_STEP_PAUSE_S, PACED, PAUSE_ENV
 from helpers.recorded import ENV, steps_of
 from slurmtools import (
@@ -152,12 +152,4 @@ def test_a_node_lost_for_good_leaves_the_run_training_on_the_survivors_sample_ex
 
 
 def run_reference(run_dir: Path, samples: Path, train: list[str]) -> subprocess.CompletedProcess[str]:
-    overrides = [*train, "trainer.nprocs=3"]
-    return subprocess.run(
-        train_command(run_dir, overrides),
-        cwd=run_dir.parent,
-        env={**train_env(TESTS), ENV: str(samples)},
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
+    return run_train(run_dir, [*train, "trainer.nprocs=3"], TESTS, {ENV: str(samples)})
