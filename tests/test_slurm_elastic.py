@@ -11,6 +11,11 @@ three processes: every step trained the same samples in the same global batches 
 process, helpers/recorded.py), and the final weights are equal within floating-point reduction
 order. Once with ddp (a ConvNet), once with fsdp (a sharded GPT: its checkpoint's shards, written
 by three processes, resharded onto two through DCP).
+
+The ddp run then goes back to three: its relaunched step is held at a gate (step 170) while the
+lost node is returned to service and an administrator requeues the job (`scontrol requeue`); it
+saves at the requeue's SIGTERM, and Slurm starts the requeued job on all three nodes (its
+min-max), where it resumes at three processes.
 """
 
 from __future__ import annotations
@@ -29,17 +34,22 @@ from slurmtools import (
     job_field,
     job_output,
     job_restarts,
+    lift_requeue_hold,
     node_state,
     of,
     start_cluster,
     submit,
+    wait_at_gate,
     wait_finished,
     wait_for_step,
     with_test_helpers,
 )
 from test_fsdp import TINY_MODEL
 
+from hpctrain import faults
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+GATE_S = 300  # a bound for a gate the test never opens; opened within seconds
 
 TESTS = Path(__file__).parent
 STEPS = 240
@@ -105,7 +115,12 @@ def test_a_node_lost_for_good_leaves_the_run_training_on_the_survivors_sample_ex
     samples.parent.mkdir()
     train = [*STRATEGIES[strategy], *COMMON]
     config = [*train, "slurm.nodes=2-3", "slurm.ntasks_per_node=1"]
-    (job_id,), _ = submit({**env, PAUSE_ENV: DEFAULT_STEP_PAUSE_S, ENV: str(samples)}, run_dir, *config)
+    gates = tmp_path / "gates"
+    # ddp, and back: the relaunched step held at its 130th step (step 170) while the lost node is
+    # returned and an administrator requeues the job: Slurm starts it on 3 nodes again.
+    back = strategy == "ddp"
+    arming = {faults.ENV: f"trainer.step=gate:{GATE_S}@130", faults.GATES_ENV: str(gates)} if back else {}
+    (job_id,), _ = submit({**env, PAUSE_ENV: DEFAULT_STEP_PAUSE_S, ENV: str(samples), **arming}, run_dir, *config)
     victim = ""
     try:
         wait_for_step(run_dir, 60)
@@ -115,18 +130,33 @@ def test_a_node_lost_for_good_leaves_the_run_training_on_the_survivors_sample_ex
         victim = next(node for node in first["nodes"] if node != batch_host)
         failed_at = time.time()
         node_state(slurm_env, victim, "down")  # and it stays down: no node replaces it
+        if back:
+            reached, opened = faults.gate_files(gates, "trainer.step")
+            wait_at_gate(slurm_env, job_id, reached, GATE_S)
+            node_state(slurm_env, victim, "resume")
+            wait_until_in_service(slurm_env, victim)
+            subprocess.run(["scontrol", "requeue", job_id], env=slurm_env, check=True, capture_output=True)
+            opened.touch()
+            lift_requeue_hold(slurm_env, job_id)
         assert wait_finished(slurm_env, job_id, timeout_s=600) == "COMPLETED", job_output(run_dir)
     finally:
         if victim:
             node_state(slurm_env, victim, "resume")
         cancel_run(slurm_env, run_dir)
 
-    # Never requeued: relaunched on the two nodes left, at two processes, from a checkpoint.
-    assert job_restarts(slurm_env, job_id) == 0, job_output(run_dir)
-    assert of("requeue", run_dir) == [], events(run_dir)
+    # Relaunched on the two nodes left, at two processes, from a checkpoint: not requeued for it.
+    assert job_restarts(slurm_env, job_id) == (1 if back else 0), job_output(run_dir)
+    assert [(r["cause"], r.get("by")) for r in of("requeue", run_dir)] == ([("preempt", "slurm")] if back else [])
     (relaunch,) = of("relaunch", run_dir)
     assert relaunch["failed"] == [victim] and len(relaunch["nodes"]) == 2 and victim not in relaunch["nodes"]
-    first, second = of("start", run_dir)
+    first, second, *requeued = of("start", run_dir)
+    if back:  # the requeued job got all 3 nodes and resumed the step it saved at the requeue's SIGTERM
+        (third,) = requeued
+        (stop,) = of("stop", run_dir)
+        assert (third["restart"], third["world_size"], third["resumed_from_step"]) == (1, 3, stop["step"]), third
+        assert third["layout"] == {"world_size": 3, "micro_batch": 12, "grad_accum": 1, "global_batch": 36}
+    else:
+        assert requeued == []
     assert (second["world_size"], sorted(second["nodes"])) == (2, sorted(relaunch["nodes"])), second
     assert second["layout"] == {"world_size": 2, "micro_batch": 9, "grad_accum": 2, "global_batch": 36}
     checkpoints = [c["step"] for c in of("checkpoint", run_dir) if c["time"] < second["time"]]
@@ -149,6 +179,17 @@ def test_a_node_lost_for_good_leaves_the_run_training_on_the_survivors_sample_ex
     difference = max((mine[name] - theirs[name]).abs().max().item() for name in mine)
     print(f"elastic {strategy}: max |dw| {difference:.3g} from the uninterrupted run")
     assert difference < 1e-4
+
+
+def wait_until_in_service(env: dict[str, str], node: str, timeout_s: float = 60) -> None:
+    """Until Slurm shows NODE idle or in use again (a node resumed re-registers first)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], env=env, capture_output=True, text=True)
+        if state.stdout.strip().rstrip("*") in ("idle", "mixed", "allocated"):
+            return
+        assert time.monotonic() < deadline, f"{node} still {state.stdout.strip()!r} after {timeout_s:.0f} s"
+        time.sleep(0.5)
 
 
 def run_reference(run_dir: Path, samples: Path, train: list[str]) -> subprocess.CompletedProcess[str]:
