@@ -144,9 +144,11 @@ def _stop_resume_compare(run_dir: Path, overrides: tuple[str, ...], reference: P
     saved = stopped.newest_train
     # Mid-epoch about 88 times in 89 (the stop lands on whatever step the ranks agree on); on an
     # epoch boundary the position and the bit-identical end are checked all the same. A stop on
-    # an epoch's last batch saves (epoch, 89): the epoch is done, the next has not begun.
-    assert 0 <= saved["batch_in_epoch"] <= BATCHES_PER_EPOCH, saved
-    consumed = saved["epoch"] * BATCHES_PER_EPOCH + saved["batch_in_epoch"]
+    # an epoch's last batch saves (epoch, 89): the epoch is done, the next has not begun. An epoch
+    # ends with its last whole step: with 2 micro-batches a step, 88 of its 89 are trained.
+    per_epoch = BATCHES_PER_EPOCH - BATCHES_PER_EPOCH % grad_accum
+    assert 0 <= saved["batch_in_epoch"] <= per_epoch, saved
+    consumed = saved["epoch"] * per_epoch + saved["batch_in_epoch"]
     assert consumed == saved["step"] * grad_accum and saved["step"] < MAX_STEPS, saved
     resumed = run_train(run_dir, overrides)
     assert_ok(resumed)
