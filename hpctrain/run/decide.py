@@ -418,7 +418,7 @@ def _relaunch(
         return None
     survivors = [n for n in cluster.allocated if n not in keep_out and cluster.service(n) is Service.UP]
     interval = checkpoint_interval_s(history.events) or outcome.signal_delay_s
-    least = outcome.nodes_least or outcome.nodes_wanted
+    least = outcome.fewest_nodes
     if len(survivors) < least or cluster.time_left_s < outcome.signal_delay_s + interval:
         return None
     excluded = sorted(keep_out | set(cluster.drained(cluster.allocated)))
@@ -460,7 +460,7 @@ def _requeue_shape(keep_out: set[str], outcome: Outcome, cluster: ClusterView) -
     usable = {n for n in pool if cluster.service(n) is Service.UP}
     if len(usable) >= needed:
         return keep_out, None
-    least = outcome.nodes_least or outcome.nodes_wanted
+    least = outcome.fewest_nodes
     if least < outcome.nodes_wanted:
         # slurm.nodes is a range: Slurm starts the job on as many as it has within it. Too few
         # even for its low end: keep only slurm.exclude out, as below, so a node back will do.

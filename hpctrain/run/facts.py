@@ -173,3 +173,8 @@ class Outcome:
     # none to replace it, the step goes on with the survivors while they are this many.
     nodes_least: int | None = None
     signal_delay_s: float = 0.0  # slurm.signal_delay_s: the warning comes this long before the end
+
+    @property
+    def fewest_nodes(self) -> int:
+        """The fewest training nodes a step may run on (nodes_wanted when none is given)."""
+        return self.nodes_least or self.nodes_wanted
