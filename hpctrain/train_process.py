@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from hpctrain import dist as hdist
-from hpctrain import faults, logs, startup_clock
+from hpctrain import faults, logs, process_end, startup_clock
 from hpctrain.checkpoint import NoUsableCheckpoint
 from hpctrain.config import load_run_config
 from hpctrain.dist import DistContext
@@ -108,6 +108,7 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
     except BaseException:
         watchdog.stop()
         raise
+    process_end.trained_here()
     startup_clock.mark("joined")
     watchdog.beat()  # each stage of a start done is progress: a slow start on a loaded node is no hang
     trainer = None

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpctrain import faults, heartbeat, startup_clock
+from hpctrain import faults, heartbeat, process_end, startup_clock
 from hpctrain.early_signals import HELD, EarlySignals
 
 if TYPE_CHECKING:
@@ -104,10 +104,17 @@ def main(argv: list[str] | None = None) -> None:
 
         startup_clock.mark("imported")
         faults.point("worker.after_imports")
-        train_process.main(args.run_dir, early)
+        try:
+            train_process.main(args.run_dir, early)
+            code = 0
+        except SystemExit as exit:  # train_process.main always ends so, with the life's code
+            code = process_end.code_of(exit)
     finally:
         if beating is not None:
             beating.bye()
+    if process_end.did_train_here():
+        process_end.leave(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -525,3 +525,19 @@ def first_step_after(run_dir: Path, when: float, timeout_s: float) -> dict:
             return later[0]
         time.sleep(0.2)
     raise AssertionError(f"no step trained within {timeout_s:.0f} s of {when:.1f}:\n{job_output(run_dir)[-3000:]}")
+
+
+def signal_batch(env: dict[str, str], job_id: str, signal: str = "USR2", timeout_s: float = 60) -> None:
+    """`scancel --batch --signal=SIGNAL JOB`: the time-limit warning, sent now to the batch
+    shell. Tried again while it fails (slurmctld can answer 1 to an array task's id or time out
+    under load) and raises with Slurm's own words when it never succeeds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = subprocess.run(
+            ["scancel", "--batch", f"--signal={signal}", job_id], env=env, capture_output=True, text=True
+        )
+        if done.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"scancel --batch --signal={signal} {job_id}: {done.returncode} {done.stderr}")
+        time.sleep(1)

@@ -20,6 +20,7 @@ from slurmtools import (
     of,
     point_jobs,
     same_weights,
+    signal_batch,
     start_cluster,
     start_limited_cluster,
     submit,
@@ -54,7 +55,7 @@ def test_array_tasks_requeue_alone_and_resume_exactly_in_their_own_run_dirs(tmp_
     failing = next(n for n in ids if n != holder)
     calm = next(n for n in ids if n not in (holder, failing))
     # The time-limit warning at once: the holder must still be training when it lands.
-    subprocess.run(["scancel", "--batch", "--signal=USR2", ids[holder]], env=env, check=True)
+    signal_batch(env, ids[holder])
     wait_for_step(sweep / failing, 40)  # a checkpoint or two behind it
     victim = of("start", sweep / failing)[0]["nodes"][0]
     node_state(env, victim, "down")  # the batch node of the failing task: Slurm requeues it

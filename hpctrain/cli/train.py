@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from hpctrain import config as hconfig
-from hpctrain import faults, logs, steprun
+from hpctrain import faults, logs, process_end, steprun
 from hpctrain.cli import compose_once
 from hpctrain.cli.common import fail, prepare_run_dir
 from hpctrain.cli.overrides import before_hydra
@@ -160,7 +160,14 @@ def main() -> None:
     def train(cfg: DictConfig) -> None:
         _train(cfg, life, early)
 
-    train()
+    try:
+        train()
+        code = 0
+    except SystemExit as exit:
+        code = process_end.code_of(exit)
+    if process_end.did_train_here():  # a rank of torchrun or of an srun step, not a launcher
+        process_end.leave(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
