@@ -96,10 +96,16 @@ def follow(run_dir: Path, poll_s: float = 1.0, out=sys.stdout) -> int:
     return 0
 
 
+def parser() -> argparse.ArgumentParser:
+    parse = argparse.ArgumentParser(
+        prog="hpctrain-follow", description="Stream a submitted run's log until the job ends."
+    )
+    parse.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run dir written by hpctrain-submit")
+    return parse
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Stream a submitted run's log until the job ends.")
-    parser.add_argument("run_dir", type=Path)
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if RunDir(args.run_dir).submitted_job_id() is None:
         sys.exit(f"error: {args.run_dir} holds no submission.json: was it submitted with hpctrain-submit?")
     sys.exit(follow(args.run_dir))

@@ -1,9 +1,10 @@
 """The phase-by-fault matrix: every moment of a job's life crossed with every fault a site sends,
 each cell's expected outcome and the tests that assert it.
 
-One place for what the README's "Phase by fault" table says: `python tests/phase_fault_matrix.py`
-prints it, and tests/test_phase_fault_matrix.py checks that every cell is here, that every test a
-cell names exists, and that the README shows exactly this table. A cell without a test is open:
+One place for what the docs' "Phase by fault" page (docs/fault-matrix.md) says:
+`python tests/phase_fault_matrix.py` prints its table (`--cells`: each cell's outcome and tests),
+and tests/test_phase_fault_matrix.py checks that every cell is here, that every test a cell names
+exists, and that the page shows exactly this table. A cell without a test is open:
 its outcome is what hpctrain is meant to do there, not yet asserted at that moment.
 """
 
@@ -510,7 +511,7 @@ def _grid_cell(cell: Cell) -> str:
 
 
 def render() -> str:
-    """The README's table: phases down, faults across, each cell its action and mark."""
+    """The docs' table (docs/fault-matrix.md): phases down, faults across, each cell its action and mark."""
     lines = [
         "| phase | " + " | ".join(FAULTS.values()) + " |",
         "|---" * (len(FAULTS) + 1) + "|",

@@ -23,14 +23,15 @@ class KeyDoc:
     key: str  # trainer.max_steps
     default: str  # as it would be written on the command line
     doc: str  # the first sentence of the comment above the field
+    comment: str = ""  # the whole comment (the config reference in docs/ shows it)
 
 
 def key_docs() -> Iterator[KeyDoc]:
     """Every leaf key of the schema, in the schema's order, with its default and doc."""
     for entry in schema_keys():
         if not entry.section:
-            doc = _comments_above_fields(entry.owner).get(entry.field.name, "")
-            yield KeyDoc(entry.key, _default(entry.field), doc)
+            comment = _comments_above_fields(entry.owner).get(entry.field.name, "")
+            yield KeyDoc(entry.key, _default(entry.field), _first_sentence(comment), comment)
 
 
 def _default(field: dataclasses.Field) -> str:
@@ -53,7 +54,7 @@ def _default(field: dataclasses.Field) -> str:
 
 @functools.cache
 def _comments_above_fields(cls: type) -> dict[str, str]:
-    """field name -> the comment lines right above it, joined, cut at the first sentence."""
+    """field name -> the comment lines right above it, joined."""
     try:
         lines = inspect.getsource(cls).splitlines()
     except (OSError, TypeError):
@@ -67,7 +68,7 @@ def _comments_above_fields(cls: type) -> dict[str, str]:
             continue
         name = text.split(":", 1)[0].strip()
         if ":" in text and name.isidentifier() and not text.startswith(("def ", "class ", "@")):
-            docs.setdefault(name, _first_sentence(" ".join(pending)))
+            docs.setdefault(name, " ".join(pending))
         pending = []
     return docs
 
