@@ -196,6 +196,7 @@ def test_the_docs_mark_commands_to_run() -> None:
     assert len(BLOCKS) >= 10 and {"README.md", "docs/getting-started.md", "docs/sweeps.md"} <= pages
 
 
+@pytest.mark.slow  # seconds each: a block may train locally (a few steps) or compose several configs
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.where for block in BLOCKS])
 def test_a_command_the_docs_show_runs(block: Block, tmp_path: Path) -> None:
     expected = int(block.options.get("exit", "0"))
