@@ -190,7 +190,8 @@ def test_fifty_runs_cost_one_squeue_one_sacct_one_scontrol(
     assert len(slurm.calls()) == 3
     squeue = slurm.calls("squeue")[0]
     assert squeue[1:4] == ["-h", "-j", ",".join(ids)] and squeue[-2:] == ["-o", "%i|%T|%r"]
-    assert slurm.calls("sacct")[0][6] == ",".join(ids[20:])  # only what squeue did not list
+    # Every job (the running ones' usage too, for the cost); states only for what squeue did not list.
+    assert slurm.calls("sacct")[0][6] == ",".join(ids)
     assert slurm.scontrol_asked() == ids[20:]  # one scontrol, every leftover id on its stdin
     by_job = {row["job_id"]: row for row in rows.values()}
     assert {by_job[j]["state"] for j in queued[:15]} == {"RUNNING"}
@@ -414,11 +415,16 @@ def test_row_numbers_and_table(
         "SAMPLES/S",
         "CKPT",
         "AGE",
+        "NODE-H",
+        "GPU-H",
         "RUN",
         "DIR",
     ]
-    assert first.split() == ["71", "RUNNING", "0", "70/200", "0.0286", "0.8451", "1070", "5m", "runs/a"]
-    assert second.split() == ["72", "PENDING", "(Priority)", "0", "?/500", "-", "-", "-", "-", "runs/b"]
+    cells = first.split()
+    assert cells[:8] + cells[9:] == ["71", "RUNNING", "0", "70/200", "0.0286", "0.8451", "1070", "5m", "-", "runs/a"]
+    # Its one node held since its `start` (at t=1 s in this journal) until now; no GPU: `-`.
+    assert float(cells[8]) == pytest.approx((time.time() - 1.0) / 3600, rel=1e-3)
+    assert second.split() == ["72", "PENDING", "(Priority)", "0", "?/500", "-", "-", "-", "-", "-", "-", "runs/b"]
     assert code == 0
 
 
@@ -454,7 +460,8 @@ def test_a_hundred_long_runs_render_fast(tmp_path: Path, slurm: FakeSlurm, capsy
     started, started_cpu = time.perf_counter(), cpu_s()
     code, out, _ = run_status(capsys, "-n", "0", str(tmp_path / "runs"))
     elapsed, used = time.perf_counter() - started, cpu_s() - started_cpu
-    assert code == 0 and len(out.splitlines()) == 101 and len(slurm.calls()) == 1
+    # squeue, and sacct for the cost (its usage of every job, running ones too).
+    assert code == 0 and len(out.splitlines()) == 101 and [c[0] for c in slurm.calls()] == ["squeue", "sacct"]
     # The CPU time it costs, not the wall time: on a loaded machine that is the others' too.
     assert used < 2.0, f"{used:.2f} s of CPU for 100 runs"
     print(f"100 runs: {elapsed:.3f} s, {used:.3f} s of CPU")
@@ -479,7 +486,7 @@ def test_sweep_dir_expands_to_its_points_in_order(
     slurm.answer("squeue", "".join(f"{300 + p}|RUNNING|None\n" for p in range(12)))
     code, out, _ = run_status(capsys, "--json", "--limit", "3", str(sweep))  # named sweeps are not cut
     points = [Path(row["run_dir"]).name for row in json.loads(out)]
-    assert points == [str(p) for p in range(12)] and len(slurm.calls()) == 1
+    assert points == [str(p) for p in range(12)] and [c[0] for c in slurm.calls()] == ["squeue", "sacct"]
 
 
 def test_default_is_the_recent_runs_under_runs(
@@ -533,10 +540,14 @@ def test_json_round_trip(tmp_path: Path, slurm: FakeSlurm, capsys: pytest.Captur
     code, out, _ = run_status(capsys, "--json", str(tmp_path / "a"), str(tmp_path / "b"))
     parsed = json.loads(out)
     # What --json prints is what the rows hold, field for field, in the order given.
-    expected = [row.to_json() for row in collect([tmp_path / "a", tmp_path / "b"], now=now, with_goodput=True).rows]
+    rows = collect([tmp_path / "a", tmp_path / "b"], now=now, with_goodput=True).rows
+    expected = [{**row.to_json(), "sweep": None} for row in rows]  # a row of a named sweep: its total
     for got, want in zip(parsed, expected, strict=True):
         assert got.keys() == want.keys()
         assert abs(got.pop("checkpoint_age_s") or 0) < 30 and abs(want.pop("checkpoint_age_s") or 0) < 30
+        # A running run's allocation counts until the moment it is read.
+        got_cost, want_cost = got.pop("cost"), want.pop("cost")
+        assert got_cost["node_hours"] == pytest.approx(want_cost["node_hours"], abs=30 / 3600)
         assert got == want
     assert [row["state"] for row in parsed] == ["RUNNING", "FINISHED"]
     assert parsed[0]["run_dir"] == str((tmp_path / "a").resolve()) and parsed[1]["job_id"] is None
@@ -834,7 +845,7 @@ def test_a_real_time_limit_requeue_shows_its_cause(cluster_env: dict[str, str], 
     waiting = rows["run"]
     assert waiting["state"] == "PENDING (requeued: timelimit)", job_output(run)
     assert waiting["restarts"] == 1 and waiting["source"] == "squeue" and code == 0
-    assert calls(log)[-1:] == ["squeue"]
+    assert calls(log)[-2:] == ["squeue", "sacct"]  # sacct for the cost only: squeue knows the state
     lift_requeue_hold(cluster_env, job_id)
     assert wait_finished(cluster_env, job_id, timeout_s=600) == "COMPLETED", job_output(run)
     # slurmctld tells slurmdbd of the end through a queue, after scontrol knows it: sacct may say
@@ -882,10 +893,33 @@ def test_detail_and_json_show_each_life_and_the_goodput(
     # (Slurm's hold and the queue) are shown apart.
     assert "goodput 94.2%: 1m38s kept of 1m44s allocated" in out, out
     assert "checkpoint stalls 2.0s, redone 4.0s; waits between lives 2m28s" in out, out
-    life_lines = [line.split() for line in out.splitlines() if line.lstrip()[:1].isdigit()]
+    lines = out.splitlines()
+    life_lines = [line.split() for line in lines[2:4]]
+    assert lines[1].split()[0] == "LIFE" and lines[4].startswith("goodput")
     assert [(cells[0], cells[9], cells[10]) for cells in life_lines] == [
         ("1", "0-50", "requeue"),
         ("2", "50-100", "finish"),
+    ]
+    # No accounting, no GPU: each allocation's 52 s on its one node, from the records.
+    assert lines[5] == "cost: no GPUs; 0.029 node-h allocated, 0.027 on kept steps (94.2%) (from records)"
+    assert lines[6].split() == [
+        "ALLOC",
+        "JOB",
+        "RESTART",
+        "ELAPSED",
+        "NODES",
+        "GPUS",
+        "NODE-H",
+        "GPU-H",
+        "KEPT",
+        "GPU-H",
+        "SOURCE",
+        "GPUS",
+        "FROM",
+    ]
+    assert [line.split() for line in lines[7:]] == [
+        ["1", "95", "0", "52.0s", "1", "-", "0.014", "-", "-", "records", "-"],
+        ["2", "95", "1", "52.0s", "1", "-", "0.014", "-", "-", "records", "-"],
     ]
     code, rows, _ = rows_of(capsys, str(tmp_path / "r"))
     figures = rows["r"]["goodput"]
@@ -895,3 +929,11 @@ def test_detail_and_json_show_each_life_and_the_goodput(
         (50, 100, 52.0),
     ]
     assert figures["wait_s"] == 148.0
+    cost = rows["r"]["cost"]
+    assert (cost["node_hours"], cost["kept_node_hours"], cost["gpu_hours"], cost["source"]) == (
+        pytest.approx(104 / 3600, abs=1e-6),
+        pytest.approx(98 / 3600, abs=1e-6),
+        None,
+        "records",
+    )
+    assert cost["kept_pct"] == pytest.approx(figures["goodput_pct"], abs=1e-3)

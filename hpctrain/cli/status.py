@@ -3,8 +3,8 @@
     hpctrain-status                        # the recent runs under runs/, most recent first
     hpctrain-status runs/multirun/2024-05-01/12-00-00 runs/2024-05-02/09-30-00
     hpctrain-status --watch 10             # refresh every 10 s until Ctrl-C
-    hpctrain-status --json                 # machine-readable rows (goodput and lives included)
-    hpctrain-status --detail RUN_DIR       # the run's lives and its goodput
+    hpctrain-status --json                 # machine-readable rows (goodput, lives and cost included)
+    hpctrain-status --detail RUN_DIR       # the run's lives, its goodput and what it cost
     hpctrain-status --plot curves.png      # loss and eval accuracy against step
 
 Exit 0 when no listed run failed, 1 when one did (FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY,
@@ -28,6 +28,7 @@ from hpctrain.status.detail import render_detail
 from hpctrain.status.goodput import Goodput, goodput_of
 from hpctrain.status.plot import PlotUnavailable, draw, require_matplotlib
 from hpctrain.status.rows import Row, Status, collect
+from hpctrain.status.sweeps import sweep_costs
 from hpctrain.status.table import render
 from hpctrain.tune.summary import read_summary, render_summary
 
@@ -39,7 +40,8 @@ _CLEAR = "\x1b[H\x1b[2J"
 def parser() -> argparse.ArgumentParser:
     parse = argparse.ArgumentParser(
         prog="hpctrain-status",
-        description="Where every run stands: job, state, restarts, step, loss, eval accuracy, last checkpoint.",
+        description="Where every run stands: job, state, restarts, step, loss, eval accuracy, last checkpoint, "
+        "node-hours and GPU-hours (a sweep's total above the table).",
     )
     parse.add_argument(
         "paths",
@@ -68,7 +70,8 @@ def parser() -> argparse.ArgumentParser:
     parse.add_argument(
         "--detail",
         action="store_true",
-        help="for each run: its lives (allocated, start-up, kept, stalls, redone) and its goodput",
+        help="for each run: its lives (allocated, start-up, kept, stalls, redone), its goodput and its "
+        "allocations' node-hours and GPU-hours",
     )
     parse.add_argument(
         "--plot",
@@ -105,23 +108,33 @@ def show(status: Status, args: argparse.Namespace) -> None:
     for note in status.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.json:
+        # A row of a named sweep carries the sweep's total; the list stays a list of rows.
+        of_sweep = {run.resolve(): s.to_json() for s in sweep_costs(args.paths, status.rows) for run in s.runs}
+        rows = [{**row.to_json(), "sweep": of_sweep.get(row.run_dir.resolve())} for row in status.rows]
         # Under --watch, one JSON list a line: a reader takes each refresh as it comes.
-        print(json.dumps([row.to_json() for row in status.rows], indent=None if args.watch else 2))
-    elif status.rows and args.detail:
+        print(json.dumps(rows, indent=None if args.watch else 2))
+    else:
+        show_text(status, args)
+    if args.plot is not None:
+        draw(status.rows, args.plot)
+        print(f"hpctrain-status: loss and eval accuracy against step drawn to {args.plot}", file=sys.stderr)
+
+
+def show_text(status: Status, args: argparse.Namespace) -> None:
+    """The table (or each run's detail), each named sweep's total above it."""
+    for sweep in sweep_costs(args.paths, status.rows):
+        print(sweep.header())
+    if status.rows and args.detail:
         print("\n\n".join(render_detail(row, figures_of(row)) for row in status.rows))
     elif status.rows:
         print(render(status.rows))
     else:
         print("no runs found")
-    if not args.json:
-        studies = [(path, read_summary(path)) for path in args.paths]
-        for path, summary in studies:
-            if summary is not None:  # a hpctrain-tune sweep dir: its study's counts and best trial
-                print()
-                print(render_summary(path, summary))
-    if args.plot is not None:
-        draw(status.rows, args.plot)
-        print(f"hpctrain-status: loss and eval accuracy against step drawn to {args.plot}", file=sys.stderr)
+    studies = [(path, read_summary(path)) for path in args.paths]
+    for path, summary in studies:
+        if summary is not None:  # a hpctrain-tune sweep dir: its study's counts and best trial
+            print()
+            print(render_summary(path, summary))
 
 
 def figures_of(row: Row) -> Goodput:

@@ -63,6 +63,11 @@ class Start(Event):
     # How a step's global batch is split (hpctrain.trainer.layout): world_size, micro_batch,
     # grad_accum, global_batch. An elastic resume at another size keeps global_batch.
     layout: dict[str, int] | None = None
+    # What Slurm allocated to this life, spare nodes included (SLURM_JOB_NUM_NODES, and the GPUs
+    # of each node: 0 on CPU nodes); None where it was not recorded (hpctrain-status's cost then
+    # reads config.yaml, see hpctrain.status.cost).
+    job_nodes: int | None = None
+    gpus_per_node: int | None = None
 
 
 @dataclass(frozen=True)

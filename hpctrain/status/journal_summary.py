@@ -30,6 +30,8 @@ class JournalSummary:
     last_step: int | None  # the finish's step, else the newest checkpoint event's step
     dry_run: bool = False  # hpctrain-submit dry_run=true wrote it: a job script, never submitted
     live_here: str | None = None  # a live hpctrain command of this machine holds it (hpctrain.run.lock)
+    # Every Slurm job of the run, oldest first: those its events name, then the one submitted last.
+    jobs: tuple[str, ...] = ()
 
 
 def summarize(run: RunDir) -> JournalSummary:
@@ -53,6 +55,7 @@ def summarize(run: RunDir) -> JournalSummary:
         last_step=steps[-1] if steps else None,
         dry_run=not events and job_id is None and run.job_script.exists(),
         live_here=lock.live_holder(run),
+        jobs=tuple(dict.fromkeys([*(e.job_id for e in events if e.job_id), *([job_id] if job_id else [])])),
     )
 
 

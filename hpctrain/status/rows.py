@@ -10,10 +10,13 @@ from typing import Any
 
 import yaml
 
+from hpctrain.run.events import read_events
+from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.run.paths import RunDir
 from hpctrain.status import slurm_query
 from hpctrain.status.checkpoint_age import newest_checkpoint
-from hpctrain.status.goodput import goodput_of
+from hpctrain.status.cost import Cost, read_plan, run_cost
+from hpctrain.status.goodput import goodput
 from hpctrain.status.journal_summary import JournalSummary, summarize
 from hpctrain.status.metrics_tail import read_tail
 from hpctrain.status.run_state import decide
@@ -37,10 +40,13 @@ class Row:
     checkpoint_age_s: float | None
     # hpctrain/status/goodput.py's figures (to_json of Goodput), up to the run's last record.
     goodput: dict[str, Any] | None = None
+    # hpctrain/status/cost.py: node-hours and GPU-hours allocated and kept (a running life until now).
+    cost: Cost | None = None
 
     def to_json(self) -> dict[str, Any]:
         record = asdict(self)
         record["run_dir"] = str(self.run_dir.resolve())
+        record["cost"] = self.cost.to_json() if self.cost is not None else None
         # JSON has no NaN: a diverged loss is null, as in metrics.jsonl.
         return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
 
@@ -56,8 +62,9 @@ class Status:
 
 
 def collect(runs: list[Path], now: float | None = None, with_goodput: bool = False) -> Status:
-    """Read every run's own files, then ask Slurm about all their jobs at once. with_goodput:
-    also each run's goodput (it reads the whole metrics.jsonl: --json asks, the table does not)."""
+    """Read every run's own files, then ask Slurm about all their jobs at once (sacct about every
+    job of every run, for the cost). with_goodput: also each run's goodput figures in its row
+    (--json shows them; the cost reads the whole metrics.jsonl either way)."""
     now = time.time() if now is None else now
     summaries: list[JournalSummary | str] = []
     for run in runs:
@@ -65,7 +72,10 @@ def collect(runs: list[Path], now: float | None = None, with_goodput: bool = Fal
             summaries.append(summarize(RunDir(run)))
         except (OSError, ValueError) as error:  # unreadable files: say so on its row
             summaries.append(getattr(error, "strerror", None) or (str(error) or type(error).__name__).splitlines()[0])
-    answer = slurm_query.query([s.job_id for s in summaries if isinstance(s, JournalSummary) and s.job_id])
+    journals = [s for s in summaries if isinstance(s, JournalSummary)]
+    answer = slurm_query.query(
+        [s.job_id for s in journals if s.job_id], usage_of=[job for s in journals for job in s.jobs]
+    )
     rows = [
         _row(run, summary, answer, now, with_goodput)
         if isinstance(summary, JournalSummary)
@@ -81,6 +91,17 @@ def _row(run: Path, journal: JournalSummary, answer: slurm_query.SlurmAnswer, no
     metrics = read_tail(RunDir(run).metrics)
     checkpoint = newest_checkpoint(RunDir(run).checkpoints)
     steps = [s for s in (metrics.step, journal.last_step) if s is not None]
+    events, records = read_events(RunDir(run).events), read_jsonl(RunDir(run).metrics)
+    figures = goodput(events, records)
+    # A running life holds its allocation until now; the goodput figures stop at its last record.
+    running = state.label.startswith("RUNNING")
+    cost = run_cost(
+        events,
+        goodput(events, records, now) if running else figures,
+        read_plan(RunDir(run).config),
+        answer.usage,
+        journal.jobs,
+    )
     return Row(
         run_dir=run,
         job_id=journal.job_id,
@@ -96,7 +117,8 @@ def _row(run: Path, journal: JournalSummary, answer: slurm_query.SlurmAnswer, no
         samples_per_s=metrics.samples_per_s,
         checkpoint_step=checkpoint.step if checkpoint else None,
         checkpoint_age_s=max(0.0, now - checkpoint.written_at) if checkpoint else None,
-        goodput=goodput_of(RunDir(run)).to_json() if with_goodput else None,
+        goodput=figures.to_json() if with_goodput else None,
+        cost=cost,
     )
 
 

@@ -3,8 +3,11 @@
 One `squeue` for every job id (jobs queued or running), then one `sacct` for the ids squeue
 no longer lists (a site with accounting remembers every job, and every life of a requeued one),
 then one `scontrol` for the ids still unanswered (the controller keeps an ended job for MinJobAge
-seconds, 300 by default). Many small clusters have no accounting: sacct then says "accounting
-storage is disabled", which is normal and not reported; any other sacct failure is a note.
+seconds, 300 by default). When the caller wants usage too (hpctrain-status's cost), the one sacct
+call asks about those jobs as well, running ones included: each life's ElapsedRaw and AllocTRES
+(hpctrain.status.usage), while its states still only count for the ids squeue no longer lists.
+Many small clusters have no accounting: sacct then says "accounting storage is disabled", which
+is normal and not reported; any other sacct failure is a note.
 A job none of them knows is left to the run's own journal. Calls go through hpctrain.slurm.client
 (one try each, LOOK: the callers decide nothing without squeue's answer); a missing command or a
 failing controller never raises, it adds a note.
@@ -13,17 +16,20 @@ failing controller never raises, it adds a note.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from hpctrain.slurm import client
 from hpctrain.slurm.jobid import JOB_ID, expand, sort_key
 from hpctrain.slurm.records import parse_job_records, reason_of
 from hpctrain.slurm.states import base_state
+from hpctrain.status.usage import Usage, tracks_gpus, usage_of
 
 # `%i|%T|%r`: job id, state in full (PENDING, not PD), reason (BeginTime after a requeue).
 SQUEUE_FORMAT = "%i|%T|%r"
 # JobID names an array task `36_7` (its JobIDRaw is the task's own number); a plain job's is its id.
-SACCT_FIELDS = "JobIDRaw,State,JobID"
+# ElapsedRaw (seconds) and AllocTRES (`billing=4,cpu=4,gres/gpu=4,node=2`): what each life held.
+SACCT_FIELDS = "JobIDRaw,State,JobID,ElapsedRaw,AllocTRES"
 # What sacct says (exit 1) on a cluster without slurmdbd: normal, not worth a note.
 ACCOUNTING_DISABLED = "accounting storage is disabled"
 # A job (`36`) or an array task (`36_7`): squeue, sacct, scancel take both (hpctrain.slurm.jobid).
@@ -45,20 +51,31 @@ class SlurmAnswer:
     # squeue answered: a job it does not list is neither queued nor running (what a retry or
     # a cancel must know for sure).
     squeue_answered: bool = False
+    # Each asked job's lives as accounting recorded them, oldest first (only when usage was asked
+    # and sacct answered: a job it does not list has no usage there).
+    usage: dict[str, list[Usage]] = field(default_factory=dict)
+    sacct_answered: bool = False
 
 
-def query(job_ids: list[str], policy: client.Policy = client.LOOK) -> SlurmAnswer:
+def query(job_ids: list[str], policy: client.Policy = client.LOOK, usage_of: Sequence[str] = ()) -> SlurmAnswer:
+    """The state of each of `job_ids`; with `usage_of`, also what accounting says those jobs held."""
     answer = SlurmAnswer()
     wanted = sorted({j for j in job_ids if _JOB_ID.match(j)}, key=sort_key)
-    if not wanted:
+    usage_ids = sorted({j for j in usage_of if _JOB_ID.match(j)}, key=sort_key)
+    if not wanted and not usage_ids:
         return answer
-    if shutil.which("squeue") is None:
+    if wanted and shutil.which("squeue") is None:
         answer.notes.append("squeue not found on PATH: states come from the runs' own journals")
-    else:
+    elif wanted:
         answer.jobs.update(_squeue(wanted, policy, answer))
     left = [j for j in wanted if j not in answer.jobs]
-    if left and shutil.which("sacct") is not None:
-        answer.jobs.update(_sacct(left, policy, answer.notes))
+    asked = sorted({*left, *usage_ids}, key=sort_key)
+    if asked and shutil.which("sacct") is not None:
+        text = _sacct(asked, policy, answer.notes)
+        if text is not None:
+            answer.sacct_answered = True
+            answer.jobs.update(parse_sacct(text, left))
+            answer.usage = parse_usage(text, usage_ids)
     left = [j for j in wanted if j not in answer.jobs]
     if left and shutil.which("scontrol") is not None:
         answer.jobs.update(_scontrol(left, policy, answer.notes))
@@ -88,20 +105,21 @@ def _squeue(job_ids: list[str], policy: client.Policy, answer: SlurmAnswer) -> d
     return jobs
 
 
-def _sacct(job_ids: list[str], policy: client.Policy, notes: list[str]) -> dict[str, SlurmJob]:
+def _sacct(job_ids: list[str], policy: client.Policy, notes: list[str]) -> str | None:
+    """sacct's lines about every life of `job_ids`; None when it did not answer."""
     # -X: the job itself, not its steps; -P: `|` between fields; --duplicates: every life of a
     # requeued job, oldest first (PREEMPTED, NODE_FAIL, REQUEUED ... then the current one).
     command = ["sacct", "-n", "-P", "-X", "--duplicates", "-j", ",".join(job_ids), "-o", SACCT_FIELDS]
     done = client.run(command, policy)
     if done.kind in (client.Kind.MISSING, client.Kind.TIMED_OUT):
         notes.append(done.why())
-        return {}
+        return None
     if done.exit_code != 0:
         # sacct's errors end with the one that says what is wrong ("Problem talking to the database").
         if ACCOUNTING_DISABLED not in done.stderr:
             notes.append(f"sacct failed: {done.last_line()}")
-        return {}
-    return parse_sacct(done.stdout, job_ids)
+        return None
+    return done.stdout
 
 
 def parse_sacct(text: str, job_ids: list[str]) -> dict[str, SlurmJob]:
@@ -111,8 +129,29 @@ def parse_sacct(text: str, job_ids: list[str]) -> dict[str, SlurmJob]:
     are the lives a requeue ended. An array task has its own JobIDRaw (`6_1` may be 8), so only
     lines whose JobIDRaw is an asked id count, or whose JobID (third field) is: `6_1`, or a
     pending array's `6_[1-3%2]` standing for each of its tasks."""
-    asked = set(job_ids)
     lives: dict[str, list[str]] = {}
+    for name, parts in sacct_lines(text, job_ids):
+        # "CANCELLED by 1000": the state is the first word.
+        lives.setdefault(name, []).append(base_state(parts[1]))
+    return {job_id: SlurmJob(states[-1], None, len(states) - 1, "sacct") for job_id, states in lives.items()}
+
+
+def parse_usage(text: str, job_ids: Sequence[str]) -> dict[str, list[Usage]]:
+    """`sacct -n -P -X --duplicates -o SACCT_FIELDS` -> each asked job's lives, oldest first (the
+    n-th is the life Slurm started with SLURM_RESTART_COUNT n; a pending one holds nothing yet)."""
+    lives: dict[str, list[Usage]] = {}
+    gpus_tracked = tracks_gpus(text)
+    for name, parts in sacct_lines(text, job_ids):
+        usage = usage_of(parts, gpus_tracked)
+        if usage is not None:
+            lives.setdefault(name, []).append(usage)
+    return lives
+
+
+def sacct_lines(text: str, job_ids: Sequence[str]) -> Iterator[tuple[str, list[str]]]:
+    """Each line of `sacct -n -P -X -o JobIDRaw,State,JobID,...` about an asked job, oldest life
+    first, with the asked id it is about (a pending array's line is about each asked task)."""
+    asked = set(job_ids)
     for line in text.splitlines():
         parts = line.strip().split("|")
         if len(parts) < 2 or not parts[1]:
@@ -122,9 +161,7 @@ def parse_sacct(text: str, job_ids: list[str]) -> dict[str, SlurmJob]:
         else:
             names = [j for j in expand(parts[2]) if j in asked] if len(parts) > 2 else []
         for name in names:
-            # "CANCELLED by 1000": the state is the first word.
-            lives.setdefault(name, []).append(base_state(parts[1]))
-    return {job_id: SlurmJob(states[-1], None, len(states) - 1, "sacct") for job_id, states in lives.items()}
+            yield name, parts
 
 
 def _scontrol(job_ids: list[str], policy: client.Policy, notes: list[str]) -> dict[str, SlurmJob]:

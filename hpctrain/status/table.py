@@ -6,11 +6,26 @@ import math
 import os
 from pathlib import Path
 
+from hpctrain.status.cost import Cost, hours
 from hpctrain.status.rows import Row
 
-HEADER = ("JOB", "STATE", "RESTARTS", "STEP", "LOSS", "EVAL ACC", "SAMPLES/S", "CKPT AGE", "RUN DIR")
+# NODE-H: node-hours allocated; GPU-H: GPU-hours allocated / of them, on kept steps (cost.py).
+# New columns go before RUN DIR, which stays last (a path may hold spaces).
+HEADER = (
+    "JOB",
+    "STATE",
+    "RESTARTS",
+    "STEP",
+    "LOSS",
+    "EVAL ACC",
+    "SAMPLES/S",
+    "CKPT AGE",
+    "NODE-H",
+    "GPU-H",
+    "RUN DIR",
+)
 # Numbers read best aligned on the right.
-_RIGHT = {"RESTARTS", "STEP", "LOSS", "EVAL ACC", "SAMPLES/S", "CKPT AGE"}
+_RIGHT = {"RESTARTS", "STEP", "LOSS", "EVAL ACC", "SAMPLES/S", "CKPT AGE", "NODE-H", "GPU-H"}
 
 
 def render(rows: list[Row], cwd: Path | None = None) -> str:
@@ -36,8 +51,21 @@ def _cells(row: Row, cwd: Path) -> tuple[str, ...]:
         _float(row.eval_accuracy, "{:.4f}"),
         _float(row.samples_per_s, "{:.0f}"),
         age(row.checkpoint_age_s),
+        node_hours(row.cost),
+        gpu_hours(row.cost),
         shown_path(row.run_dir, cwd),
     )
+
+
+def node_hours(cost: Cost | None) -> str:
+    return "-" if cost is None or not cost.allocations else hours(cost.node_s)
+
+
+def gpu_hours(cost: Cost | None) -> str:
+    """`12.4/10.1`: allocated, then on kept steps; `-` for a run without GPUs."""
+    if cost is None or cost.gpu_s is None:
+        return "-"
+    return f"{hours(cost.gpu_s)}/{hours(cost.kept_gpu_s)}"
 
 
 def age(seconds: float | None) -> str:
