@@ -26,6 +26,7 @@ from helpers.lock_holder import holding
 from hpctrain.cli import status as cli
 from hpctrain.status import discover, metrics_tail, slurm_query
 from hpctrain.status.rows import collect
+from hpctrain.status.usage import parse_tres
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NO_JOB_ID = "slurm_load_jobs error: Invalid job id specified"
@@ -489,6 +490,42 @@ def test_sweep_dir_expands_to_its_points_in_order(
     assert points == [str(p) for p in range(12)] and [c[0] for c in slurm.calls()] == ["squeue", "sacct"]
 
 
+def test_a_sweep_s_cost_heads_the_table_and_rides_on_its_rows(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sweep = tmp_path / "multirun" / "2026-01-02" / "10-00-00"
+    for point, job_id in enumerate(("61", "62")):
+        events = [{**start(job_id), "time": 10.0}, {**finish(), "time": 60.0}]
+        make_run(sweep / str(point), events, [{"step": 100, "loss": 0.1, "time": 59.0}], job_id=job_id)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    slurm.answer("squeue")
+    # As the dev cluster's accounting prints them when it counts GPUs (tests/fixtures/sacct_usage).
+    slurm.answer(
+        "sacct",
+        "61|COMPLETED|61|100|billing=1,cpu=1,gres/gpu=2,node=1\n62|COMPLETED|62|200|billing=2,cpu=2,gres/gpu=4,node=2\n",
+    )
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_status(capsys, "multirun/2026-01-02/10-00-00")
+    header, columns, first, second = out.splitlines()
+    # 100 s x 2 GPUs + 200 s x 4 GPUs; each run kept its 49 s of training (10 s to step 100 at 59 s).
+    kept = (49 * 2 + 49 * 4) / 3600
+    assert header == (
+        f"sweep multirun/2026-01-02/10-00-00: 2 runs; 0.28 GPU-h allocated, {kept:.3f} on kept steps "
+        f"({100 * kept / (1000 / 3600):.1f}%); 0.14 node-h (from sacct)"
+    )
+    assert columns.split()[-4:] == ["NODE-H", "GPU-H", "RUN", "DIR"]
+    assert first.split()[-3:] == ["0.028", "0.056/0.027", "multirun/2026-01-02/10-00-00/0"]
+    assert second.split()[-3:] == ["0.11", "0.22/0.054", "multirun/2026-01-02/10-00-00/1"]
+    code, rows, _ = rows_of(capsys, "multirun/2026-01-02/10-00-00")
+    assert rows["0"]["cost"]["gpu_hours"] == pytest.approx(200 / 3600, abs=1e-6)
+    assert rows["1"]["cost"]["allocations"][0]["gpus"] == 4
+    for row in rows.values():
+        assert row["sweep"]["runs"] == 2 and row["sweep"]["source"] == "sacct"
+        assert row["sweep"]["gpu_hours"] == pytest.approx(1000 / 3600, abs=1e-6)
+        assert row["sweep"]["kept_gpu_hours"] == pytest.approx(kept, abs=1e-6)
+        assert row["sweep"]["sweep_dir"] == str(sweep.resolve())
+
+
 def test_default_is_the_recent_runs_under_runs(
     tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -859,6 +896,22 @@ def test_a_real_time_limit_requeue_shows_its_cause(cluster_env: dict[str, str], 
     assert rows["run"]["source"] == "sacct"  # accounting knows the ended job (and both its lives)
     assert calls(log)[-2:] == ["squeue", "sacct"]
     assert code == 0
+    # Its cost is accounting's: each life's ElapsedRaw x its nodes (a CPU job: no GPU-hours).
+    done = subprocess.run(
+        ["sacct", "-n", "-P", "-X", "--duplicates", "-j", job_id, "-o", "ElapsedRaw,AllocTRES"],
+        env=cluster_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lives = [line.split("|") for line in done.stdout.splitlines() if line.strip()]
+    cost = rows["run"]["cost"]
+    print(f"sacct: {lives}; hpctrain-status: {cost}")
+    assert [a["elapsed_s"] for a in cost["allocations"]] == [float(elapsed) for elapsed, _ in lives]
+    node_s = sum(int(elapsed) * parse_tres(tres)["node"] for elapsed, tres in lives)
+    assert cost["node_hours"] == pytest.approx(node_s / 3600, abs=1e-6)
+    assert (cost["source"], cost["gpu_hours"], len(lives)) == ("sacct", None, 2)
+    assert 0 < cost["kept_node_hours"] < cost["node_hours"]
 
 
 # ---- goodput: --detail and --json ---------------------------------------------------------------

@@ -121,9 +121,11 @@ def show(status: Status, args: argparse.Namespace) -> None:
 
 
 def show_text(status: Status, args: argparse.Namespace) -> None:
-    """The table (or each run's detail), each named sweep's total above it."""
+    """The table (or each run's detail), above it the total of each named sweep that has held
+    an allocation (a dry-run sweep, or one still queued, has none to tell)."""
     for sweep in sweep_costs(args.paths, status.rows):
-        print(sweep.header())
+        if sweep.cost.allocations:
+            print(sweep.header())
     if status.rows and args.detail:
         print("\n\n".join(render_detail(row, figures_of(row)) for row in status.rows))
     elif status.rows:
