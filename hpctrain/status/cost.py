@@ -85,7 +85,7 @@ class Allocation:
             "kept_s": round(self.kept_s, 3),
             "kept_gpu_hours": _hours(self.kept_gpu_s),
             "source": self.source,
-            "gpus_source": self.gpus_source,
+            "gpus_source": self.gpus_source if self.gpus is not None else None,
         }
 
 
