@@ -6,9 +6,10 @@ accounting says (hpctrain.status.usage). Definitions (also in the README):
   (one SLURM_RESTART_COUNT). A relaunch onto spare nodes stays in the same allocation.
 - From the records: an allocation's time is the sum of its goodput lives' allocated time (from
   the batch script's start, `allocated_at`, to the life's last record, or now for a running
-  life); its nodes are the `start`'s `job_nodes`, else the nodes that trained plus the spare
-  nodes (config.yaml's slurm.spare_nodes as of that start, or a relaunch's `spare_nodes` left,
-  or a requeue's lowered `nodes`); its GPUs are `gpus_per_node` x nodes, from the `start`, else
+  life); its nodes are, after a relaunch, the nodes that trained plus the relaunch's
+  `spare_nodes` left (the failed ones left the allocation), else the `start`'s `job_nodes`, else
+  the nodes that trained plus the spares (a requeue's lowered `nodes`, or config.yaml's
+  slurm.spare_nodes as of that start); its GPUs are `gpus_per_node` x nodes, from the `start`, else
   config.yaml's slurm.gpus_per_node as of that start. A run of hpctrain-train holds one node and
   the CUDA devices its ranks drove.
 - From sacct (where accounting runs, it wins): ElapsedRaw x AllocTRES `node=`, and `gres/gpu=`
@@ -161,10 +162,10 @@ def _shape(start: Start, relaunch: Relaunch | None, lowered: int | None, plan: P
         devices = {str(r.get("device")) for r in start.ranks or [] if isinstance(r, dict)}
         gpus = sum(1 for d in devices if d.startswith("cuda"))
         return Shape(1, gpus, gpus)
-    if start.job_nodes is not None:
-        nodes = start.job_nodes
-    elif relaunch is not None:  # the allocation lost its failed nodes; these spares are left
+    if relaunch is not None:  # the allocation lost its failed nodes; these spares are left
         nodes = trained_on + relaunch.spare_nodes
+    elif start.job_nodes is not None:
+        nodes = start.job_nodes
     elif lowered is not None:  # requeued with fewer nodes than asked at submit time
         nodes = max(trained_on, lowered)
     else:
