@@ -33,3 +33,19 @@ def test_the_batch_scripts_start_is_read_when_it_set_it() -> None:
     )
     assert LifeStamp.from_env({"SLURM_JOB_ID": "36"}).allocated_at is None
     assert LifeStamp.from_env({"HPCTRAIN_ALLOCATED_AT": "soon"}).allocated_at is None
+
+
+@pytest.mark.parametrize(
+    ("env", "nodes", "gpus"),
+    [
+        # A step of a 3-node job with 2 GPUs a node (values of the dev cluster's gres GPUs).
+        ({"SLURM_JOB_ID": "36", "SLURM_JOB_NUM_NODES": "3", "SLURM_GPUS_ON_NODE": "2"}, 3, 2),
+        # A CPU job: Slurm sets no GPU count at all.
+        ({"SLURM_JOB_ID": "36", "SLURM_JOB_NUM_NODES": "1"}, 1, None),
+        ({"SLURM_JOB_ID": "36", "SLURM_JOB_NUM_NODES": "", "SLURM_GPUS_ON_NODE": "0"}, None, None),
+        ({}, None, None),
+    ],
+)
+def test_what_the_allocation_holds(env: dict[str, str], nodes: int | None, gpus: int | None) -> None:
+    life = LifeStamp.from_env(env)
+    assert (life.job_nodes, life.gpus_on_node) == (nodes, gpus)

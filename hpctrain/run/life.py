@@ -29,6 +29,8 @@ class LifeStamp:
     array_job_id: str | None = None  # SLURM_ARRAY_JOB_ID
     array_task_id: int | None = None  # SLURM_ARRAY_TASK_ID
     allocated_at: float | None = None  # HPCTRAIN_ALLOCATED_AT: when Slurm started the batch script
+    job_nodes: int | None = None  # SLURM_JOB_NUM_NODES: the nodes the allocation holds (spares too)
+    gpus_on_node: int | None = None  # SLURM_GPUS_ON_NODE: what Slurm gave this node, if it gave GPUs
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifeStamp:
@@ -37,9 +39,11 @@ class LifeStamp:
         array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
         restart = env.get("SLURM_RESTART_COUNT", "0")
         allocated_at = _seconds(env.get(ALLOCATED_AT_ENV, ""))
+        nodes = _positive(env.get("SLURM_JOB_NUM_NODES", ""))
+        gpus = _positive(env.get("SLURM_GPUS_ON_NODE", ""))
         if array.isdigit() and task.isdigit():
-            return cls(f"{array}_{task}", _count(restart), number, array, int(task), allocated_at)
-        return cls(number, _count(restart), number, allocated_at=allocated_at)
+            return cls(f"{array}_{task}", _count(restart), number, array, int(task), allocated_at, nodes, gpus)
+        return cls(number, _count(restart), number, None, None, allocated_at, nodes, gpus)
 
     @property
     def in_slurm(self) -> bool:
@@ -54,6 +58,10 @@ class LifeStamp:
 def _count(text: str) -> int:
     # Slurm always sets a number; anything else (a user's own export) counts as the first life.
     return int(text) if text.strip().isdigit() else 0
+
+
+def _positive(text: str) -> int | None:
+    return int(text) if text.strip().isdigit() and int(text) > 0 else None
 
 
 def _seconds(text: str) -> float | None:

@@ -438,6 +438,10 @@ class Trainer:
                 allocated_at=self.ctx.life.allocated_at,
                 startup=startup_clock.phases() or None,
                 layout=self.layout.as_dict(),
+                # What the allocation holds, for what a run costs (hpctrain-status): Slurm's own
+                # counts, as this life's step sees them.
+                job_nodes=self.ctx.life.job_nodes,
+                gpus_per_node=self.ctx.life.gpus_on_node,
             )
         )
 
