@@ -15,7 +15,8 @@ environment variable HPCTRAIN_FAULT_POINTS arms it:
     sleep:S     wait S seconds, then go on
     gate:S      write NAME.reached in $HPCTRAIN_FAULT_GATES, then wait until the test writes
                 NAME.open there (at most S seconds): the test acts while the process is held
-                exactly here, however slow the machine is
+                exactly here, however slow the machine is; `$VAR`s in the folder are the
+                process's own (`.../gates/$SLURM_ARRAY_TASK_ID`: one folder per array task)
     exit:N      leave at once with exit code N (os._exit: no cleanup)
 
 A point fires once per process, the first time it is reached, unless its action ends in `@K`
@@ -183,9 +184,9 @@ def gate_files(folder: Path, name: str) -> tuple[Path, Path]:
 
 
 def hold_at_gate(name: str, timeout_s: float) -> None:
-    reached, opened = gate_files(Path(os.environ[GATES_ENV]), name)
+    reached, opened = gate_files(Path(os.path.expandvars(os.environ[GATES_ENV])), name)
     reached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = reached.with_suffix(".tmp")
+    tmp = reached.with_suffix(f".{os.getpid()}.tmp")  # every rank of a world may reach it at once
     tmp.write_text(f"{os.getpid()}\n")
     tmp.replace(reached)  # whole or absent: the test may read it at any moment
     deadline = time.monotonic() + timeout_s

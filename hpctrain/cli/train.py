@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,6 +31,7 @@ from hpctrain.run.exitcodes import CLI_USER_ERROR, WORKER_HUNG
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir, restrict_umask
 from hpctrain.slurm.env import SlurmEnvError
+from hpctrain.submitit_task import SubmititTask
 
 log = logging.getLogger("hpctrain")
 
@@ -83,11 +85,39 @@ def follow_rank0(cfg: DictConfig, rank: int, life: LifeStamp) -> tuple[Config, R
     return config, run
 
 
-def _train(cfg: DictConfig, life: LifeStamp, early: EarlySignals) -> None:
+@dataclass(frozen=True)
+class _Command:
+    """What main() took before Hydra ran: this process's life and the signals held meanwhile."""
+
+    life: LifeStamp
+    early: EarlySignals
+    pid: int  # this process: a task function pickled by value (`python -m`) carries the command along
+
+
+# Set by main(). None (or another process's) where Hydra's launcher runs the task without main():
+# a task of hydra-submitit-launcher's job, which reads its life from its own environment.
+_command: _Command | None = None
+
+
+def train_task(cfg: DictConfig) -> None:
+    """The Hydra task function: in this process (hpctrain-train, hpctrain-submit's launcher),
+    or in a job another Hydra launcher submitted (module-level, so it pickles by name)."""
+    if _command is not None and _command.pid == os.getpid():
+        _train(cfg, _command.life, _command.early)
+        return
+    task = SubmititTask.here()  # before the training installs its own handlers
+    _train(cfg, LifeStamp.from_env(), None, task)
+    if task is not None:
+        task.after_finish()
+
+
+def _train(cfg: DictConfig, life: LifeStamp, early: EarlySignals | None, task: SubmititTask | None = None) -> None:
     rank = steprun.world_rank(os.environ)
     logs.setup(rank=rank or 0)
     if rank is not None and cfg.trainer.nprocs != 1:
         fail(f"trainer.nprocs={cfg.trainer.nprocs}: under srun or torchrun each task is one rank; drop trainer.nprocs")
+    if task is not None and (wrong := task.config_error(cfg.slurm.signal)):
+        fail(wrong)
     try:
         if rank is None:
             config, run = prepare_run_dir(cfg)
@@ -109,6 +139,9 @@ def _train(cfg: DictConfig, life: LifeStamp, early: EarlySignals) -> None:
         if isinstance(error, steprun.StepError):
             fail(str(error))
         sys.exit(CLI_USER_ERROR)
+    if stopped_by is not None and task is not None:
+        log.info("stopped by signal %d after a checkpoint; submitit's job goes on in its next life", stopped_by)
+        task.after_stop(stopped_by, rank or 0)
     if stopped_by is not None:
         log.info(
             "stopped by signal %d after a checkpoint; run the same command with hydra.run.dir=%s to resume",
@@ -156,10 +189,9 @@ def main() -> None:
     before_hydra("hpctrain-train")
     compose_once.skip_the_mode_composition(sys.argv[1:])
 
-    @hydra.main(version_base="1.3", config_path="pkg://hpctrain.conf", config_name="config")
-    def train(cfg: DictConfig) -> None:
-        _train(cfg, life, early)
-
+    global _command
+    _command = _Command(life, early, os.getpid())
+    train = hydra.main(version_base="1.3", config_path="pkg://hpctrain.conf", config_name="config")(train_task)
     try:
         train()
         code = 0

@@ -51,7 +51,9 @@ TARGET_NODES: tuple[tuple[str, int, tuple[str, ...]], ...] = (
 # started in the same second (a loop, two login nodes) never name the same run dir.
 COMMAND_TOKEN = secrets.token_hex(3)
 if not OmegaConf.has_resolver("hpctrain_token"):
-    OmegaConf.register_new_resolver("hpctrain_token", lambda: COMMAND_TOKEN)
+    # Cached in the config, as Hydra caches `${now:...}`: a launcher that runs the task in another
+    # process (hydra-submitit-launcher pickles the config to the job) names the same dirs there.
+    OmegaConf.register_new_resolver("hpctrain_token", lambda: COMMAND_TOKEN, use_cache=True)
 
 
 def register() -> None:
