@@ -77,6 +77,7 @@ WAITING_LANE = frozenset(
         "tests/test_exact_resume.py",
         "tests/test_slurm_keeper.py",
         "tests/test_slurm_outage.py",
+        "tests/test_submitit_launcher.py",  # ~2 min waiting for Slurm's time-limit warning
     }
 )
 LANES = ("main", "waiting")
