@@ -16,7 +16,7 @@ started three times:
 3. The filler removed (a user freeing space), unarmed: resumes from step 5 and trains to the end,
    bit-identical to an uninterrupted run (test_trainer.py's `mlp-1x64`, shared).
 
-Cells of the phase-by-fault matrix (README, "Phase by fault"): the checkpoint disk full during a
+Cells of the phase-by-fault matrix (docs/fault-matrix.md): the checkpoint disk full during a
 forced save and between the two renames. On Slurm a `user_error` stops the run
 (tests/test_decide.py, "user's mistake"), and `hpctrain-submit --retry` resumes it as step 3 does
 (tests/test_slurm_full_disk.py, for the periodic write).

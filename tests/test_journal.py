@@ -114,7 +114,7 @@ def test_causes_and_reasons_are_written_as_their_words_and_read_back_as_enums(tm
     journal.write_event(Stop(time=10.0, job_id="36_7", restart=2, step=40, reason=StopReason.PREEMPT, deadline_s=None))
     journal.write_event(Checkpoint(time=11.0, step=40, reason=CheckpointReason.PREEMPT, blocking_s=0.1, write_s=0.2))
     journal.write_event(Requeue(time=12.0, job_id="36_7", restart=2, cause=Cause.PREEMPT, excluded=[]))
-    # The contract on disk: plain words, the fields the README names, a stop's null deadline too.
+    # The contract on disk: plain words, the fields the docs name, a stop's null deadline too.
     assert path.read_text().splitlines() == [
         '{"event": "stop", "time": 10.0, "job_id": "36_7", "restart": 2, "step": 40, "reason": "preempt", '
         '"deadline_s": null}',

@@ -17,7 +17,7 @@
    left and ends bit-identical to an uninterrupted run. Slurm drains the old job's other node
    ("Kill task failed") once UnkillableStepTimeout (60 s) has passed: its step daemon waits to
    tell the silent node's srun that its task ended. The times from the freeze to the keeper's
-   decision and to the new job's first trained step are printed (the README's table).
+   decision and to the new job's first trained step are printed (the table in docs/lost-nodes.md).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ TRAIN = [
     "slurm.ntasks_per_node=1",
 ]
 FREEZE_AT_STEP = 80
-HEARD_WITHIN_S = 60.0  # far below Slurm's 300 s; the README reports what was measured
+HEARD_WITHIN_S = 60.0  # far below Slurm's 300 s; docs/lost-nodes.md reports what was measured
 
 
 def _keeper_failure(run_dir: Path, timeout_s: float) -> dict:

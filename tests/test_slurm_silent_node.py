@@ -16,7 +16,7 @@ The first job's first life is slow for good reasons before the node dies, and no
 of it: a periodic checkpoint write held 15 s and a training step that takes 15 s (a first step that
 compiles), both past the 10 s timeout; the beats come from a process of their own. Each run
 ends bit-identical to an uninterrupted one. The times from the freeze to the `silent` event and to
-the next trained step are printed (the README's table).
+the next trained step are printed (the table in docs/lost-nodes.md).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ TRAIN = [
 # past the 10 s timeout.
 SLOW = "checkpoint.periodic_in_flight=sleep:15#0,trainer.step=sleep:15@70#1"
 FREEZE_AT_STEP = 120
-DETECTED_WITHIN_S = 60.0  # far below Slurm's 300 s; the README reports what was measured
+DETECTED_WITHIN_S = 60.0  # far below Slurm's 300 s; docs/lost-nodes.md reports what was measured
 
 
 def _events_of(run_dir: Path, kind: str) -> list[dict]:

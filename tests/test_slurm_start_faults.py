@@ -2,7 +2,7 @@
 the process held at an exact moment (a fault point's gate), the fault sent by Slurm's own
 commands, then the process let go.
 
-Cells of the phase-by-fault matrix (README, "Phase by fault"), in two rounds. The start of a life:
+Cells of the phase-by-fault matrix (docs/fault-matrix.md), in two rounds. The start of a life:
 
 - the batch script before `control begin` (`batch.before_begin`: the batch shell held, no task
   runs yet, nothing journaled) of the first life;

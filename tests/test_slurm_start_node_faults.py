@@ -1,7 +1,7 @@
 """A node or a rank lost while a life starts, on the real dev cluster: the rank cells side by side,
 then the node cells one after the other (a node set down ends every job on it).
 
-Cells of the phase-by-fault matrix (README, "Phase by fault") for a task's start before it imports
+Cells of the phase-by-fault matrix (docs/fault-matrix.md) for a task's start before it imports
 torch (`worker.before_imports`) and the rendezvous of a first life
 (`worker.before_rendezvous`: stop handlers in, the process group not joined) and the resume of a
 second (`trainer.resume_loading`: the newest checkpoint read, not applied; the first life stopped

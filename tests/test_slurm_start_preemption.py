@@ -3,7 +3,7 @@
 the rendezvous of a first life and at the resume of a second, in the batch script's own moments,
 and while a checkpoint is written.
 
-Sixteen cells of the phase-by-fault matrix (README, "Phase by fault"), three rounds: four to six
+Sixteen cells of the phase-by-fault matrix (docs/fault-matrix.md), three rounds: four to six
 one-task jobs held at a fault point's gate side by side (`worker.before_rendezvous`, or the second
 life's `trainer.resume_loading`; then `slurm.setup`, before `control begin` and before the asking
 for a decided requeue, the batch shell held; then a write in flight), then one job of the `urgent`

@@ -1,6 +1,6 @@
 """Faults that land while a job trains, as Slurm and the kernel deliver them, on the dev cluster.
 
-Cells of the phase-by-fault matrix (README, "What happens when") that were asserted only in the
+Cells of the phase-by-fault matrix (docs/never-lose-training.md, "What happens when") that were asserted only in the
 decision table or with a stand-in Slurm:
 
 - an administrator's `scontrol requeue` of a training job: Slurm sends SIGTERM to the batch shell

@@ -345,7 +345,7 @@ def test_a_local_crash_a_dry_run_and_a_run_training_here_say_so(
     assert rows["crashed"]["state"] == "FAILED (crash)" and rows["crashed"]["failed"]
     assert rows["dry"]["state"] == "DRY RUN" and not rows["dry"]["failed"]
     assert rows["live"]["state"] == "RUNNING (local)"
-    assert code == 1 and slurm.calls() == []  # a failed run: exit 1, as the README says
+    assert code == 1 and slurm.calls() == []  # a failed run: exit 1, as docs/operate.md says
     # Its command gone, the same run dir has no end recorded: not said to be running.
     _, rows, _ = rows_of(capsys, str(live))
     assert rows["live"]["state"] == "UNKNOWN"

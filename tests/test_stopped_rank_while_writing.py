@@ -19,7 +19,7 @@ comes before the end):
 4. Unarmed: resumes from that step-10 `.pt` and trains to the end, bit-identical to an
    uninterrupted run of the same config (unpaced: the pause changes no number).
 
-Cells of the phase-by-fault matrix (README, "Phase by fault"): a rank stopped while a periodic
+Cells of the phase-by-fault matrix (docs/fault-matrix.md): a rank stopped while a periodic
 write, a forced save or the rename pair is in flight. On Slurm the `hang` is then requeued
 (tests/test_decide.py's rows for a hang) and the next life resumes as step 4 does.
 """

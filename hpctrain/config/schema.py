@@ -278,7 +278,7 @@ class SlurmConfig:
     silent_node_timeout_s: float = 10.0
     # With spare nodes, one standby per node of the job (hpctrain.standby) imports torch and the
     # trainer once the life trains, and waits: a relaunch's tasks are handed to it and start
-    # without those imports (seconds at every relaunch). Jobs with GPUs start cold (README).
+    # without those imports (seconds at every relaunch). Jobs with GPUs start cold (docs/lost-nodes.md).
     warm_standby: bool = True
     # Queue a one-CPU guardian job beside every training job (--dependency=afternotok): when the
     # node running the batch script dies, Slurm ends the job FAILED without a requeue, and the

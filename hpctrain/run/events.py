@@ -1,6 +1,6 @@
 """events.jsonl as typed records: one class per event, one writer (Journal) and one reader.
 
-The names and fields are the README's contract; fields are only ever added. Each record keeps
+The names and fields are the documented contract (docs/); fields are only ever added. Each record keeps
 the fields it does not know (`extra`), so a journal written by a newer or older hpctrain reads
 back whole. Causes and reasons are the enums of hpctrain.run.causes, written as their words; a
 word a newer hpctrain wrote reads as an unlisted member (Word.read). The JSON-lines plumbing (torn

@@ -1,6 +1,6 @@
 """What a run cost: the node-hours and GPU-hours its allocations held, and the GPU-hours that
 trained the steps it kept. Pure functions over the run's records, its goodput, and what
-accounting says (hpctrain.status.usage). Definitions (also in the README):
+accounting says (hpctrain.status.usage). Definitions (also in docs/operate.md):
 
 - An allocation is one life of a Slurm job: the first start, and each start after a requeue
   (one SLURM_RESTART_COUNT). A relaunch onto spare nodes stays in the same allocation.

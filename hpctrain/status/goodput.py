@@ -2,7 +2,7 @@
 
 A pure function over the run's records: events.jsonl (one `start` per life, `checkpoint`s with
 blocking_s / write_s, the ending `requeue` | `relaunch` | `failure` | `cancelled` | `finish`)
-and metrics.jsonl (each record's `step` and `time`). Definitions (also in the README):
+and metrics.jsonl (each record's `step` and `time`). Definitions (also in docs/operate.md):
 
 - A life runs from its `start` event to its ending event. After a `relaunch` the allocation was
   held all along, so the next life's allocated time begins at the relaunch, not at its start.

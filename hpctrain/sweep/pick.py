@@ -1,6 +1,6 @@
 """Which points a cancel or a retry takes, and why: pure functions of what status knows.
 
-tests/test_sweep_pick.py is their table. The rules a user reads in the README:
+tests/test_sweep_pick.py is their table. The rules a user reads in docs/sweeps.md:
   - a retry never takes a point whose job is still queued or running (two jobs would train in
     one run dir), whether named or not, nor any point when squeue could not be asked;
   - a retry takes a point whose job ended without finishing: Slurm says FAILED, CANCELLED,

@@ -1,5 +1,5 @@
 """Where a relaunch's time goes, from the run's own records: the pieces between a node's loss and
-the next trained step, for the README's table (the silent-node and hot-spare tests print it).
+the next trained step, for the table in docs/lost-nodes.md (the silent-node and hot-spare tests print it).
 
 - until the step ended: from the loss to srun's return (Slurm's notice, or the heartbeat
   watcher's silence and its kill of the step);
