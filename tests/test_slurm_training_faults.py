@@ -71,7 +71,7 @@ from slurmtools import (
 from hpctrain import faults
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from job_processes import rank_pid  # noqa: E402
+from job_processes import processes, rank_pid  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -104,9 +104,19 @@ def reference(slurm_env, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def task_of_rank(job_id: str, rank: int) -> int:
-    pid = rank_pid(job_id, rank)
-    assert pid is not None, f"rank {rank} of job {job_id} is not running"
+def task_of_rank(job_id: str, rank: int, timeout_s: float = 10) -> int:
+    """The rank's pid, looked for again for a few seconds: one reading of /proc can miss a
+    process (seen once in a fresh-clone run under load), and the message then lists the job's."""
+    deadline = time.monotonic() + timeout_s
+    while (pid := rank_pid(job_id, rank)) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if pid is None:
+        seen = [
+            (p.pid, p.parent, p.program, p.environ.get("SLURM_STEP_ID"), p.environ.get("SLURM_PROCID"), p.argv[:4])
+            for p in processes()
+            if p.environ.get("SLURM_JOB_ID") == job_id
+        ]
+        raise AssertionError(f"rank {rank} of job {job_id} is not running; the job's processes: {seen}")
     return pid
 
 
