@@ -5,7 +5,7 @@
 # The tests run in two lanes side by side, each on pytest-xdist workers: the main lane on
 # HPCTRAIN_TEST_WORKERS (default 4), and the waiting lane on HPCTRAIN_TEST_WAITING_WORKERS (default
 # 2): the modules that mostly wait on Slurm's own clocks (SlurmdTimeout 300 s, MinJobAge, time
-# limits) at a quarter of a core or less (tests/suite_order.py WAITING_LANE). Their waiting then
+# limits) at half a core or less (tests/suite_order.py WAITING_LANE). Their waiting then
 # overlaps the main lane's work instead of holding one of its workers. HPCTRAIN_TEST_WORKERS=0 runs
 # everything in this one process, one lane. Each worker has dev clusters of its own
 # (tests/slurmtools.py: its own folders and ports; the waiting lane's numbered after the main
