@@ -529,8 +529,9 @@ def first_step_after(run_dir: Path, when: float, timeout_s: float) -> dict:
 
 def signal_batch(env: dict[str, str], job_id: str, signal: str = "USR2", timeout_s: float = 60) -> None:
     """`scancel --batch --signal=SIGNAL JOB`: the time-limit warning, sent now to the batch
-    shell. Tried again while it fails (slurmctld can answer 1 to an array task's id or time out
-    under load) and raises with Slurm's own words when it never succeeds."""
+    shell. Tried again while it fails: under load Slurm answered "Invalid job id specified" for
+    running jobs (an array task, a plain job) in fresh-clone runs, or timed out. Raises with
+    Slurm's own words when it never succeeds."""
     deadline = time.monotonic() + timeout_s
     while True:
         done = subprocess.run(

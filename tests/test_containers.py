@@ -24,6 +24,7 @@ from slurmtools import (
     job_output,
     job_restarts,
     lift_requeue_hold,
+    signal_batch,
     start_cluster,
     submit,
     wait_finished,
@@ -297,7 +298,7 @@ def test_a_job_trains_and_requeues_through_the_prefix(slurm_env: dict[str, str],
     ]
     (job_id,), _ = submit(slurm_env, run_dir, *config)
     wait_for_step(run_dir, 20)
-    subprocess.run(["scancel", "--signal=USR2", "--batch", job_id], env=slurm_env, check=True)
+    signal_batch(slurm_env, job_id)
     lift_requeue_hold(slurm_env, job_id)
     assert wait_finished(slurm_env, job_id, timeout_s=300) == "COMPLETED", job_output(run_dir)
 

@@ -22,6 +22,7 @@ from slurmtools import (
     of,
     preempt_everything,
     same_weights,
+    signal_batch,
     start_cluster,
     submit,
     train_locally,
@@ -234,7 +235,7 @@ def test_recovery_cases_side_by_side(slurm_env, tmp_path: Path) -> None:
     # setup's: its echo says they are set.
     wait_for_output(runs["early_warning"], SETUP_BEGINS, timeout_s=300)
     assert "hpctrain: job" not in job_output(runs["early_warning"]), "the setup line ended before the signal"
-    subprocess.run(["scancel", "--batch", "--signal=USR2", jobs["early_warning"]], env=slurm_env, check=True)
+    signal_batch(slurm_env, jobs["early_warning"])
 
     # The user's exclusion survives the requeue's ExcNodeList (it used to be replaced).
     wait_for_state(slurm_env, jobs["exclude"], {"PENDING"}, 300)

@@ -31,6 +31,7 @@ from slurmtools import (
     job_state,
     of,
     same_weights,
+    signal_batch,
     start_cluster,
     submit,
     wait_for_state,
@@ -84,7 +85,7 @@ def resume(env: dict[str, str], node: str) -> None:
 
 def warn(env: dict[str, str], job_id: str) -> None:
     """The time-limit warning as `--signal=B:USR2@N` delivers it: to the batch shell only."""
-    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], env=env, check=True)
+    signal_batch(env, job_id)  # tried again while slurmctld answers "Invalid job id" under load
 
 
 def worker_pid(job_id: str, node: str, timeout_s: float = 30) -> int:
