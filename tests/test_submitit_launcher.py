@@ -58,8 +58,23 @@ def submitit_log(sweep: Path, job_id: str) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob("*_log.*")))
 
 
-def open_gate(gates: Path, point: str) -> None:
-    (gates / point / "trainer.step.open").write_text("")
+def open_gate(gates: Path, point: str, name: str = "trainer.step") -> None:
+    (gates / point / f"{name}.open").write_text("")
+
+
+def preempt(env: dict[str, str], job: str) -> None:
+    """An urgent job wanting the job's node: Slurm sends the job's tasks SIGTERM (GraceTime 20 s)."""
+    wait_until(f"job {job} on a node", lambda: job_field(env, job, "NodeList") not in (None, "(null)"), 60)
+    node = job_field(env, job, "NodeList")
+    subprocess.run(
+        ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", "1", "-w", str(node)]
+        + ["-o", "/dev/null", "--wrap", "sleep 2"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    wait_until(f"job {job} preempted", lambda: job_field(env, job, "PreemptTime") not in (None, "None"), 60)
+    time.sleep(1)  # the SIGTERM reached every task
 
 
 def wait_until(what: str, check, timeout_s: float, story=lambda: "") -> None:  # type: ignore[no-untyped-def]
@@ -97,17 +112,7 @@ def test_a_preempted_point_and_a_timed_out_point_resume_exactly_under_submitit(t
                 lambda job=job: submitit_log(sweep, job),
             )
         started = time.monotonic()  # the points started a few seconds before they reached the gate
-        # Preempt point 0 alone: an urgent job wanting its node. Slurm sends its tasks SIGTERM.
-        node = job_field(env, preempted, "NodeList")
-        subprocess.run(
-            ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", "1", "-w", str(node)]
-            + ["-o", "/dev/null", "--wrap", "sleep 2"],
-            env=env,
-            check=True,
-            capture_output=True,
-        )
-        wait_until("point 0 preempted", lambda: job_field(env, preempted, "PreemptTime") not in (None, "None"), 60)
-        time.sleep(1)  # the SIGTERM reached both ranks: let them go (the grace is 20 s)
+        preempt(env, preempted)  # point 0 alone; then let its ranks go (the grace is 20 s)
         open_gate(gates, "0")
         # Point 1 goes on when Slurm has sent the time-limit warning: at the latest when the
         # limit is SIGNAL_DELAY_S away (Slurm may send it up to 60 s earlier).
@@ -148,3 +153,51 @@ def test_a_preempted_point_and_a_timed_out_point_resume_exactly_under_submitit(t
     # submitit's own result for each point: the task function's, not an error.
     for job in jobs.values():
         assert (sweep / ".submitit" / job / f"{job}_0_result.pkl").exists()
+
+
+def test_a_point_preempted_while_its_tasks_start_loses_nothing(tmp_path: Path) -> None:
+    """Slurm's SIGTERM while the tasks still start (Hydra composed, torch not imported, hpctrain's
+    handlers not in): submitit alone would ignore it and the life would train on until Slurm's
+    SIGKILL. hpctrain holds it from the task function's first line: the tasks leave before the
+    rendezvous with a `stop` record, wait for Slurm, and the next life trains the whole run."""
+    env = start_cluster()
+    sweep, gates = tmp_path / "sweep", tmp_path / "gates"
+    held = {
+        **env,
+        "HPCTRAIN_FAULT_POINTS": "train.before_launch=gate:600",
+        "HPCTRAIN_FAULT_GATES": f"{gates}/0",  # one point: submitit queues a plain job, no array
+    }
+    command = [sys.executable, "-m", "hpctrain.cli.train", *LAUNCHER, "-m", f"hydra.sweep.dir={sweep}"]
+    command += [*CONFIG, f"optim.lr={LRS[0]}"]
+    launcher_log = tmp_path / "launcher.log"
+    job = ""
+    with launcher_log.open("w") as out:
+        launcher = subprocess.Popen(command, env=held, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        wait_until("submitit queued the point", lambda: any((sweep / ".submitit").glob("[0-9]*")), 120)
+        job = next((sweep / ".submitit").glob("[0-9]*")).name
+        wait_until(
+            "the tasks held before they train",
+            lambda: (gates / "0" / "train.before_launch.reached").exists(),
+            180,
+            lambda: submitit_log(sweep, job),
+        )
+        preempt(env, job)
+        open_gate(gates, "0", "train.before_launch")
+        assert wait_finished(env, job, timeout_s=600, lift_holds=True) == "COMPLETED", submitit_log(sweep, job)
+        assert launcher.wait(timeout=300) == 0, launcher_log.read_text()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        if job:
+            subprocess.run(["scancel", job], env=env, capture_output=True)
+    run_dir = sweep / "0"
+    # The first life trained nothing and said why (each rank that saw the signal before the
+    # rendezvous says it: Slurm signals both at once); the second trained the whole run.
+    stops = [(e["reason"], e["step"], e["deadline_s"], e["restart"]) for e in of("stop", run_dir)]
+    assert set(stops) == {("preempt", 0, 0.0, 0)} and 1 <= len(stops) <= 2, events(run_dir)
+    assert [(s["restart"], s["resumed_from_step"]) for s in of("start", run_dir)] == [(1, 0)], events(run_dir)
+    assert [e["step"] for e in of("finish", run_dir)] == [STEPS] and job_restarts(env, job) == 1
+    reference = tmp_path / "reference"
+    train_locally(env, reference, *CONFIG, f"optim.lr={LRS[0]}", "trainer.nprocs=2")
+    assert same_weights(run_dir, reference)

@@ -105,8 +105,12 @@ def train_task(cfg: DictConfig) -> None:
     if _command is not None and _command.pid == os.getpid():
         _train(cfg, _command.life, _command.early)
         return
-    task = SubmititTask.here()  # before the training installs its own handlers
-    _train(cfg, LifeStamp.from_env(), None, task)
+    task = SubmititTask.here()  # submitit's handlers, before anything replaces them
+    # In a submitit task, a stop signal while torch imports is held for the training, as
+    # hpctrain's own entry points hold it: submitit would ignore a SIGTERM and the life would
+    # train on until Slurm's SIGKILL, every step since the newest checkpoint lost.
+    early = EarlySignals().hold() if task is not None else None
+    _train(cfg, LifeStamp.from_env(), early, task)
     if task is not None:
         task.after_finish()
 
