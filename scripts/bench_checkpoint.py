@@ -88,7 +88,7 @@ import torch
 import torch.nn.functional as F
 
 from hpctrain.checkpoint import Checkpointer, snapshot, store
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.models.gpt import GPT
 from hpctrain.run.causes import CheckpointReason, StopReason
 from hpctrain.run.events import Checkpoint, ForcedSave

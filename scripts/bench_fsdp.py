@@ -53,7 +53,7 @@ def _rank(
     from hpctrain.checkpoint import Checkpointer
     from hpctrain.checkpoint.sharded import ShardedCheckpointer
     from hpctrain.config import TrainerConfig
-    from hpctrain.dist import DistContext
+    from hpctrain.dist.context import DistContext
     from hpctrain.models.gpt import GPT
     from hpctrain.run.causes import CheckpointReason
     from hpctrain.trainer import components, sharding

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from hpctrain import config as hconfig
 from hpctrain.config import Config, load_run_config, save_resolved, targets
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.trainer.trainer import Trainer
 
 # Same arithmetic on both sides: no clipping, no schedule, no mid-run evaluation.

@@ -8,8 +8,8 @@ training task as the kernel or a dying node would (SIGKILL, SIGSTOP) by its pid.
   SLURM_PROCID too: the task is the one whose parent is not itself a task of the job;
 - after a relaunch on a spare the old step's tasks may still be ending: the task is the newest
   step's (the highest SLURM_STEP_ID);
-- a relaunched task handed to its node's warm standby (hpctrain.handoff) is not the training
-  process: the standby's fork that took it on is, named `hpctrain-rR` (hpctrain.standby). The
+- a relaunched task handed to its node's warm standby (hpctrain.process.handoff) is not the training
+  process: the standby's fork that took it on is, named `hpctrain-rR` (hpctrain.process.standby). The
   standby's own step (HPCTRAIN_STANDBY_ROLE=server) is never a rank.
 """
 
@@ -67,7 +67,7 @@ def is_task(process: Process) -> bool:
 
 
 def is_handoff(process: Process) -> bool:
-    return "hpctrain.handoff" in process.argv
+    return "hpctrain.process.handoff" in process.argv
 
 
 def standby_worker(job_id: str, rank: int, among: list[Process]) -> list[int]:

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from hpctrain.run.paths import SweepArrays
-from hpctrain.slurm import arrays, limits
 from hpctrain.slurm.jobid import expand, job_of, sort_key, split, tasks_in
-from hpctrain.slurm.limits import Limit, Limits, check
 from hpctrain.slurm.records import parse_config, parse_job_records
 from hpctrain.status import slurm_query
+from hpctrain.submit import arrays, limits
+from hpctrain.submit.limits import Limit, Limits, check
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm" / "arrays"
 

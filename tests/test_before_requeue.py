@@ -1,4 +1,4 @@
-"""The last look before the batch script asks for its requeue (hpctrain.run.before_requeue), on
+"""The last look before the batch script asks for its requeue (hpctrain.recovery.before_requeue), on
 `scontrol show job` records captured on the dev cluster (tests/fixtures/slurm/scontrol/,
 README_stop.md says how each was made)."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.run.before_requeue import BeforeRequeue, before_requeue
+from hpctrain.recovery.before_requeue import BeforeRequeue, before_requeue
 from hpctrain.slurm.records import JobRecord, parse_job_record
 
 SCONTROL = Path(__file__).parent / "fixtures" / "slurm" / "scontrol"

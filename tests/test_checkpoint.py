@@ -29,7 +29,7 @@ from hpctrain import faults
 from hpctrain.checkpoint import Checkpointer, NoUsableCheckpoint, rng, store
 from hpctrain.checkpoint.snapshot import Snapshotter
 from hpctrain.checkpoint.writer import BackgroundWriter
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.run.causes import CheckpointReason
 from hpctrain.run.events import Checkpoint
 

@@ -30,9 +30,9 @@ from slurmtools import (
 )
 from test_render import make_config
 
-from hpctrain.slurm import git_state
-from hpctrain.slurm.code_snapshot import MANIFEST, CodeSnapshot, installed_beside, is_installed_library, targets_in
-from hpctrain.slurm.render import render
+from hpctrain.submit import git_state
+from hpctrain.submit.code_snapshot import MANIFEST, CodeSnapshot, installed_beside, is_installed_library, targets_in
+from hpctrain.submit.render import render
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org"]
 

@@ -1,4 +1,4 @@
-"""The nodes that meet a job's --constraint (hpctrain.slurm.constraints), from sinfo's output
+"""The nodes that meet a job's --constraint (hpctrain.recovery.constraints), from sinfo's output
 captured on the dev cluster: node1 and node2 given the features `fast,ib`
 (`scontrol update nodename=node1,node2 AvailableFeatures=fast,ib ActiveFeatures=fast,ib`)."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.slurm.constraints import nodes_meeting, parse_sinfo_features
+from hpctrain.recovery.constraints import nodes_meeting, parse_sinfo_features
 
 FEATURES = parse_sinfo_features((Path(__file__).parent / "fixtures" / "slurm" / "sinfo_features.txt").read_text())
 

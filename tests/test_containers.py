@@ -33,8 +33,8 @@ from slurmtools import (
 from test_render import HOSTILE, check_golden, make_config, rendered
 
 from hpctrain.config.schema import SlurmConfig
-from hpctrain.slurm.control import Controller
-from hpctrain.slurm.render import render
+from hpctrain.recovery.control import Controller
+from hpctrain.submit.render import render
 
 APPTAINER = ["apptainer", "exec", "--nv", "--bind", "/scratch:/scratch", "/images/train.sif"]
 PYXIS = ["--container-image=nvcr.io#nvidia/pytorch:24.05-py3", "--container-mounts=/data:/data"]
@@ -58,7 +58,7 @@ def test_golden_apptainer_site() -> None:
     check_golden("ddp_apptainer.sbatch", text)
     words = "apptainer exec --nv --bind /scratch:/scratch /images/train.sif /opt/venv/bin/python"
     assert f'    {words} -m hpctrain.worker "${{HPCTRAIN_RUN_DIR}}" &\n' in text
-    assert f'control() {{ {words} -m hpctrain.slurm.control "$@" | tail -n 1; }}\n' in text
+    assert f'control() {{ {words} -m hpctrain.recovery.control "$@" | tail -n 1; }}\n' in text
 
 
 def test_golden_pyxis_site() -> None:
@@ -72,7 +72,7 @@ def test_golden_pyxis_site() -> None:
     )
     check_golden("ddp_pyxis.sbatch", text)
     assert "    '--container-image=nvcr.io#nvidia/pytorch:24.05-py3' --container-mounts=/data:/data \\\n" in text
-    assert 'control() { /opt/hpctrain/bin/python -m hpctrain.slurm.control "$@"; }\n' in text
+    assert 'control() { /opt/hpctrain/bin/python -m hpctrain.recovery.control "$@"; }\n' in text
 
 
 def test_no_container_keys_render_the_script_as_before() -> None:
@@ -157,8 +157,8 @@ def test_hostile_words_never_run_in_bash(tmp_path: Path) -> None:
     ]
     # The prefix wrapped the control steps (begin, after-step) and the task, each word intact.
     wrapped = (run_dir / "wrap-args").read_text().splitlines()
-    assert wrapped.count(HOSTILE[0]) == 3 and wrapped.count("hpctrain.slurm.control") == 2
-    assert wrapped[: len(HOSTILE) + 3] == [*HOSTILE, str(bin_dir / "python"), "-m", "hpctrain.slurm.control"]
+    assert wrapped.count(HOSTILE[0]) == 3 and wrapped.count("hpctrain.recovery.control") == 2
+    assert wrapped[: len(HOSTILE) + 3] == [*HOSTILE, str(bin_dir / "python"), "-m", "hpctrain.recovery.control"]
 
 
 @pytest.mark.parametrize("key", ["srun_args", "task_prefix"])
@@ -316,11 +316,11 @@ def test_a_job_trains_and_requeues_through_the_prefix(slurm_env: dict[str, str],
     tasks = sorted((w["restart"], w["rank"]) for w in wrapped if w["module"] == "hpctrain.worker")
     assert tasks == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], wrapped
     assert {w["srun_mark"] for w in wrapped if w["module"] == "hpctrain.worker"} == {"1"}
-    control = [(w["restart"], w["arg"]) for w in wrapped if w["module"] == "hpctrain.slurm.control"]
+    control = [(w["restart"], w["arg"]) for w in wrapped if w["module"] == "hpctrain.recovery.control"]
     assert control == [("0", "begin"), ("0", "after-step"), ("0", "requeue"), ("1", "begin"), ("1", "after-step")], (
         wrapped
     )
-    assert {w["srun_mark"] for w in wrapped if w["module"] == "hpctrain.slurm.control"} == {"unset"}
+    assert {w["srun_mark"] for w in wrapped if w["module"] == "hpctrain.recovery.control"} == {"unset"}
     # The hostile word arrived whole in the prefix, and nothing in it ran.
     assert {w["word"] for w in wrapped} == {word}
     assert list(marks.iterdir()) == []

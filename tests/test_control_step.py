@@ -1,4 +1,4 @@
-"""The batch script's control step (hpctrain.slurm.control) and hpctrain-follow with a Slurm that
+"""The batch script's control step (hpctrain.recovery.control) and hpctrain-follow with a Slurm that
 does not answer: its settings through the schema, its Slurm calls within one budget, a requeue
 without an answer looked at before it is asked again, a silence that ends nothing."""
 
@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from fakeslurm import FIXTURES, FakeSlurm, Said, captured, install
 
-from hpctrain import follow
+from hpctrain.cli import follow
 from hpctrain.config.schema import SlurmConfig
+from hpctrain.recovery import control
+from hpctrain.recovery import requeue as requeue_calls
+from hpctrain.recovery.control import Controller
+from hpctrain.recovery.facts import Budgets
 from hpctrain.run import exitcodes
-from hpctrain.run.facts import Budgets
-from hpctrain.slurm import control
-from hpctrain.slurm import requeue as requeue_calls
-from hpctrain.slurm.control import Controller
 
 RUNNING = (FIXTURES / "scontrol" / "running.txt").read_text()  # JobId=1, Restarts=0
 REQUEUED = RUNNING.replace("JobState=RUNNING", "JobState=COMPLETING").replace("Restarts=0", "Restarts=1")
@@ -70,7 +70,7 @@ def test_the_control_step_imports_neither_torch_nor_hydra() -> None:
         [
             sys.executable,
             "-c",
-            "import sys, hpctrain.slurm.control; "
+            "import sys, hpctrain.recovery.control; "
             "print(sorted(m for m in ('torch', 'hydra', 'optuna') if m in sys.modules))",
         ],
         capture_output=True,

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.recovery.decide import History, checkpoint_interval_s, decide, decide_begin, decide_cancelled, lineage
+from hpctrain.recovery.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes
 from hpctrain.run.causes import Action, Cause, CheckpointReason, StopReason
-from hpctrain.run.decide import History, checkpoint_interval_s, decide, decide_begin, decide_cancelled, lineage
 from hpctrain.run.events import (
     BY_SLURM,
     Cancelled,
@@ -34,7 +35,6 @@ from hpctrain.run.exitcodes import (
     WORKER_SAVED_FOR_TIMELIMIT,
     WORKER_USER_ERROR,
 )
-from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 JOB = "41"

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hpctrain import dist as hdist
-from hpctrain.dist import DistContext, backend_for, select_device
+from hpctrain.dist import context as hdist
+from hpctrain.dist.context import DistContext, backend_for, select_device
 
 TORCHRUN_ENV = {
     "RANK": "5",

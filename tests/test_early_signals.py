@@ -17,7 +17,7 @@ import pytest
 from conftest import assert_ok, events, run_train, train_env
 
 from hpctrain import faults
-from hpctrain.early_signals import EarlySignals
+from hpctrain.process.early_signals import EarlySignals
 from hpctrain.run.exitcodes import WORKER_SAVED_AND_STOPPED, WORKER_SAVED_FOR_TIMELIMIT
 
 TRAINED = ("model=mlp", "trainer.max_steps=20", "trainer.ckpt_every=10", "trainer.eval_every=0")
@@ -104,7 +104,7 @@ def test_held_signals_go_to_the_stop_flag_in_order_of_arrival() -> None:
     again (here to a recording handler standing in for their defaults)."""
     code = """
 import json, os, signal
-from hpctrain.early_signals import EarlySignals
+from hpctrain.process.early_signals import EarlySignals
 raised = []
 signal.signal(signal.SIGURG, lambda s, f: raised.append(s))
 early = EarlySignals().hold()

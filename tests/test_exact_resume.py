@@ -25,7 +25,7 @@ from torch.utils.data import TensorDataset
 from hpctrain.config import DataConfig
 from hpctrain.data.augment import PixelNoise
 from hpctrain.data.worker_seeds import batch_seed
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.trainer import loaders
 
 

@@ -43,9 +43,9 @@ from hpctrain.checkpoint.deadline import (
     usable_s,
 )
 from hpctrain.checkpoint.format import FORMAT_VERSION
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
+from hpctrain.recovery.decide import History, lineage
 from hpctrain.run.causes import CheckpointReason, StopReason
-from hpctrain.run.decide import History, lineage
 from hpctrain.run.events import Checkpoint, Event, ForcedSave, Start, Stop, read_events
 from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.slurm.records import parse_job_record, parse_partition

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.recovery.decide import History, decide_guard, lineage
+from hpctrain.recovery.facts import Budgets, JobEnd
+from hpctrain.recovery.guardian import job_end
 from hpctrain.run.causes import Action, Cause, CheckpointReason, StopReason
-from hpctrain.run.decide import History, decide_guard, lineage
 from hpctrain.run.events import (
     BY_GUARDIAN,
     CANCELLED_BY_COMMAND,
@@ -27,8 +29,6 @@ from hpctrain.run.events import (
     Start,
     Stop,
 )
-from hpctrain.run.facts import Budgets, JobEnd
-from hpctrain.slurm.guardian import job_end
 from hpctrain.slurm.records import parse_job_record
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm" / "guardian"

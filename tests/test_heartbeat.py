@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.heartbeat import ADDR_ENV, Beat
-from hpctrain.slurm.watch import Heard, paused, silent_nodes
+from hpctrain.process.heartbeat import ADDR_ENV, Beat
+from hpctrain.recovery.watch import Heard, paused, silent_nodes
 
 T = 10.0  # the timeout of the table's rows
 
@@ -83,7 +83,7 @@ def test_a_beat_reads_back_and_anything_else_is_no_beat() -> None:
 # so the test can freeze the beater alone, end this process, or signal the pair.
 TRAINING = """
 import os, sys, time
-from hpctrain import heartbeat
+from hpctrain.process import heartbeat
 beater = heartbeat.start(os.environ, int(sys.argv[1]))
 print(beater.beater.pid, flush=True)
 time.sleep(600)
@@ -172,7 +172,7 @@ def _end(procs: list[subprocess.Popen[str]], beaters: list[int]) -> None:
 
 
 def test_no_beater_outside_hpctrain_s_batch_script() -> None:
-    from hpctrain import heartbeat
+    from hpctrain.process import heartbeat
 
     assert heartbeat.start({}, 0) is None
 
@@ -195,7 +195,7 @@ def watched(tmp_path: Path) -> Iterator[tuple[Path, Path, subprocess.Popen[bytes
     env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "0", "SLURMD_NODENAME": "localhost"}
     env.pop("SLURM_CONF", None)
     watcher = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain.slurm.watch", str(run_dir), str(folder)],
+        [sys.executable, "-m", "hpctrain.recovery.watch", str(run_dir), str(folder)],
         env=env,
         stderr=subprocess.PIPE,
         text=True,
@@ -301,7 +301,7 @@ def test_a_relaunched_step_is_heard_afresh(
 # and Slurm's step clean-up kills its beater at once (slurmstepd SIGKILLs what a task leaves).
 LEAVING = """
 import os, signal, sys, time
-from hpctrain import heartbeat
+from hpctrain.process import heartbeat
 beating = heartbeat.start(os.environ, int(sys.argv[1]))
 time.sleep(2)
 beating.bye()

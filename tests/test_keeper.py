@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.recovery.decide import History, decide_keeper
+from hpctrain.recovery.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes
+from hpctrain.recovery.keeper import listen_for_silence
 from hpctrain.run.causes import Action, Cause, CheckpointReason
-from hpctrain.run.decide import History, decide_keeper
 from hpctrain.run.events import (
     BY_KEEPER,
     DETECTED_BY_HEARTBEAT,
@@ -34,8 +36,6 @@ from hpctrain.run.events import (
     Requeue,
     Start,
 )
-from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes
-from hpctrain.slurm.keeper import listen_for_silence
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 JOB = "57"
@@ -179,7 +179,7 @@ def test_a_spare_given_up_when_too_few_nodes_remain() -> None:
 
 ANSWERER = """
 import socket, sys
-from hpctrain.slurm.watch import PING, PONG
+from hpctrain.recovery.watch import PING, PONG
 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 sock.bind(("127.0.0.1", 0))
 print(sock.getsockname()[1], flush=True)

@@ -12,9 +12,9 @@ from clitools import run_cli
 from slurmtools import events, job_output, start_cluster, submit, wait_finished
 from test_render import check_golden, rendered
 
-from hpctrain import dist as hdist
 from hpctrain.config.network import NetworkConfig
-from hpctrain.rendezvous import interface_ipv4, rank0_address
+from hpctrain.dist import context as hdist
+from hpctrain.dist.rendezvous import interface_ipv4, rank0_address
 
 NETWORK = ("slurm.network.socket_ifname='ib0,ib1'", "slurm.network.master_addr_suffix=-ib")
 

@@ -13,7 +13,7 @@ import pytest
 from test_render import make_config
 
 from hpctrain.config.schema import SlurmConfig, node_range
-from hpctrain.slurm.render import render
+from hpctrain.submit.render import render
 
 RANGES = {
     4: (4, 4),

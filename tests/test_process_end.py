@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from hpctrain import process_end
+from hpctrain.process import ending
 
 
 @pytest.mark.parametrize(
@@ -17,21 +17,21 @@ from hpctrain import process_end
     [(None, 0), (0, 0), (3, 3), (143, 143), ("error: a message", 1)],
 )
 def test_the_code_of_an_exit_is_what_sys_exit_gives(code: object, expected: int) -> None:
-    assert process_end.code_of(SystemExit(code)) == expected
+    assert ending.code_of(SystemExit(code)) == expected
 
 
 def test_leave_flushes_logs_and_output_and_skips_the_teardown() -> None:
     program = textwrap.dedent("""\
         import atexit, logging, sys
-        from hpctrain import process_end
+        from hpctrain.process import ending
         logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
         atexit.register(lambda: print("teardown ran", flush=True))
         print("written before leaving", end="")  # no newline: still in the buffer
         logging.getLogger("x").info("logged before leaving")
-        assert not process_end.did_train_here()
-        process_end.trained_here()
-        assert process_end.did_train_here()
-        process_end.leave(7)
+        assert not ending.did_train_here()
+        ending.trained_here()
+        assert ending.did_train_here()
+        ending.leave(7)
         """)
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert done.returncode == 7

@@ -21,7 +21,7 @@ import torch
 from conftest import train_command, train_env
 
 from hpctrain import logs
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.run.life import LifeStamp
 from hpctrain.trainer.progress import Progress
 from hpctrain.trainer.progress_bar import MIN_REDRAW_S, ProgressBar, wanted

@@ -19,7 +19,7 @@ from hpctrain.config import Config
 from hpctrain.config.schema import SlurmConfig
 from hpctrain.run import exitcodes
 from hpctrain.run.paths import RunDir
-from hpctrain.slurm.render import builtin_templates, filename_pattern, render, sbatch_flag, sbatch_quote
+from hpctrain.submit.render import builtin_templates, filename_pattern, render, sbatch_flag, sbatch_quote
 
 GOLDEN = Path(__file__).parent / "golden"
 HOSTILE = [
@@ -232,12 +232,12 @@ def test_hostile_values_never_run_in_bash(tmp_path: Path) -> None:
 )
 def test_a_warm_standby_only_where_a_relaunch_can_use_it(overrides: tuple[str, ...], standby: bool) -> None:
     script = rendered(*overrides)
-    assert ("-m hpctrain.standby" in script) is standby
-    assert ("${excluded:+hpctrain.handoff }hpctrain.worker" in script) is standby
+    assert ("-m hpctrain.process.standby" in script) is standby
+    assert ("${excluded:+hpctrain.process.handoff }hpctrain.worker" in script) is standby
     assert "export HPCTRAIN_STANDBY=" in script if standby else "HPCTRAIN_STANDBY" not in script
     if standby:  # the standby step survives a node lost (--no-kill): the others serve the relaunch
         (line,) = [line for line in script.splitlines() if "HPCTRAIN_STANDBY_ROLE=server srun" in line]
-        following = script[script.index(line) :].split("hpctrain.standby")[0]
+        following = script[script.index(line) :].split("hpctrain.process.standby")[0]
         assert "--overlap" in following and "--no-kill" in following and "--exact" not in following
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
 

@@ -156,7 +156,7 @@ def run_and_signal(
             if time.monotonic() > deadline:
                 pytest.fail(f"no step {after} within {START_TIMEOUT_S}s:\n{log_path.read_text()[-4000:]}")
             time.sleep(0.05)
-        # The ranks: forked by the launcher's rank server (hpctrain.rank_server), its children.
+        # The ranks: forked by the launcher's rank server (hpctrain.process.rank_server), its children.
         group = _group(pgid)
         servers = {p.pid for p in group if p.ppid == launcher.pid and "forkserver" in p.cmdline}
         workers = [p for p in group if p.ppid in servers]

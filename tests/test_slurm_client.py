@@ -182,7 +182,7 @@ def test_a_job_submits_without_its_own_slurm_settings(monkeypatch: pytest.Monkey
 
 SLURM_WORDS = set(client.COMMANDS)
 # git_state runs git; heartbeat starts each training process's beater (Python, no Slurm command).
-ALLOWED = {"hpctrain/slurm/client.py", "hpctrain/slurm/git_state.py", "hpctrain/heartbeat.py"}
+ALLOWED = {"hpctrain/slurm/client.py", "hpctrain/submit/git_state.py", "hpctrain/process/heartbeat.py"}
 
 
 def _modules() -> list[tuple[str, ast.Module]]:
@@ -203,7 +203,7 @@ def test_only_the_client_runs_slurm() -> None:
         }
         if name not in ALLOWED:
             assert not (imported | calls) & runners, f"{name} runs a process itself: go through hpctrain.slurm.client"
-    for allowed in ("hpctrain/slurm/git_state.py", "hpctrain/heartbeat.py"):
+    for allowed in ("hpctrain/submit/git_state.py", "hpctrain/process/heartbeat.py"):
         tree = dict(_modules())[allowed]
         words = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
         assert not words & SLURM_WORDS, allowed

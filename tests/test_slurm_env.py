@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from hpctrain.config.network import NetworkConfig
-from hpctrain.dist import PORT_FILE, DistContext, env_master_addr, visible_gpu
-from hpctrain.rendezvous import port_file
+from hpctrain.dist.context import PORT_FILE, DistContext, env_master_addr, visible_gpu
+from hpctrain.dist.rendezvous import port_file
 from hpctrain.run.exitcodes import WORKER_USER_ERROR
 from hpctrain.slurm.env import SlurmEnvError, in_slurm_step, node_list, place, tasks_per_node
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.run.facts import ClusterView, Service, parse_sinfo_nodes, parse_time_left
+from hpctrain.recovery.facts import ClusterView, Service, parse_sinfo_nodes, parse_time_left
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 

@@ -131,7 +131,7 @@ def test_hot_spare_relaunches_without_requeue(slurm_env, tmp_path: Path) -> None
     print(f"hot spare: {starts[1]['time'] - failed_at:.1f} s from node failure to the relaunched step")
     print(f"hot spare, the relaunch piece by piece: {told(breakdown(run_dir, failed_at))}")
     assert starts[1]["time"] - failed_at < 120
-    # Handed to the warm standbys (hpctrain.standby): no import of torch in the relaunched tasks,
+    # Handed to the warm standbys (hpctrain.process.standby): no import of torch in the relaunched tasks,
     # which took 2 s and more here (5-10 s loaded); what is left is the handoff and the fork.
     assert starts[1]["startup"]["imports_s"] < 1.0, starts[1]
     assert "starting cold" not in job_output(run_dir)

@@ -3,7 +3,7 @@
 `devcluster.py freeze` stops every process of the node at once (its slurmd, its step daemons,
 the training process and its beater): nothing exits, no socket is reset, the peer blocks in its
 all-reduce, and Slurm still lists the node as up for minutes. The batch script's heartbeat watcher
-(hpctrain.slurm.watch) hears the node fall silent and ends the step within
+(hpctrain.recovery.watch) hears the node fall silent and ends the step within
 slurm.silent_node_timeout_s (10 s, the default): `silent`, then `failure` (node_failure,
 detected_by heartbeat), then
 

@@ -1,4 +1,4 @@
-"""The warm standby and the handoff of a task to it (hpctrain.standby, hpctrain.handoff), with
+"""The warm standby and the handoff of a task to it (hpctrain.process.standby, hpctrain.process.handoff), with
 real processes, a real abstract socket, real signals: the worker gets the task's streams,
 environment, directory, affinity and signals; the task ends as the worker did; a task killed
 takes its worker with it; no standby (or another user) means a cold start in the same pid."""
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain import standby
+from hpctrain.process import standby
 
 TESTS = Path(__file__).resolve().parent
 READY_TIMEOUT_S = 120  # the standby imports torch: seconds, more on a loaded machine
@@ -42,7 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
     # The standby imports only once its life trains: this life (no Slurm job) has begun to.
     (run_dir / "events.jsonl").write_text(json.dumps({"event": "start", "job_id": None, "restart": 0}) + "\n")
     process = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain.standby", str(run_dir)],
+        [sys.executable, "-m", "hpctrain.process.standby", str(run_dir)],
         env=_env(token, node),
         stderr=subprocess.PIPE,
         text=True,
@@ -63,7 +63,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
 
 
 def handoff(token: str, node: str, *args: str, cwd: Path | None = None, **env: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "hpctrain.handoff", "helpers.handoff_probe", *args]
+    command = [sys.executable, "-m", "hpctrain.process.handoff", "helpers.handoff_probe", *args]
     return subprocess.Popen(
         command, env=_env(token, node, **env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -108,7 +108,7 @@ def gone(pid: int, within_s: float, started: str | None = None) -> bool:
 def test_a_task_handed_over_runs_warm_with_its_own_streams_environment_directory_and_cpus(server, tmp_path) -> None:
     token, node = server
     cpu = sorted(os.sched_getaffinity(0))[-1]
-    command = ["taskset", "-c", str(cpu), sys.executable, "-m", "hpctrain.handoff", "helpers.handoff_probe"]
+    command = ["taskset", "-c", str(cpu), sys.executable, "-m", "hpctrain.process.handoff", "helpers.handoff_probe"]
     task = subprocess.run(
         [*command, "exit", "3"],
         env=_env(token, node, SLURM_PROCID="5", HPCTRAIN_PROBE="a value"),

@@ -1,10 +1,10 @@
-"""A training process's start-up phases (hpctrain.startup_clock): from the marks it made and the
+"""A training process's start-up phases (hpctrain.process.startup_clock): from the marks it made and the
 batch shell's launch time, the seconds each phase took; a phase is left out when one of its ends
 was not marked (no batch script: no launch time)."""
 
 from __future__ import annotations
 
-from hpctrain.startup_clock import LAUNCHED_AT_ENV, phases
+from hpctrain.process.startup_clock import LAUNCHED_AT_ENV, phases
 
 MARKS = {"began": 100.5, "imported": 103.0, "joined": 104.25, "ready": 104.75}
 

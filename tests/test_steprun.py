@@ -8,8 +8,8 @@ import pytest
 from test_slurm_env import captured
 
 from hpctrain.errors import UserError
+from hpctrain.process.steprun import publish_verdict, step_overrides, verdict_path, wait_for_verdict, world_rank
 from hpctrain.run.life import LifeStamp
-from hpctrain.steprun import publish_verdict, step_overrides, verdict_path, wait_for_verdict, world_rank
 
 # (environment, rank when one of several tasks, overrides added to `hpctrain-train model=mlp`)
 ROWS = [

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hpctrain.dist import DistContext
-from hpctrain.signals import StopFlag
+from hpctrain.dist.context import DistContext
+from hpctrain.process.signals import StopFlag
 from hpctrain.trainer.stop_vote import StopVote
 
 STEPS = 400

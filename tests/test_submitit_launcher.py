@@ -5,7 +5,7 @@ one DDP world over the job's tasks. One point is preempted by a job of the `urge
 (submitit's `--signal=USR2@signal_delay_s`, sent by Slurm itself). Each saves a checkpoint at the
 signal's step on every rank, is requeued (by Slurm's preemption; by submitit's own handler for the
 time limit), resumes from that step, and ends bit-identical to the same point trained
-uninterrupted (hpctrain/submitit_task.py says who does what)."""
+uninterrupted (hpctrain/process/submitit_task.py says who does what)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hpctrain.submitit_task import SubmititTask
+from hpctrain.process.submitit_task import SubmititTask
 
 
 def submitits_handler(signum: int, frame: object) -> None:  # stands in for submitit's SignalHandler method

@@ -16,7 +16,7 @@ import pytest
 from clitools import cli_env
 
 from hpctrain.config import signatures
-from hpctrain.slurm.code_snapshot import _top_source, module_source
+from hpctrain.submit.code_snapshot import _top_source, module_source
 
 # What a fresh command does: describe one target, say whether it imported it and what it saw.
 PROBE = """

@@ -19,7 +19,7 @@ import torch
 from conftest import DEFAULT_RUN, Spec, TrainRuns, assert_ok, finish, load_weights
 from torch.utils.data import DataLoader
 
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.trainer.loaders import TrainSampler
 

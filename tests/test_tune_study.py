@@ -19,11 +19,11 @@ import torch.multiprocessing as mp
 from hydra import compose, initialize_config_module
 from optuna.trial import TrialState
 
-from hpctrain import worker
 from hpctrain.cli.tune import write_study
+from hpctrain.process import door
 from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.run.paths import RunDir, TuneDir
-from hpctrain.slurm.submit import Point
+from hpctrain.submit.submission import Point
 from hpctrain.tune import study as studies
 from hpctrain.tune.launch import fill
 from hpctrain.tune.report import _tell
@@ -128,7 +128,7 @@ def test_the_trainer_prunes_a_trial_at_an_evaluation_step(tmp_path: Path) -> Non
         filled = fill(StudySetup.read(tune), submit=queued)
     run = filled.points[0].run
     assert run.root.name == "1"
-    mp.spawn(worker.spawned, args=(2, str(tmp_path / "store"), str(run.root), os.getpid()), nprocs=2, join=True)
+    mp.spawn(door.spawned, args=(2, str(tmp_path / "store"), str(run.root), os.getpid()), nprocs=2, join=True)
     events = read_jsonl(run.events)
     pruned = [e for e in events if e["event"] == "pruned"]
     assert len(pruned) == 1 and pruned[0]["step"] == 5 and pruned[0]["metric"] == "eval_accuracy"

@@ -25,10 +25,10 @@ from clitools import assert_refused, describe, fake_slurm, files, lines, run_cli
 from helpers.disks import small_tmpfs
 
 from hpctrain.checkpoint import Checkpointer, CheckpointMismatch, store
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
+from hpctrain.recovery.control import Controller
 from hpctrain.run.causes import Action
-from hpctrain.slurm import sbatch
-from hpctrain.slurm.control import Controller
+from hpctrain.submit import sbatch
 
 TOOLS = ["train", "submit"]
 SHORT = ("trainer.max_steps=4", "trainer.ckpt_every=2", "trainer.eval_every=0", "model=mlp")

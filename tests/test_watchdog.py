@@ -8,10 +8,10 @@ import sys
 import time
 from pathlib import Path
 
+from hpctrain.process.watchdog import Watchdog
 from hpctrain.run.causes import Cause
 from hpctrain.run.events import Failure, Start, read_events
 from hpctrain.run.exitcodes import WORKER_HUNG
-from hpctrain.watchdog import Watchdog
 
 TESTS = Path(__file__).parent
 

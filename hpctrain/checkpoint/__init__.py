@@ -25,7 +25,7 @@ from hpctrain.checkpoint.snapshot import Snapshotter, state_bytes
 from hpctrain.checkpoint.store import NoUsableCheckpoint
 from hpctrain.checkpoint.writer import BackgroundWriter
 from hpctrain.config import differences
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError
 from hpctrain.run.causes import CheckpointReason, StopReason
 from hpctrain.run.events import Checkpoint, ForcedSave

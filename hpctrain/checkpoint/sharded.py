@@ -39,7 +39,7 @@ from hpctrain.checkpoint.deadline import plan_forced_save
 from hpctrain.checkpoint.format import FORMAT_VERSION, check_readable
 from hpctrain.checkpoint.shard_files import file_problem, shards_dir, write_json
 from hpctrain.checkpoint.store import NoUsableCheckpoint, fsync_dir, sha256_of
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError
 from hpctrain.run.causes import CheckpointReason, StopReason
 from hpctrain.run.events import Checkpoint, ForcedSave

@@ -133,7 +133,7 @@ def _refuse_a_live_command(run: RunDir) -> None:
 def _refuse_a_live_job(run: RunDir) -> None:
     """A run dir submitted before whose job is still queued or running: a second job (or a local
     run) would train in it at the same time."""
-    from hpctrain.slurm.submit import live_job
+    from hpctrain.submit.submission import live_job
 
     job = live_job(run)
     if job is not None:

@@ -20,8 +20,8 @@ from pathlib import Path
 from hpctrain.cli.sweep_choice import choose
 from hpctrain.errors import UserError
 from hpctrain.run.exitcodes import CLI_OK, CLI_REFUSED, CLI_USER_ERROR
-from hpctrain.slurm import sbatch
 from hpctrain.slurm.jobid import split as split_job_id
+from hpctrain.submit import sbatch
 from hpctrain.sweep.points import PointError
 from hpctrain.sweep.retry import resubmit, resume_step
 

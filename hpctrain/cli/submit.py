@@ -39,10 +39,10 @@ from hpctrain.cli.overrides import before_hydra
 from hpctrain.config import to_typed
 from hpctrain.run.exitcodes import CLI_REFUSED
 from hpctrain.run.paths import restrict_umask
-from hpctrain.slurm import sbatch
-from hpctrain.slurm.code_snapshot import CodeSnapshot, targets_in
 from hpctrain.slurm.jobid import split as split_job_id
-from hpctrain.slurm.submit import (
+from hpctrain.submit import sbatch
+from hpctrain.submit.code_snapshot import CodeSnapshot, targets_in
+from hpctrain.submit.submission import (
     Point,
     discard_points,
     discard_run_dir,

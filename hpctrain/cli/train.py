@@ -1,6 +1,6 @@
 """hpctrain-train: compose a config and train on this machine (trainer.nprocs processes), or as
 one rank of a world started for it: `srun hpctrain-train ...` in an allocation, or torchrun
-(hpctrain.steprun says how the tasks agree on the run dir)."""
+(hpctrain.process.steprun says how the tasks agree on the run dir)."""
 
 from __future__ import annotations
 
@@ -17,21 +17,22 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from hpctrain import config as hconfig
-from hpctrain import faults, logs, process_end, steprun
+from hpctrain import faults, logs
 from hpctrain.cli import compose_once
 from hpctrain.cli.common import fail, prepare_run_dir
 from hpctrain.cli.overrides import before_hydra
 from hpctrain.config import Config, differences, to_typed
-from hpctrain.early_signals import EarlySignals
 from hpctrain.errors import UserError
-from hpctrain.launch import RankFailed, launch_local  # light: torch is imported by the training itself
+from hpctrain.process import ending, steprun
+from hpctrain.process.early_signals import EarlySignals
+from hpctrain.process.local_launch import RankFailed, launch_local  # light: torch is imported by the training itself
+from hpctrain.process.submitit_task import SubmititTask
 from hpctrain.run.causes import Action, Cause
 from hpctrain.run.events import Failure, Finish, Journal, read_events
 from hpctrain.run.exitcodes import CLI_USER_ERROR, WORKER_HUNG
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir, restrict_umask
 from hpctrain.slurm.env import SlurmEnvError
-from hpctrain.submitit_task import SubmititTask
 
 log = logging.getLogger("hpctrain")
 
@@ -200,9 +201,9 @@ def main() -> None:
         train()
         code = 0
     except SystemExit as exit:
-        code = process_end.code_of(exit)
-    if process_end.did_train_here():  # a rank of torchrun or of an srun step, not a launcher
-        process_end.leave(code)
+        code = ending.code_of(exit)
+    if ending.did_train_here():  # a rank of torchrun or of an srun step, not a launcher
+        ending.leave(code)
     sys.exit(code)
 
 

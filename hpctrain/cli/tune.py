@@ -117,7 +117,7 @@ def write_study(tune: TuneDir, cfg: DictConfig, overrides: list[str]) -> list[Pa
     import time
 
     from hpctrain import __version__
-    from hpctrain.slurm.code_snapshot import CodeSnapshot, targets_in
+    from hpctrain.submit.code_snapshot import CodeSnapshot, targets_in
     from hpctrain.tune import study as studies
 
     try:

@@ -272,17 +272,17 @@ class SlurmConfig:
     # is relaunched at once on the survivors from the last checkpoint, without a requeue.
     spare_nodes: int = 0
     # Seconds without a heartbeat from every training process of a node (each beats once a
-    # second from a process of its own, hpctrain.heartbeat) before the batch script declares the
+    # second from a process of its own, hpctrain.process.heartbeat) before the batch script declares the
     # node dead and relaunches on a spare or requeues without it, instead of waiting for Slurm's
     # SlurmdTimeout (300 s by default) or the collective timeout; 0: no heartbeats.
     silent_node_timeout_s: float = 10.0
-    # With spare nodes, one standby per node of the job (hpctrain.standby) imports torch and the
+    # With spare nodes, one standby per node of the job (hpctrain.process.standby) imports torch and the
     # trainer once the life trains, and waits: a relaunch's tasks are handed to it and start
     # without those imports (seconds at every relaunch). Jobs with GPUs start cold (docs/lost-nodes.md).
     warm_standby: bool = True
     # Queue a one-CPU guardian job beside every training job (--dependency=afternotok): when the
     # node running the batch script dies, Slurm ends the job FAILED without a requeue, and the
-    # guardian submits the run again (hpctrain.slurm.guardian). false: one job per run, unguarded.
+    # guardian submits the run again (hpctrain.recovery.guardian). false: one job per run, unguarded.
     guardian: bool = True
     # Requeues and relaunches of the job in all, whatever the cause; null: the sum of the
     # per-cause budgets (108 by default), so every budget below can be reached.

@@ -57,7 +57,7 @@ class Start(Event):
     total_steps: int | None = None
     ranks: list[Any] | None = None  # each rank's node, GPU and device
     allocated_at: float | None = None  # when Slurm started this life's batch script (hpctrain's own)
-    # Rank 0's start-up in seconds per phase (hpctrain.startup_clock): launch_s, imports_s,
+    # Rank 0's start-up in seconds per phase (hpctrain.process.startup_clock): launch_s, imports_s,
     # rendezvous_s, resume_s; the phases it could time.
     startup: dict[str, float] | None = None
     # How a step's global batch is split (hpctrain.trainer.layout): world_size, micro_batch,
@@ -166,7 +166,7 @@ class Failure(Event):
 @dataclass(frozen=True, kw_only=True)
 class Silent(Event):
     """The batch script's heartbeat watcher heard nothing from every training process of `nodes`
-    for `silent_s` seconds while the others beat on (hpctrain.slurm.watch): written before it
+    for `silent_s` seconds while the others beat on (hpctrain.recovery.watch): written before it
     ends the step. The step's after-step counts these nodes as failed."""
 
     name: ClassVar[str] = "silent"
@@ -192,7 +192,7 @@ BY_SLURM = "slurm"
 # `by` of `requeue` and `failure`: the run's guardian job found the job ended with nobody deciding
 # what comes next (its batch node died) and submitted the run again (`new_job_id`).
 BY_GUARDIAN = "guardian"
-# `by` of `requeue` and `failure`: the batch host's keeper (hpctrain.slurm.keeper) heard nothing
+# `by` of `requeue` and `failure`: the batch host's keeper (hpctrain.recovery.keeper) heard nothing
 # from the batch script's node while the job still ran, and requeued the job itself.
 BY_KEEPER = "keeper"
 # `detected_by` of a node_failure `failure`.
@@ -206,7 +206,7 @@ CANCELLED_BY_COMMAND = "hpctrain-cancel"
 class Retry(Event):
     """`hpctrain-submit --retry` resubmitted this run dir's job.sbatch after its job ended
     without finishing: the run resumes in job `job_id` from its newest checkpoint, with a new
-    restart budget window (budgets count from here; hpctrain.run.decide.lineage)."""
+    restart budget window (budgets count from here; hpctrain.recovery.decide.lineage)."""
 
     name: ClassVar[str] = "retry"
     previous_job_id: str | None = None  # the job that ended without finishing

@@ -107,7 +107,7 @@ class RunDir:
 
     @property
     def guardian_script(self) -> Path:
-        """The guardian's sbatch script (hpctrain.slurm.guardian), absent with slurm.guardian=false."""
+        """The guardian's sbatch script (hpctrain.recovery.guardian), absent with slurm.guardian=false."""
         return self.root / "guardian.sbatch"
 
     @property

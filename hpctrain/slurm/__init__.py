@@ -1,1 +1,2 @@
-"""Slurm: the job's environment, the rendered sbatch script, and submission."""
+"""Talking to Slurm and nothing else: one client with typed verbs (`client`), its records, job ids,
+states, host lists and the environment Slurm gives a task. May import: the standard library only."""

@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from hpctrain.faults import ENV as FAULTS_ENV
-from hpctrain.heartbeat import ADDR_ENV as HEARTBEAT_ADDR_ENV
-from hpctrain.standby import STANDBY_ENV
+from hpctrain.process.heartbeat import ADDR_ENV as HEARTBEAT_ADDR_ENV
+from hpctrain.process.standby import STANDBY_ENV
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ In a heterogeneous job's step (SLURM_HET_SIZE) and under `--distribution=arbitra
 node need not be the first of the sorted node list (a step over `node3` then `node[1-2]` lists
 `node[1-3]` with rank 0 on node3), and SLURM_NODEID follows the task layout, not that list: the
 local world size then comes from SLURM_GTIDS (the step's task ids on this node) and rank 0
-publishes its own address in the run dir (hpctrain.rendezvous); `master_addr` is None.
+publishes its own address in the run dir (hpctrain.dist.rendezvous); `master_addr` is None.
 
 Environments in tests/fixtures/slurm_env/ were captured from real batch shells, salloc shells
 and srun steps; tests/test_slurm_env.py reads them.

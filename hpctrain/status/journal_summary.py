@@ -1,7 +1,7 @@
 """What a run's own records say: which job it is, how often it restarted, how it last ended.
 
 Read from events.jsonl (hpctrain/run/events.py; events written by the trainer, hpctrain.worker and
-hpctrain/slurm/control.py) and submission.json (hpctrain/slurm/submit.py). This is the whole
+hpctrain/recovery/control.py) and submission.json (hpctrain/submit/submission.py). This is the whole
 truth for a run trained with hpctrain-train, and the fallback when Slurm no longer knows a job.
 """
 

@@ -11,7 +11,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from hpctrain.run.decide import last_checkpoint_step
+from hpctrain.recovery.decide import last_checkpoint_step
 from hpctrain.run.events import CANCELLED_BY_COMMAND, Cancelled, Journal, read_events
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.paths import RunDir

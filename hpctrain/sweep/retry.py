@@ -18,8 +18,8 @@ from typing import Any
 from hpctrain.config import load_run_config
 from hpctrain.run.events import Journal, Retry
 from hpctrain.run.paths import RunDir, checkpoints_in
-from hpctrain.slurm.code_snapshot import MANIFEST, CodeSnapshot
-from hpctrain.slurm.submit import Point, submit_all
+from hpctrain.submit.code_snapshot import MANIFEST, CodeSnapshot
+from hpctrain.submit.submission import Point, submit_all
 from hpctrain.sweep.pick import Verdict
 from hpctrain.sweep.points import PointError
 

@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hpctrain.config import Config, TrainerConfig, targets
 from hpctrain.data.splits import Splits
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.trainer import sharding
 
 

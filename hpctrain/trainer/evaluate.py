@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.trainer.loaders import to_device
 
 

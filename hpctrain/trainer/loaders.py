@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from hpctrain.config import DataConfig
 from hpctrain.data.worker_seeds import SeededBatch, WorkerSeeded, batch_seed
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 
 
 class TrainSampler(DistributedSampler):

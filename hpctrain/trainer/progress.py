@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from hpctrain import logs
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.trainer.progress_bar import ProgressBar, format_duration, wanted
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from hpctrain.config import TrainerConfig
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError
 
 

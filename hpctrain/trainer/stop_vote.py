@@ -18,9 +18,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
+from hpctrain.process.signals import StopFlag
 from hpctrain.run.causes import StopReason
-from hpctrain.signals import StopFlag
 
 # The most steps between votes, however short a step is.
 MAX_STEPS_BETWEEN_VOTES = 1000

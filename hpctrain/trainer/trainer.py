@@ -18,26 +18,27 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpctrain import faults, startup_clock
+from hpctrain import faults
 from hpctrain.checkpoint import Checkpointer, rng
 from hpctrain.checkpoint.deadline import SigtermTimesReading, deadline_s, preempted_now, sigterm_s
 from hpctrain.checkpoint.sharded import ShardedCheckpointer
 from hpctrain.checkpoint.writer import DiskFull
 from hpctrain.config import Config, fingerprint, identity
 from hpctrain.data.splits import Splits
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError
 from hpctrain.metrics import MetricSinks, open_sinks
+from hpctrain.process import startup_clock
+from hpctrain.process.signals import StopFlag
+from hpctrain.process.watchdog import Watchdog, start_watchdog
 from hpctrain.run.causes import CheckpointReason, StopReason
 from hpctrain.run.events import Finish, Journal, Pruned, Start, Stop
 from hpctrain.run.paths import RunDir
-from hpctrain.signals import StopFlag
 from hpctrain.trainer import components, layout, loaders, sharding
 from hpctrain.trainer.evaluate import evaluate, flatten
 from hpctrain.trainer.progress import Progress
 from hpctrain.trainer.stop_vote import StopVote
 from hpctrain.tune.prune import TrialPruner
-from hpctrain.watchdog import Watchdog, start_watchdog
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class Trainer:
         stop: StopFlag | None = None,
         watchdog: Watchdog | None = None,
     ) -> None:
-        # A training process starts its watchdog before the rendezvous (hpctrain.train_process),
+        # A training process starts its watchdog before the rendezvous (hpctrain.process.life),
         # so a peer that stops answering while the group forms is a hang too; built here alone.
         self.watchdog = watchdog or start_watchdog(config, ctx, Path(run_dir))
         self.config = config

@@ -18,8 +18,8 @@ from optuna.trial import TrialState
 
 from hpctrain.run.events import Journal, Trial
 from hpctrain.run.paths import RunDir
-from hpctrain.slurm import sbatch
-from hpctrain.slurm.submit import Point, submit_all
+from hpctrain.submit import sbatch
+from hpctrain.submit.submission import Point, submit_all
 from hpctrain.tune import study as studies
 from hpctrain.tune.budget import to_submit
 from hpctrain.tune.reap import reap
@@ -39,7 +39,7 @@ def fill(
     setup: StudySetup, by_job: str | None = None, submit: Callable[[list[Point], int], list[str]] = submit_all
 ) -> Filled:
     """Submit what `to_submit` allows now (the caller holds studies.study_lock). `submit`:
-    hpctrain.slurm.submit.submit_all (all or nothing; one Slurm array once arrays land)."""
+    hpctrain.submit.submission.submit_all (all or nothing; one Slurm array once arrays land)."""
     settings = setup.settings
     filled = Filled()
     # Trials whose job died without telling free their slots first (hpctrain/tune/reap.py).

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.config.schema import Config
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.run.paths import RunDir, TuneDir
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ jobs are looked up with one Slurm query (hpctrain-status's); those Slurm shows e
 longer knows, are told FAIL with the reason. Nothing is decided when squeue gave no answer.
 
 A trial's job is the one its run dir's submission.json names now, not the first: a guardian
-(hpctrain.slurm.guardian) or the control step may have submitted the run again. While the run's
+(hpctrain.recovery.guardian) or the control step may have submitted the run again. While the run's
 guardian is queued or running, a job that ended is not yet a lost trial: the guardian is about to
 decide whether the run goes on (a lost batch node), and it records the new job before it ends.
 """

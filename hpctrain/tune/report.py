@@ -1,6 +1,6 @@
 """What a trial's job does once its run has ended: tell the study, then submit the next trials.
 
-`python -m hpctrain.slurm.control` calls `trial_ended` when it decides the run is over (finish,
+`python -m hpctrain.recovery.control` calls `trial_ended` when it decides the run is over (finish,
 fail, or stop after a scancel) for a run dir holding trial.json. Under the study lock it:
   1. tells the study how the trial ended, unless it was told already (a job requeued many
      times, or a control step run twice, tells once: the trial's state in the study decides);

@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from hpctrain.config import save_resolved, to_typed
 from hpctrain.config.tune import TuneConfig
 from hpctrain.run.paths import RunDir, TuneDir
-from hpctrain.slurm.code_snapshot import MANIFEST, CodeSnapshot
-from hpctrain.slurm.submit import Point, write_script
+from hpctrain.submit.code_snapshot import MANIFEST, CodeSnapshot
+from hpctrain.submit.submission import Point, write_script
 from hpctrain.tune.space import Param, parse_space
 
 

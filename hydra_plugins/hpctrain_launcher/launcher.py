@@ -48,7 +48,7 @@ class SubmitLauncher(Launcher):
         from hpctrain.config import resolved_yaml
         from hpctrain.config.points import PointChecker
         from hpctrain.run.paths import RunDir
-        from hpctrain.slurm.code_snapshot import CodeSnapshot
+        from hpctrain.submit.code_snapshot import CodeSnapshot
 
         assert self.config is not None and self.hydra_context is not None
         setup_globals()

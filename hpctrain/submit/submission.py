@@ -21,15 +21,16 @@ from pathlib import Path
 
 from hpctrain import __version__
 from hpctrain.config import Config
+from hpctrain.recovery.guardian import submit_guardian
 from hpctrain.run.paths import RunDir, SweepArrays, remove_empty_parents
-from hpctrain.slurm import client, sbatch
-from hpctrain.slurm.arrays import free_number, header_of, plan_arrays, write_array
-from hpctrain.slurm.code_snapshot import CodeSnapshot, summary
-from hpctrain.slurm.guardian import submit_guardian
+from hpctrain.slurm import client
 from hpctrain.slurm.jobid import JOB_ID, array_id, split
-from hpctrain.slurm.limits import SlurmLimitsError, check, read_limits
-from hpctrain.slurm.render import render, render_guardian
 from hpctrain.slurm.states import LIVE_STATES
+from hpctrain.submit import sbatch
+from hpctrain.submit.arrays import free_number, header_of, plan_arrays, write_array
+from hpctrain.submit.code_snapshot import CodeSnapshot, summary
+from hpctrain.submit.limits import SlurmLimitsError, check, read_limits
+from hpctrain.submit.render import render, render_guardian
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def submit_all(points: list[Point], parallelism: int) -> list[str]:
     """sbatch every point; the first script alone (a wrong partition or account fails there,
     before any other job is queued), the rest `parallelism` at a time. A sweep (several points)
     is checked against the site's limits first and, with slurm.array, queued as job arrays
-    (hpctrain.slurm.arrays). Returns one job id per point, in order: `36`, or `36_7` for task 7
+    (hpctrain.submit.arrays). Returns one job id per point, in order: `36`, or `36_7` for task 7
     of array 36."""
     if not points:
         return []
@@ -123,7 +124,7 @@ def submit_all(points: list[Point], parallelism: int) -> list[str]:
         for task, index in enumerate(batch.points):
             ids[index] = str(job_id) if batch.links is None else array_id(str(job_id), task)
             _record(points[index], ids[index], batch)
-    # Each run's guardian (hpctrain.slurm.guardian), once its job is queued and recorded. One that
+    # Each run's guardian (hpctrain.recovery.guardian), once its job is queued and recorded. One that
     # cannot be queued is said and the run goes on unguarded: its training job is in the queue.
     with ThreadPoolExecutor(max_workers=parallelism) as pool:
         list(pool.map(submit_guardian, [p.run for p in points], ids))

@@ -1,7 +1,7 @@
-"""A relaunched task handed to its node's warm standby: `python -m hpctrain.handoff MODULE ARGS...`.
+"""A relaunched task handed to its node's warm standby: `python -m hpctrain.process.handoff MODULE ARGS...`.
 
 Runs MODULE (hpctrain.worker) as `python -m MODULE ARGS...` would, in a process the node's
-standby (hpctrain.standby) forks with torch and the trainer already imported. This process stays
+standby (hpctrain.process.standby) forks with torch and the trainer already imported. This process stays
 the step's task for Slurm: it gives the standby its standard streams, environment, working
 directory and CPU affinity, passes on every signal srun gives it, and ends as the worker ended.
 With no standby to hand to (none started, not ready yet, refused), it becomes the worker itself:
@@ -18,8 +18,8 @@ import socket
 import sys
 import time
 
-from hpctrain import standby
-from hpctrain.early_signals import HELD
+from hpctrain.process import standby
+from hpctrain.process.early_signals import HELD
 
 # How long a standby may take to answer before the task starts cold: it answers in a moment
 # unless it is still importing (a relaunch right after the life began) or gone.
@@ -116,7 +116,7 @@ def _umask() -> int:
 
 def main(argv: list[str]) -> None:
     if not argv:
-        print("usage: python -m hpctrain.handoff MODULE [ARGS...]", file=sys.stderr)
+        print("usage: python -m hpctrain.process.handoff MODULE [ARGS...]", file=sys.stderr)
         sys.exit(2)
     module, args = argv[0], argv[1:]
     ended = hand_over(module, args, dict(os.environ))

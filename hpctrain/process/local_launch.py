@@ -1,7 +1,7 @@
 """Start the training processes of a run on this machine.
 
 With trainer.nprocs > 1 the ranks are forked from a forkserver that imported torch and the
-trainer once (hpctrain.rank_server). This launcher itself never imports torch: it only starts,
+trainer once (hpctrain.process.rank_server). This launcher itself never imports torch: it only starts,
 watches and signals processes (the standard library does that), and a second of CPU per run
 is a second less between a job's start and its first step.
 """
@@ -20,12 +20,12 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
-from hpctrain import worker
-from hpctrain.early_signals import EarlySignals
 from hpctrain.errors import UserError
+from hpctrain.process import door as worker
+from hpctrain.process.early_signals import EarlySignals
+from hpctrain.process.steprun import world_rank
 from hpctrain.run.causes import StopReason
 from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_USER_ERROR
-from hpctrain.steprun import world_rank
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +62,11 @@ def launch_local(
         StopReason.TIMELIMIT: timelimit,
     }
     if world_rank(os.environ) is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
-        from hpctrain.dist import DistContext
+        from hpctrain.dist.context import DistContext
 
         return signal_of[worker.run(run_dir, DistContext.from_env(), early)]
     if nprocs == 1:
-        from hpctrain.dist import DistContext
+        from hpctrain.dist.context import DistContext
 
         return signal_of[worker.run(run_dir, DistContext.single(), early)]
     # A file:// rendezvous in a fresh private folder: no port to pick, none to collide.
@@ -80,7 +80,7 @@ def _run_ranks(
     nprocs: int, store: str, run_dir: Path, forwarded: tuple[int, ...], early: EarlySignals | None
 ) -> int | None:
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["hpctrain.rank_server"])
+    context.set_forkserver_preload(["hpctrain.process.rank_server"])
     ranks = [
         context.Process(target=worker.spawned, args=(i, nprocs, store, str(run_dir), os.getpid()), name=f"rank-{i}")
         for i in range(nprocs)
@@ -98,7 +98,8 @@ def _run_ranks(
         send(signum)
 
     # Every signal the ranks act on, or the one this launcher dies of would reach them only as
-    # the SIGINT a rank sends itself once the launcher is gone (hpctrain.worker.spawned), saved under the wrong reason.
+    # the SIGINT a rank sends itself once the launcher is gone (hpctrain.process.door.spawned),
+    # saved under the wrong reason.
     previous = {s: signal.signal(s, forward) for s in forwarded}
     try:
         for rank in ranks:

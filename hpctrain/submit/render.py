@@ -161,7 +161,7 @@ GUARDIAN_OUTPUT = "guardian-%j.out"
 
 
 def render_guardian(config: Config, run_dir: Path, submit_dir: Path, code_dir: Path | None = None) -> str:
-    """The run's guardian.sbatch (hpctrain.slurm.guardian), from guardian.sbatch.j2: hpctrain's
+    """The run's guardian.sbatch (hpctrain.recovery.guardian), from guardian.sbatch.j2: hpctrain's
     own, or one in the folder of a site's slurm.template (searched first)."""
     slurm = config.slurm
     _, control_command = launch_commands(slurm, slurm.python or sys.executable)

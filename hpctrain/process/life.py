@@ -17,21 +17,22 @@ from pathlib import Path
 
 import torch
 
-from hpctrain import dist as hdist
-from hpctrain import faults, logs, process_end, startup_clock
+from hpctrain import faults, logs
 from hpctrain.checkpoint import NoUsableCheckpoint
 from hpctrain.config import load_run_config
-from hpctrain.dist import DistContext
-from hpctrain.early_signals import EarlySignals
+from hpctrain.dist import context as hdist
+from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError
+from hpctrain.process import ending, startup_clock
+from hpctrain.process.early_signals import EarlySignals
+from hpctrain.process.signals import StopFlag, exit_code
+from hpctrain.process.watchdog import start_watchdog
 from hpctrain.run.causes import Cause, StopReason
 from hpctrain.run.events import Failure, Journal, Stop
 from hpctrain.run.exitcodes import WORKER_FINISHED, WORKER_USER_ERROR
 from hpctrain.run.paths import RunDir, checkpoints_in, no_room, no_room_message
-from hpctrain.signals import StopFlag, exit_code
 from hpctrain.slurm.env import SlurmEnvError
 from hpctrain.trainer.trainer import StopTraining, Trainer
-from hpctrain.watchdog import start_watchdog
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
     except BaseException:
         watchdog.stop()
         raise
-    process_end.trained_here()
+    ending.trained_here()
     startup_clock.mark("joined")
     watchdog.beat()  # each stage of a start done is progress: a slow start on a loaded node is no hang
     trainer = None
@@ -151,7 +152,7 @@ def _stop_before_training(run_dir: Path, ctx: DistContext, reason: StopReason, s
 
 
 def spawned(local_rank: int, nprocs: int, store_path: str, run_dir: str, early: EarlySignals | None = None) -> None:
-    """A process started by the local launcher (hpctrain.launch), through hpctrain.worker."""
+    """A process started by the local launcher (hpctrain.process.local_launch), through hpctrain.worker."""
     try:
         run(Path(run_dir), DistContext.for_spawn(local_rank, nprocs, store_path), early)
     except UserError:  # told already; the exit code says so to the launcher

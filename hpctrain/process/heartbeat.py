@@ -2,10 +2,10 @@
 
 A node that dies silently (power, kernel panic, a hung NIC) ends no process and resets no socket:
 its peers block in their collective, and Slurm marks it DOWN only after SlurmdTimeout (300 s by
-default). The batch script's watcher (hpctrain.slurm.watch) hears these beats instead and ends
+default). The batch script's watcher (hpctrain.recovery.watch) hears these beats instead and ends
 the step within `slurm.silent_node_timeout_s` of a node falling silent.
 
-Each training process starts a beater: a small process of its own (`python -m hpctrain.heartbeat`,
+Each training process starts a beater: a small process of its own (`python -m hpctrain.process.heartbeat`,
 standard library only), so the beats go on whatever the training process does, however long it
 holds the GIL (a first step that compiles, a long checkpoint write, an evaluation, imports on a
 slow filesystem). It sends a datagram (UDP: nothing to connect, nothing left half-open when a node
@@ -15,7 +15,7 @@ the save), and says `bye` and leaves once its training process has ended. The tr
 says `bye` itself as it leaves too (Beating.bye): Slurm's step clean-up may kill the beater before
 it sees its parent gone. So a rank that exits (a crash, the end, a stop) is never taken for a
 silent node. A SIGSTOPped training process alone keeps
-its beater beating: its node is alive, and its peers' hang watchdog reports it (hpctrain.watchdog).
+its beater beating: its node is alive, and its peers' hang watchdog reports it (hpctrain.process.watchdog).
 Only a node whose every process stops (its beater too) or whose network is gone falls silent.
 """
 
@@ -123,7 +123,7 @@ def start(environ: Mapping[str, str], rank: int) -> Beating | None:
         return None
     node = environ.get("SLURMD_NODENAME") or socket.gethostname()
     step = environ.get("SLURM_STEP_ID", "")
-    command = [sys.executable, "-m", "hpctrain.heartbeat", addr, str(rank), node, step, str(os.getpid())]
+    command = [sys.executable, "-m", "hpctrain.process.heartbeat", addr, str(rank), node, step, str(os.getpid())]
     global _current
     _current = Beating(subprocess.Popen(command, stdin=subprocess.DEVNULL, close_fds=True), addr, rank, node, step)
     return _current

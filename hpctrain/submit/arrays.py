@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hpctrain import __version__
 from hpctrain.run.paths import SLURM_OUTPUT_PATTERN, SweepArrays
-from hpctrain.slurm.render import filename_pattern, sbatch_quote
+from hpctrain.submit.render import filename_pattern, sbatch_quote
 
 # The directive that differs between points of one array: each task writes its output in its
 # own run dir. Any other difference (a job name too: squeue shows the user's, verbatim) makes

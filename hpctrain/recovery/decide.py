@@ -3,7 +3,7 @@
 `decide(history, outcome, cluster, budgets)` runs when a training step (one srun) has ended;
 `decide_begin(history, cluster, budgets)` when the batch script starts again; `decide_guard(history,
 ended, budgets)` in the run's guardian job, once the training job ended without completing. They
-read and call nothing: hpctrain/slurm/control.py gathers the facts, calls them, writes the returned events and
+read and call nothing: hpctrain/recovery/control.py gathers the facts, calls them, writes the returned events and
 hands the action to the batch shell. tests/test_decide.py is their table.
 """
 
@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from hpctrain.recovery.facts import Budgets, ClusterView, JobEnd, Outcome, Service
 from hpctrain.run.causes import Action, Cause, CheckpointReason, StopReason, stop_reason
 from hpctrain.run.events import (
     BY_GUARDIAN,
@@ -36,7 +37,6 @@ from hpctrain.run.events import (
     Stop,
 )
 from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_SAVED_AND_STOPPED, WORKER_SAVED_FOR_TIMELIMIT
-from hpctrain.run.facts import Budgets, ClusterView, JobEnd, Outcome, Service
 
 
 @dataclass(frozen=True)

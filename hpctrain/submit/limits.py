@@ -50,7 +50,7 @@ class Verdict:
 
 def check(points: int, limits: Limits, parallelism: int | None = None, guardians: int = 0) -> Verdict:
     """May `points` more jobs, and `guardians` guardian jobs beside them, be queued? Slurm counts
-    every array task as a job, and a guardian (hpctrain.slurm.guardian) waits in the queue as a
+    every array task as a job, and a guardian (hpctrain.recovery.guardian) waits in the queue as a
     job of its own for as long as its run lives."""
     submit = limits.submit
     jobs = points + guardians

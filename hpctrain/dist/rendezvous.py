@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from hpctrain.node_address import interface_ipv4, rank0_address, resolves
-from hpctrain.run import handoff
+from hpctrain.dist.node_address import interface_ipv4, rank0_address, resolves
+from hpctrain.run import rendezvous_record
 
 __all__ = ["interface_ipv4", "open_store", "port_file", "rank0_address", "resolves"]
 
@@ -34,11 +34,11 @@ def open_store(rank: int, world_size: int, path: Path, timeout_s: float, address
     timeout = datetime.timedelta(seconds=timeout_s)
     if rank == 0:
         store = dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
-        handoff.publish(
+        rendezvous_record.publish(
             path, {"port": store.port, "host": socket.gethostname(), "addr": address or socket.gethostname()}
         )
         return store
-    published = handoff.wait_for(path, timeout_s)
+    published = rendezvous_record.wait_for(path, timeout_s)
     if published is None:
         raise TimeoutError(f"rank 0 did not publish its rendezvous port in {path} within {timeout_s:.0f} s")
     return dist.TCPStore(published["addr"], int(published["port"]), world_size, is_master=False, timeout=timeout)

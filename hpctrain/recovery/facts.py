@@ -1,7 +1,7 @@
 """What the control step knows when it decides: plain typed facts, and the parsers that make
 them from Slurm's own text (so they are tested on text captured from a real cluster).
 
-Nothing here calls Slurm or reads a file; hpctrain/slurm/control.py gathers the text.
+Nothing here calls Slurm or reads a file; hpctrain/recovery/control.py gathers the text.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class ClusterView:
     # outlasted the limit): Slurm's SIGTERM to the batch shell is then the limit's, no scancel,
     # and the run's guardian submits the job again.
     timed_out: bool = False
-    # The nodes whose features meet the job's --constraint (hpctrain.slurm.constraints); None:
+    # The nodes whose features meet the job's --constraint (hpctrain.recovery.constraints); None:
     # the job has none, or it is not known which (every node counts).
     constraint_nodes: frozenset[str] | None = None
 

@@ -2,9 +2,9 @@
 
 The batch shell starts one watcher per life of the job, before `control begin`:
 
-    python -m hpctrain.slurm.watch RUN_DIR FOLDER
+    python -m hpctrain.recovery.watch RUN_DIR FOLDER
 
-It listens for the training processes' beats (hpctrain.heartbeat) on a UDP port of this node, and
+It listens for the training processes' beats (hpctrain.process.heartbeat) on a UDP port of this node, and
 writes `FOLDER/addr` ("host:port", the host as rank 0 would publish it, slurm.network) for the
 shell to pass on in HPCTRAIN_HEARTBEAT_ADDR; the shell writes each srun's pid to `FOLDER/srun.pid`.
 Each training step (the first, each relaunch) is heard on its own: beats carry SLURM_STEP_ID.
@@ -23,7 +23,7 @@ killed it, or this node is cut off itself), a training process that is merely sl
 SIGSTOPped (its beater beats on), and this watcher paused itself (a suspended job: the gap is its
 own, so every rank is heard afresh).
 
-It also answers the batch host's keeper (hpctrain.slurm.keeper), a step on another node that asks
+It also answers the batch host's keeper (hpctrain.recovery.keeper), a step on another node that asks
 once a second whether this node and its batch script are still there.
 """
 
@@ -40,17 +40,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.heartbeat import BEAT_S, Beat
-from hpctrain.node_address import rank0_address
+from hpctrain.dist.node_address import rank0_address
+from hpctrain.process.heartbeat import BEAT_S, Beat
+from hpctrain.recovery.control import slurm_settings
 from hpctrain.run.events import Journal, Silent
 from hpctrain.run.life import LifeStamp
 from hpctrain.slurm import client
-from hpctrain.slurm.control import slurm_settings
 
 # How long one wait for a datagram lasts: the watcher judges at least this often.
 TICK_S = 0.25
 ADDR_FILE, SRUN_PID_FILE = "addr", "srun.pid"
-# The batch host's keeper (hpctrain.slurm.keeper, on another node) asks; the watcher answers at
+# The batch host's keeper (hpctrain.recovery.keeper, on another node) asks; the watcher answers at
 # once: a batch host that stops answering has lost its batch script, or is silent itself.
 PING, PONG = b"hpctrain-keeper-ping", b"hpctrain-keeper-pong"
 # The scancel's head start before srun is killed: the request leaves before the shell moves on.
@@ -214,7 +214,7 @@ def _pid_in(path: Path) -> int | None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m hpctrain.slurm.watch RUN_DIR FOLDER", file=sys.stderr)
+        print("usage: python -m hpctrain.recovery.watch RUN_DIR FOLDER", file=sys.stderr)
         return 2
     # Slurm's stop signals reach every process of the batch step: the watcher keeps watching while
     # the step saves (a SIGTERM'd watcher would only stop detecting); the shell ends it by SIGKILL.

@@ -2,7 +2,7 @@
 
 submitit runs the Hydra task function in every task of the job (`srun python -m
 submitit.core._submit FOLDER`), each task one rank of one DDP world (SLURM_PROCID and friends,
-as in any srun step: hpctrain.steprun). Before the task function starts, submitit installs its
+as in any srun step: hpctrain.process.steprun). Before the task function starts, submitit installs its
 own signal handlers in every task:
 - its signal (SIGUSR2 unless SUBMITIT_PREEMPT_SIGNAL says otherwise), sent by Slurm
   `signal_delay_s` before the time limit (or at a preemption where the site sets
@@ -11,7 +11,7 @@ own signal handlers in every task:
   tasks ignore it and are killed by the requeue;
 - SIGTERM and SIGCONT: ignored ("bypassed").
 
-Once hpctrain's ranks train, its stop handlers take those signals over (hpctrain.signals): every
+Once hpctrain's ranks train, its stop handlers take those signals over (hpctrain.process.signals): every
 rank agrees on one stop step and a checkpoint of that step is written, whatever the signal. Then
 this module gives the stop back to submitit: for submitit's signal, task 0 runs submitit's own
 handler (so submitit's requeue, its timeout count and its message are what a submitit user
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, NoReturn
 
-from hpctrain import process_end
+from hpctrain.process import ending as process_end
 
 log = logging.getLogger("hpctrain")
 
@@ -94,5 +94,5 @@ class SubmititTask:
     @staticmethod
     def after_finish() -> None:
         """Finished: once submitit has written the result, leave without torch's teardown
-        (hpctrain.process_end): a finished rank must not end as a crash."""
+        (hpctrain.process.ending): a finished rank must not end as a crash."""
         atexit.register(process_end.leave, 0)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpctrain import heartbeat
+from hpctrain.process import heartbeat
 from hpctrain.run.causes import Cause
 from hpctrain.run.events import Failure, Journal
 from hpctrain.run.exitcodes import WORKER_HUNG
@@ -30,7 +30,7 @@ from hpctrain.run.paths import RunDir
 
 if TYPE_CHECKING:
     from hpctrain.config.schema import Config
-    from hpctrain.dist import DistContext
+    from hpctrain.dist.context import DistContext
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from types import ModuleType
 from typing import Any
 
 import hpctrain
-from hpctrain.slurm import git_state
+from hpctrain.submit import git_state
 
 log = logging.getLogger(__name__)
 

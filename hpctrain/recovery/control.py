@@ -1,25 +1,25 @@
-"""The batch script's control step: gather the facts, let hpctrain.run.decide decide, apply.
+"""The batch script's control step: gather the facts, let hpctrain.recovery.decide decide, apply.
 
-    python -m hpctrain.slurm.control begin RUN_DIR
+    python -m hpctrain.recovery.control begin RUN_DIR
         at every start of the batch script: a restart Slurm made on its own is recorded and
         counted. Exit 0 to train, 3 (CONTROL_BUDGET_SPENT) when a restart budget is spent.
-    python -m hpctrain.slurm.control after-step RUN_DIR CODE TERMINATED WARNED EXCLUDED LAUNCHED
+    python -m hpctrain.recovery.control after-step RUN_DIR CODE TERMINATED WARNED EXCLUDED LAUNCHED
         when the srun step has ended (CODE `-`: no step was launched, a signal came first;
         TERMINATED: the shell got SIGTERM; WARNED: the time-limit signal; LAUNCHED: the UNIX
         time the step was launched, so it is judged by its own events only). Prints one line:
         `finish`, `requeue [NODES]`, `relaunch NODES` (and, when slurm.nodes is a range, the
         count of nodes the new step runs on), `stop` or `fail`.
-    python -m hpctrain.slurm.control cancelled RUN_DIR
+    python -m hpctrain.recovery.control cancelled RUN_DIR
         from the shell's SIGTERM trap: `cancelled` recorded at once (Slurm kills the shell
         KillWait seconds after scancel, maybe before after-step); once per life.
-    python -m hpctrain.slurm.control requeue RUN_DIR EXCLUDED
+    python -m hpctrain.recovery.control requeue RUN_DIR EXCLUDED
         after `requeue [NODES]`: ask Slurm to requeue this job (same id, restart + 1), then set
         its ExcNodeList to EXCLUDED (slurm.exclude and the nodes failed now). When Slurm gives no
-        answer, look and ask again (hpctrain.slurm.requeue); when it refuses, submit the run dir's
+        answer, look and ask again (hpctrain.recovery.requeue); when it refuses, submit the run dir's
         job.sbatch again (same run dir, it resumes) or end FAILED saying why. Exit 0 once
         requeued, 4 once submitted again, 1 failed, 5 (CONTROL_NO_SLURM) when scontrol cannot run
         here (an image without Slurm's commands: the batch shell asks on the node itself).
-    python -m hpctrain.slurm.control requeue-refused RUN_DIR EXCLUDED MESSAGE
+    python -m hpctrain.recovery.control requeue-refused RUN_DIR EXCLUDED MESSAGE
         the batch shell's own `scontrol requeue` (the CONTROL_NO_SLURM case) printed MESSAGE and
         failed: as `requeue` goes on after a refusal or no answer.
 Every Slurm call goes through hpctrain.slurm.client, all of one step within SLURM_BUDGET_S; a
@@ -44,21 +44,21 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hpctrain import faults
 from hpctrain.config.schema import SlurmConfig
+from hpctrain.recovery.before_requeue import BeforeRequeue, before_requeue
+from hpctrain.recovery.constraints import nodes_meeting, parse_sinfo_features
+from hpctrain.recovery.decide import Decision, History, decide, decide_begin, decide_cancelled, decide_keeper, lineage
+from hpctrain.recovery.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes, parse_time_left
+from hpctrain.recovery.guardian import submit_guardian
+from hpctrain.recovery.requeue import ask_requeue, exclude_nodes, lower_node_count, requeue_without_answer
 from hpctrain.run import exitcodes
-from hpctrain.run.before_requeue import BeforeRequeue, before_requeue
 from hpctrain.run.causes import Action, Cause
-from hpctrain.run.decide import Decision, History, decide, decide_begin, decide_cancelled, decide_keeper, lineage
 from hpctrain.run.events import BY_KEEPER, Failure, Journal, Relaunch, Requeue, read_events
-from hpctrain.run.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes, parse_time_left
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir, no_room, no_room_message
 from hpctrain.slurm import client
-from hpctrain.slurm.constraints import nodes_meeting, parse_sinfo_features
 from hpctrain.slurm.env import parse_node_list
-from hpctrain.slurm.guardian import submit_guardian
 from hpctrain.slurm.records import JobRecord, parse_job_record, parse_partition
-from hpctrain.slurm.requeue import ask_requeue, exclude_nodes, lower_node_count, requeue_without_answer
 
 # All the Slurm calls of one control step: a step ended by SIGTERM (scancel, a preemption's
 # grace) is killed KillWait seconds later (30 by default), and its decision must be written by
@@ -573,7 +573,7 @@ def _dispatch(args: list[str]) -> None:
     if len(args) == 4 and args[0] == "requeue-refused":
         sys.exit(_controller(args[1]).requeue_refused(args[2], args[3]))
     sys.exit(
-        "usage: python -m hpctrain.slurm.control begin RUN_DIR"
+        "usage: python -m hpctrain.recovery.control begin RUN_DIR"
         " | after-step RUN_DIR CODE TERMINATED WARNED EXCLUDED LAUNCHED | cancelled RUN_DIR"
         " | requeue RUN_DIR EXCLUDED | requeue-refused RUN_DIR EXCLUDED MESSAGE"
     )

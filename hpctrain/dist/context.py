@@ -4,7 +4,7 @@ Sources, first match wins:
   - torchrun (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT);
   - a task of an srun step (SLURM_STEP_ID, SLURM_STEP_NUM_TASKS, ...: see hpctrain.slurm.env;
     a batch or salloc shell alone is no rank), meeting through a port and address rank 0
-    publishes in the run dir (hpctrain.rendezvous), or MASTER_PORT when set;
+    publishes in the run dir (hpctrain.dist.rendezvous), or MASTER_PORT when set;
   - a local spawn by `hpctrain-train` (`DistContext.for_spawn`, a file:// rendezvous, no port);
   - otherwise a single process.
 Whichever the source, the context carries the life stamp (hpctrain.run.life: which Slurm job and
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hpctrain import rendezvous
+from hpctrain.dist import rendezvous
 from hpctrain.config.network import NetworkConfig
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir

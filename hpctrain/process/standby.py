@@ -1,16 +1,16 @@
 """A warm standby per node: a relaunched task starts training without importing torch again.
 
-A relaunch onto a spare (a node lost, hpctrain.run.decide) starts a new srun step, and every task
+A relaunch onto a spare (a node lost, hpctrain.recovery.decide) starts a new srun step, and every task
 of it used to start Python, import torch and the trainer (2 s and more of CPU here; tens of
 seconds from a loaded shared filesystem at scale) before it could meet its peers. So a job with
 spare nodes starts, once per life and after its first training step is launched, one standby per
 node of the job (its training nodes and its spares):
 
-    HPCTRAIN_STANDBY_ROLE=server srun --overlap --ntasks-per-node=1 ... python -m hpctrain.standby
+    HPCTRAIN_STANDBY_ROLE=server srun --overlap --ntasks-per-node=1 ... python -m hpctrain.process.standby
 
 Each imports what every training process imports (torch, torch._dynamo, the trainer), then waits
 on a Unix socket in the abstract namespace named by HPCTRAIN_STANDBY (a token the batch shell
-draws for the life) and the node's name. A relaunched task runs `python -m hpctrain.handoff
+draws for the life) and the node's name. A relaunched task runs `python -m hpctrain.process.handoff
 hpctrain.worker RUN_DIR` (standard library only, tens of milliseconds): it hands the standby its
 standard streams, environment, working directory and CPU affinity, and the standby forks a
 process that takes them on and runs the worker, already warm. The task stays the step's
@@ -26,7 +26,7 @@ forked worker names itself `hpctrain-rN` (rank N) for ps and top.
 
 The standby forks while it has only its main thread and before any CUDA call: that is what
 makes fork safe with torch. The stop signals stay blocked in it (a preemption reaches every
-step of the job: the standby must outlive it, as hpctrain.rank_server does) and in each fork
+step of the job: the standby must outlive it, as hpctrain.process.rank_server does) and in each fork
 until the worker holds them (hpctrain.worker), so none is lost.
 """
 
@@ -42,7 +42,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpctrain.early_signals import HELD
+from hpctrain.process.early_signals import HELD
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
 
@@ -191,7 +191,7 @@ def _wait(worker: int, conn: socket.socket) -> int:
 def _run_worker(task: dict) -> int:
     """In the forked worker: run the task's module as `python -m` would; its exit code."""
     _name_process(f"hpctrain-r{task['env'].get('SLURM_PROCID', '')}")
-    from hpctrain import startup_clock
+    from hpctrain.process import startup_clock
 
     startup_clock.mark("began", task["began"])  # the task's own start: launch_s stays Slurm's part
     import runpy
@@ -232,7 +232,7 @@ def warm_up() -> None:
     """What every training process imports: each forked worker finds it done."""
     import torch._dynamo  # noqa: F401  (every optimizer imports it: a second of CPU per process)
 
-    from hpctrain import train_process, worker  # noqa: F401
+    from hpctrain.process import life as train_process  # noqa: F401
 
 
 def wait_for_training(run_dir: Path, timeout_s: float = FIRST_START_WAIT_S) -> bool:
@@ -267,7 +267,10 @@ def _records(path: Path) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m hpctrain.standby RUN_DIR (a step of the job, HPCTRAIN_STANDBY set)", file=sys.stderr)
+        print(
+            "usage: python -m hpctrain.process.standby RUN_DIR (a step of the job, HPCTRAIN_STANDBY set)",
+            file=sys.stderr,
+        )
         return 2
     # Blocked, not ignored: a fork inherits the mask, and its worker lets them in once it holds
     # them (hpctrain.worker), so a stop sent to a task in its first moments is not lost.

@@ -15,7 +15,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from hpctrain.dist import DistContext
+from hpctrain.dist.context import DistContext
 from hpctrain.run.causes import StopReason
 from hpctrain.run.exitcodes import WORKER_SAVED_AND_STOPPED, WORKER_SAVED_FOR_TIMELIMIT
 
@@ -42,7 +42,7 @@ class StopFlag:
 
     def note(self, signum: int, arrived_at: float) -> None:
         """A stop signal that arrived at `arrived_at` (time.monotonic()); also one held before
-        the handlers were installed (hpctrain.early_signals)."""
+        the handlers were installed (hpctrain.process.early_signals)."""
         self.requested = max(self.requested, self.signal_names[signum].urgency)
         if self.requested_at is None or arrived_at < self.requested_at:
             self.requested_at = arrived_at

@@ -12,7 +12,7 @@ It waits (Reason=Dependency) while JOB is queued, runs, or is requeued: a requeu
 ended. When JOB completes, Slurm cancels the guardian (--kill-on-invalid-dep=yes), which never
 held a CPU. When JOB ends any other way, the guardian starts and runs
 
-    python -m hpctrain.slurm.guardian RUN_DIR JOB
+    python -m hpctrain.recovery.guardian RUN_DIR JOB
 
 one look at Slurm's record of JOB, `decide_guard` on the run's journal, and, when nothing ended
 the run on purpose (a finish, a spent budget, a user's mistake, a cancel, a resubmission the
@@ -29,10 +29,10 @@ import sys
 import time
 from pathlib import Path
 
+from hpctrain.recovery.decide import History, decide_guard, lineage
+from hpctrain.recovery.facts import Budgets, JobEnd
 from hpctrain.run.causes import Action
-from hpctrain.run.decide import History, decide_guard, lineage
 from hpctrain.run.events import Failure, Journal, read_events
-from hpctrain.run.facts import Budgets, JobEnd
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.paths import RunDir, no_room_message
 from hpctrain.slurm import client
@@ -73,7 +73,7 @@ def job_end(record: JobRecord | None) -> JobEnd:
 
 class Guardian:
     def __init__(self, run_dir: Path, job_id: str) -> None:
-        from hpctrain.slurm.control import slurm_settings  # the schema, without Hydra
+        from hpctrain.recovery.control import slurm_settings  # the schema, without Hydra
 
         self.run = RunDir(run_dir)
         self.job_id = job_id
@@ -144,7 +144,7 @@ class Guardian:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        sys.exit("usage: python -m hpctrain.slurm.guardian RUN_DIR JOB")
+        sys.exit("usage: python -m hpctrain.recovery.guardian RUN_DIR JOB")
     try:
         guardian = Guardian(Path(args[0]), args[1])
     except ValueError as error:  # config.yaml edited by hand into a wrong value

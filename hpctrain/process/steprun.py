@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.run import handoff
+from hpctrain.run import rendezvous_record
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm.env import in_slurm_step
@@ -74,11 +74,11 @@ def verdict_path(run_dir: Path, env: Mapping[str, str], life: LifeStamp) -> Path
 
 def publish_verdict(path: Path, error: str | None) -> None:
     """Rank 0: the run dir is ready (config.yaml written), or why it refused."""
-    handoff.publish(path, {"ok": error is None, "error": error})
+    rendezvous_record.publish(path, {"ok": error is None, "error": error})
 
 
 def wait_for_verdict(path: Path, timeout_s: float) -> dict:
-    verdict = handoff.wait_for(path, timeout_s)
+    verdict = rendezvous_record.wait_for(path, timeout_s)
     if verdict is not None:
         return verdict
     raise StepError(

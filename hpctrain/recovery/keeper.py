@@ -12,12 +12,12 @@ So a job of more than one node runs a keeper, a one-task step on another node th
 host, started by the batch shell with the first launch (and again when its node was lost):
 
     srun --overlap --nodes=1 --ntasks=1 --exclude=BATCH_HOST,... \\
-        python -m hpctrain.slurm.keeper RUN_DIR WATCHER_ADDR BATCH_HOST
+        python -m hpctrain.recovery.keeper RUN_DIR WATCHER_ADDR BATCH_HOST
 
-Once a second it asks the batch script's heartbeat watcher (hpctrain.slurm.watch, a process of
+Once a second it asks the batch script's heartbeat watcher (hpctrain.recovery.watch, a process of
 the batch step) for an answer over UDP. When none has come for `slurm.silent_node_timeout_s`,
 the control step's `batch_host_lost` looks at Slurm's record: a life still RUNNING (not ended,
-not requeued) is requeued without the batch host (hpctrain.run.decide.decide_keeper: a
+not requeued) is requeued without the batch host (hpctrain.recovery.decide.decide_keeper: a
 `failure` with by=keeper, detected_by=heartbeat, and a `requeue`), or cancelled when its
 node_failure budget is spent. Never taken for a lost batch host: a watcher merely slow (its own
 process answers, whatever the training does), the keeper paused itself (a suspended job), or a
@@ -35,8 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-from hpctrain.heartbeat import BEAT_S, parse_addr
-from hpctrain.slurm.watch import PING, PONG, TICK_S, paused
+from hpctrain.process.heartbeat import BEAT_S, parse_addr
+from hpctrain.recovery.watch import PING, PONG, TICK_S, paused
 
 
 def listen_for_silence(addr: tuple[str, int], timeout_s: float, clock=time.monotonic) -> float:
@@ -65,14 +65,14 @@ def listen_for_silence(addr: tuple[str, int], timeout_s: float, clock=time.monot
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
-        print("usage: python -m hpctrain.slurm.keeper RUN_DIR WATCHER_HOST:PORT BATCH_HOST", file=sys.stderr)
+        print("usage: python -m hpctrain.recovery.keeper RUN_DIR WATCHER_HOST:PORT BATCH_HOST", file=sys.stderr)
         return 2
     run_dir, addr, host = Path(argv[0]), parse_addr(argv[1]), argv[2]
     # Slurm's stop signals reach every step: the keeper keeps watching while a stop is saved
     # (a preemption's grace is when a batch host is most often lost); Slurm SIGKILLs it at the end.
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    from hpctrain.slurm.control import Controller, slurm_settings
+    from hpctrain.recovery.control import Controller, slurm_settings
 
     timeout_s = float(slurm_settings(run_dir / "config.yaml").silent_node_timeout_s)
     silent_s = listen_for_silence(addr, timeout_s)

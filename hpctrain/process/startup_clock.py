@@ -28,7 +28,7 @@ _marks: dict[str, float] = {}
 
 def mark(moment: str, at: float | None = None) -> None:
     """This process reached `moment` (the first time counts), now or `at` (a warm standby's
-    worker begins when its task did: hpctrain.standby)."""
+    worker begins when its task did: hpctrain.process.standby)."""
     _marks.setdefault(moment, time.time() if at is None else at)
 
 

@@ -2,7 +2,7 @@
 its IPv4 address on `slurm.network.master_addr_ifname`, else its Slurm node name plus
 `slurm.network.master_addr_suffix`, else its node name where that resolves (NodeName may differ
 from the host name) or its host name. Rank 0 publishes it for the rendezvous
-(hpctrain.rendezvous), the batch script's heartbeat watcher for the beats (hpctrain.slurm.watch).
+(hpctrain.dist.rendezvous), the batch script's heartbeat watcher for the beats (hpctrain.recovery.watch).
 Standard library only: the watcher starts without torch.
 """
 
