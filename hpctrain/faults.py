@@ -30,7 +30,7 @@ In a Slurm job a point fires in the job's first life only, or in the life `/L` n
 (`kill@40/2`: the 40th step of the second life, SLURM_RESTART_COUNT 1): a requeued job runs
 every process again with the same environment, and a fault that fired in every life would
 loop until a budget ran out. A job submitted again (a guardian's, a refused requeue's) is
-submitted without the variable (hpctrain.slurm.client.outside_job_env).
+submitted without the variable (hpctrain.submit.outside_job).
 
 The batch script's own points (`batch.*`) are reached through `python -m hpctrain.faults NAME
 PID` (only when the variable is set), which acts on the batch shell (PID) instead of itself.

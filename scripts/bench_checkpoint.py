@@ -15,7 +15,7 @@ Medians are reported, and p90 for the steps:
                          are dropped and never compete with the next write)
     copy_s               a plain copy of every distinct tensor into buffers allocated (and touched)
                          before timing: the floor for any snapshot
-    hpctrain_blocking_s  Checkpointer.save(step, state, "periodic", background=True) until it
+    hpctrain_blocking_s  PlainCheckpointer.save(step, state, "periodic", background=True) until it
                          returns: the in-memory snapshot into the Snapshotter's reused buffers.
                          Steady state: the first save (which allocates the buffers) is warm-up
                          and not counted
@@ -31,7 +31,7 @@ Medians are reported, and p90 for the steps:
                          the writer competes for the training's core, as on a node with no core
                          to spare. At most --steps steps during that write: at the lowest
                          priority on a busy core it crawls, and then finishes without training
-    forced_s             a forced save (Checkpointer.forced_save, deadline 30 s, reason preempt)
+    forced_s             a forced save (PlainCheckpointer.forced_save, deadline 30 s, reason preempt)
                          issued 0.5 s into a background write: the time from the signal's step to
                          every byte on disk, and what it chose (waited / abandoned_inflight ...).
                          Target: inside a 30 s GraceTime
@@ -87,7 +87,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hpctrain.checkpoint import Checkpointer, snapshot, store
+from hpctrain.checkpoint import PlainCheckpointer, snapshot, store
 from hpctrain.dist.context import DistContext
 from hpctrain.models.gpt import GPT
 from hpctrain.run.causes import CheckpointReason, StopReason
@@ -139,7 +139,8 @@ def build_training(shape: dict[str, int]) -> tuple[GPT, torch.optim.Optimizer]:
 
 
 def trainer_state(model: GPT, optimizer: torch.optim.Optimizer, step: int) -> dict[str, Any]:
-    """What Trainer._save hands the Checkpointer (no scheduler, no fp16 scaler on CPU)."""
+    """What a Trainer's plain checkpoint holds (no scheduler, no fp16 scaler on CPU): the
+    PlainCheckpointer adds the model's and the optimizer's state to what the Trainer hands it."""
     return {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -205,7 +206,7 @@ class Bench:
         self.floor = [torch.empty_like(t) for t in self.tensors]
         self.written = Written()
         self.forced: list[ForcedSave] = []
-        self.checkpointer = Checkpointer(
+        self.checkpointer = PlainCheckpointer(
             folder / "checkpoints",
             DistContext.single(),
             keep=2,

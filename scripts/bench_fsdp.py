@@ -4,7 +4,7 @@ time and size, for the GPT at two sizes.
 
 Each measurement is a fresh pair of processes (spawned, a file:// rendezvous) building the model
 with hpctrain's own code (hpctrain.trainer.components.wrap, hpctrain.trainer.sharding.shard), an
-AdamW, and the checkpointer the trainer would use (Checkpointer for ddp, ShardedCheckpointer for
+AdamW, and the checkpointer the trainer would use (PlainCheckpointer for ddp, ShardedCheckpointer for
 fsdp). Strategies run in rotated order within each round (this machine is noisy); medians over the
 rounds, and the p90 of the step times, are printed, with fsdp's ratios to ddp's measured in the
 same rounds.
@@ -50,8 +50,7 @@ def _rank(
 ) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    from hpctrain.checkpoint import Checkpointer
-    from hpctrain.checkpoint.sharded import ShardedCheckpointer
+    from hpctrain.checkpoint import Checkpointer, PlainCheckpointer, ShardedCheckpointer
     from hpctrain.config import TrainerConfig
     from hpctrain.dist.context import DistContext
     from hpctrain.models.gpt import GPT
@@ -94,12 +93,10 @@ def _rank(
     def ignore(record: Any) -> None:
         pass
 
-    if strategy == "fsdp":
-        checkpointer: Any = ShardedCheckpointer(folder, ctx, 2, "bench", ignore, model=raw, optimizer=optimizer)
-        tree: dict[str, Any] = {"train": {"step": 1}}
-    else:
-        checkpointer = Checkpointer(folder, ctx, 2, "bench", ignore)
-        tree = {"model": raw.state_dict(), "optimizer": optimizer.state_dict(), "train": {"step": 1}}
+    # Both kinds save the model and the optimizer they were given, and the rest of the state handed over.
+    kind = ShardedCheckpointer if strategy == "fsdp" else PlainCheckpointer
+    checkpointer: Checkpointer = kind(folder, ctx, 2, "bench", ignore, model=raw, optimizer=optimizer)
+    tree: dict[str, Any] = {"train": {"step": 1}}
     checkpointer.save(1, tree, CheckpointReason.PERIODIC, background=True)  # warm-up: buffers
     checkpointer.wait()
     dist.barrier()

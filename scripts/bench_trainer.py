@@ -33,6 +33,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 from hpctrain import config as hconfig
 from hpctrain.config import Config, load_run_config, save_resolved, targets
 from hpctrain.dist.context import DistContext
+from hpctrain.process.signals import StopFlag
+from hpctrain.process.watchdog import start_watchdog
+from hpctrain.trainer.hooks import ProcessHooks
 from hpctrain.trainer.trainer import Trainer
 
 # Same arithmetic on both sides: no clipping, no schedule, no mid-run evaluation.
@@ -78,7 +81,11 @@ def hpctrain_run(run_dir: Path, ctx: DistContext) -> None:
     if ctx.rank == 0:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     dist.barrier()
-    Trainer(load_run_config(run_dir), ctx, run_dir).train()
+    config = load_run_config(run_dir)
+    # What a training process lends its trainer: an uninstalled stop flag (no signal stops a
+    # round), a watchdog as trainer.hang_timeout_s says, and no start-up clock.
+    hooks = ProcessHooks(StopFlag(config.slurm.signal), start_watchdog(config, ctx, run_dir), ready=dict)
+    Trainer(config, ctx, run_dir, hooks).train()
 
 
 def timed(fn, *args) -> float:  # type: ignore[no-untyped-def]

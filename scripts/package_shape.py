@@ -40,7 +40,8 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"config"},
     "metrics": {"run", "config"},
     "checkpoint": {"run", "slurm", "config", "dist"},
-    "trainer": {"run", "config", "dist", "data", "models", "metrics", "checkpoint", "process"},
+    # A trial's rank 0 asks the study whether to prune (tune never imports trainer or process).
+    "trainer": {"run", "config", "dist", "data", "models", "metrics", "checkpoint", "process", "tune"},
     "process": {"run", "slurm", "config", "dist", "data", "models", "metrics", "checkpoint", "trainer"},
     "submit": {"run", "slurm", "config"},
     "recovery": {"run", "slurm", "config", "submit"},

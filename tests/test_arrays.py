@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import SweepArrays
-from hpctrain.slurm.jobid import expand, job_of, sort_key, split, tasks_in
+from hpctrain.slurm.jobid import expand, sort_key, split, tasks_in
 from hpctrain.slurm.records import parse_config, parse_job_records
 from hpctrain.status import slurm_query
 from hpctrain.submit import arrays, limits
@@ -33,7 +34,7 @@ def fixture(name: str) -> str:
     ],
 )
 def test_a_life_names_its_job_as_slurm_commands_take_it(env: dict[str, str], expected: str) -> None:
-    assert job_of(env) == expected
+    assert (LifeStamp.from_env(env).job_id or "") == expected
 
 
 @pytest.mark.parametrize(
@@ -196,7 +197,11 @@ def test_limits_parsed_from_slurms_answers() -> None:
     assert limits.qos_limits(fixture("qos_none.txt"), "normal") == (None, None)
     assert limits.tightest(submit, Limit(4, "q")) == Limit(4, "q")
     # Slurm counts every task of an array: -r lists them, without -r the meta record counts for each.
-    assert limits.count_queued(fixture("squeue_r.txt")) == limits.count_queued(fixture("squeue.txt")) == 3
+    assert (
+        limits.count_queued(fixture("squeue_r.txt").splitlines())
+        == limits.count_queued(fixture("squeue.txt").splitlines())
+        == 3
+    )
 
 
 def test_status_reads_array_tasks_from_squeue_sacct_and_scontrol() -> None:

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from hpctrain import faults
-from hpctrain.checkpoint import Checkpointer, NoUsableCheckpoint, rng, store
+from hpctrain.checkpoint import NoUsableCheckpoint, PlainCheckpointer, rng, store
 from hpctrain.checkpoint.snapshot import Snapshotter
 from hpctrain.checkpoint.writer import BackgroundWriter
 from hpctrain.dist.context import DistContext
@@ -563,12 +563,12 @@ def test_an_error_in_the_background_write_is_raised_by_the_next_wait(
     assert written == []
 
 
-# ---- the Checkpointer (one process) ------------------------------------------------------
+# ---- the PlainCheckpointer (one process) ------------------------------------------------------
 
 
-def _checkpointer(folder: Path, fingerprint: str = "fp-A", records: list | None = None) -> Checkpointer:
+def _checkpointer(folder: Path, fingerprint: str = "fp-A", records: list | None = None) -> PlainCheckpointer:
     on_written = records.append if records is not None else (lambda record: None)
-    return Checkpointer(
+    return PlainCheckpointer(
         folder, DistContext.single(cuda_devices=0), keep=2, fingerprint=fingerprint, on_written=on_written
     )
 

@@ -22,7 +22,8 @@ from hpctrain.recovery import control
 from hpctrain.recovery import requeue as requeue_calls
 from hpctrain.recovery.control import Controller
 from hpctrain.recovery.facts import Budgets
-from hpctrain.run import exitcodes
+from hpctrain.run import exitcodes, protocol
+from hpctrain.run.causes import Action
 
 RUNNING = (FIXTURES / "scontrol" / "running.txt").read_text()  # JobId=1, Restarts=0
 REQUEUED = RUNNING.replace("JobState=RUNNING", "JobState=COMPLETING").replace("Restarts=0", "Restarts=1")
@@ -53,9 +54,9 @@ def test_a_key_config_yaml_lacks_takes_the_schemas_default(tmp_path: Path) -> No
     defaults = SlurmConfig()
     for text in ("slurm:\n  nodes: 1\n", "trainer:\n  max_steps: 3\n"):
         controller = Controller(run_dir(tmp_path / str(len(text)), text), env={"SLURM_JOB_ID": "1"})
-        assert controller.budgets() == Budgets(defaults.restart_budget, None)
-        assert controller.budgets().total == 108  # not 0: every restart would have failed the job
-        assert controller.outcome(1, False, False, []).signal_delay_s == defaults.signal_delay_s
+        assert controller.gather.budgets() == Budgets(defaults.restart_budget, None)
+        assert controller.gather.budgets().total == 108  # not 0: every restart would have failed the job
+        assert controller.gather.outcome(1, False, False, []).signal_delay_s == defaults.signal_delay_s
 
 
 def test_a_wrong_value_names_its_key_and_fails_the_job(tmp_path: Path) -> None:
@@ -78,6 +79,58 @@ def test_the_control_step_imports_neither_torch_nor_hydra() -> None:
         timeout=60,
     )
     assert loaded.stdout.strip() == "[]", loaded.stderr
+
+
+# ---- the protocol with the batch shell (hpctrain.run.protocol) ---------------------------------------
+
+# argv as the batch shell passes it -> the call the control step reads
+CALLS = {
+    "begin": (["begin", "/r"], protocol.Begin(Path("/r"))),
+    "after-step, a step ended": (
+        ["after-step", "/r", "137", "0", "1", "node2,node3", "1700000000.25"],
+        protocol.AfterStep(Path("/r"), 137, False, True, ("node2", "node3"), 1700000000.25),
+    ),
+    # No step launched (a signal first), no exclusion yet, a name the shell would never pass dropped.
+    "after-step, nothing launched": (
+        ["after-step", "/r", "-", "1", "0", "node2,a b", ""],
+        protocol.AfterStep(Path("/r"), None, True, False, ("node2",), 0.0),
+    ),
+    "the SIGTERM trap": (["cancelled", "/r"], protocol.Trapped(Path("/r"))),
+    "requeue, nothing kept out": (["requeue", "/r", ""], protocol.Requeue(Path("/r"), ())),
+    "requeue-refused": (
+        ["requeue-refused", "/r", "node2", "scontrol: error: Job is pending execution"],
+        protocol.RequeueRefused(Path("/r"), ("node2",), "scontrol: error: Job is pending execution"),
+    ),
+    "a word too few": (["requeue", "/r"], None),
+    "no such call": (["resubmit", "/r"], None),
+}
+
+
+@pytest.mark.parametrize("argv, call", CALLS.values(), ids=CALLS.keys())
+def test_the_control_steps_calls_as_the_batch_shell_makes_them(argv: list[str], call: object) -> None:
+    assert protocol.parse_call(argv) == call
+
+
+def test_no_such_call_says_how_to_call(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as ended:
+        control.main(["resubmit", str(run_dir(tmp_path / "run"))])
+    assert str(ended.value.code).startswith("usage: python -m hpctrain.recovery.control begin RUN_DIR")
+
+
+@pytest.mark.parametrize(
+    "answer, line",
+    [
+        (protocol.Answer(Action.FINISH), "finish"),
+        (protocol.Answer(Action.REQUEUE), "requeue"),
+        (protocol.Answer(Action.REQUEUE, ("node2", "node3")), "requeue node2,node3"),
+        (protocol.Answer(Action.RELAUNCH, ("node2",)), "relaunch node2"),
+        (protocol.Answer(Action.RELAUNCH, ("node2",), 2), "relaunch node2 2"),  # slurm.nodes a range
+        (protocol.Answer(Action.STOP), "stop"),
+        (protocol.Answer(Action.FAIL), "fail"),
+    ],
+)
+def test_the_answer_line_the_batch_shell_reads(answer: protocol.Answer, line: str) -> None:
+    assert answer.line() == line
 
 
 # ---- Slurm calls within one budget -----------------------------------------------------------------
@@ -105,7 +158,7 @@ NO_ANSWER = captured("stopped_scontrol_requeue").err  # "Unexpected message rece
 
 def refused(root: Path, message: str) -> int:
     env = {**os.environ, "SLURM_JOB_ID": "1", "SLURM_RESTART_COUNT": "0"}  # the job's own, as in a job
-    return Controller(root, env=env).requeue_refused("node2", message)
+    return Controller(root, env=env).requeue_refused(("node2",), message)
 
 
 def test_a_requeue_slurm_carried_out_without_saying_so_is_not_asked_again(tmp_path: Path, slurm: FakeSlurm) -> None:
@@ -157,7 +210,7 @@ def requeue(root: Path) -> int:
     env = {**os.environ, "SLURM_JOB_ID": "1", "SLURM_RESTART_COUNT": "0"}
     before = signal.getsignal(signal.SIGTERM)
     try:
-        code = Controller(root, env=env).requeue("node2")
+        code = Controller(root, env=env).requeue(("node2",))
         # The requeue sends this step SIGTERM: it must outlive it to set ExcNodeList.
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
         return code

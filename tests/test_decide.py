@@ -12,8 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.recovery.decide import History, checkpoint_interval_s, decide, decide_begin, decide_cancelled, lineage
-from hpctrain.recovery.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes
+from hpctrain.recovery.decide import (
+    History,
+    checkpoint_interval_s,
+    decide,
+    decide_begin,
+    decide_cancelled,
+    decide_refused,
+    decide_requeue,
+    decide_start,
+    lineage,
+)
+from hpctrain.recovery.decision import Shape
+from hpctrain.recovery.facts import Budgets, ClusterView, JobSeen, Outcome, Refusal, Requested, parse_sinfo_nodes
+from hpctrain.recovery.history import saved_for
+from hpctrain.recovery.judge import classify
+from hpctrain.run import exitcodes
 from hpctrain.run.causes import Action, Cause, CheckpointReason, StopReason
 from hpctrain.run.events import (
     BY_SLURM,
@@ -35,6 +49,7 @@ from hpctrain.run.exitcodes import (
     WORKER_SAVED_FOR_TIMELIMIT,
     WORKER_USER_ERROR,
 )
+from hpctrain.run.protocol import BEGIN_EXITS, REQUEUE_EXITS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 JOB = "41"
@@ -708,18 +723,27 @@ def test_checkpoint_interval_is_measured_within_a_life() -> None:
     assert checkpoint_interval_s(EARLIER[:2]) is None
 
 
+def agreed_stop(history: History) -> Event | None:
+    """The stop this step's judgment reads (the newest event of the step a stop was saved for)."""
+    return next((e for e in reversed(history.since_launch) if saved_for(e)), None)
+
+
 def test_the_history_shows_a_stop_whose_save_was_killed() -> None:
     # The ranks agreed to stop at step 61, then the save was killed: no checkpoint, no
     # forced_save, only the `stop` written before the save started.
     killed = (start("node1", "node2"), stop(61, "preempt", 169.0))
     history = History(JOB, 0, (*EARLIER, *killed), killed)
-    assert history.agreed_stop == killed[1]
-    assert history.agreed_stop is not None and history.agreed_stop.reason is StopReason.PREEMPT
-    assert history.agreed_stop in lineage(history.events, JOB)  # it names its job: kept with it
+    assert agreed_stop(history) == killed[1]
+    assert saved_for(killed[1]) is StopReason.PREEMPT
+    assert killed[1] in lineage(history.events, JOB)  # it names its job: kept with it
+    # The step is judged as the stop it was, whatever srun's code (killed half-way: 137).
+    assert classify(history.since_launch, out(137), []) is Cause.PREEMPT
     # A stop agreed in an earlier step is not this step's.
     relaunched = start("node1", "node2", t=300.0)
-    assert History(JOB, 0, (*EARLIER, *PREEMPT_SAVE, relaunched), (relaunched,)).agreed_stop is None
-    assert History(JOB, 0, EARLIER, (start("node1", "node2"),)).agreed_stop is None
+    later = History(JOB, 0, (*EARLIER, *PREEMPT_SAVE, relaunched), (relaunched,))
+    assert agreed_stop(later) is None
+    assert classify(later.since_launch, out(137), []) is Cause.CRASH
+    assert agreed_stop(History(JOB, 0, EARLIER, (start("node1", "node2"),))) is None
 
 
 # ---- budgets after hpctrain-submit --retry: a new window ----
@@ -880,3 +904,233 @@ def test_one_cancel_per_life(before: tuple, job: str, aliases: tuple, written: l
     decision = decide_cancelled(History(job, 1, events, aliases=aliases))
     assert decision.action is Action.STOP
     assert [_named(e) for e in decision.events] == written
+
+
+# ---- `control begin`: launch, launch nothing (a preemption's grace), or fail ----
+
+SLURMS_REQUEUE = Requeue(time=41.0, job_id=JOB, cause=Cause.NODE_FAILURE, by=BY_SLURM)
+# (life, journal, sinfo fixture, the record shows a PreemptTime, budgets) -> action, exit, events
+STARTS = {
+    "a first start: launch": (0, (), "idle", False, DEFAULTS, Action.LAUNCH, []),
+    "a restart Slurm made: recorded, then launch": (
+        1,
+        EARLIER,
+        "node_down_while_held",
+        False,
+        DEFAULTS,
+        Action.LAUNCH,
+        ["failure:node_failure", "requeue:node_failure"],
+    ),
+    "inside a preemption's grace: launch nothing, after-step requeues": (
+        0,
+        (),
+        "idle",
+        True,
+        DEFAULTS,
+        Action.REQUEUE,
+        [],
+    ),
+    "a restart inside a grace: recorded, launch nothing": (
+        1,
+        EARLIER,
+        "node_down_while_held",
+        True,
+        DEFAULTS,
+        Action.REQUEUE,
+        ["failure:node_failure", "requeue:node_failure"],
+    ),
+    "a restart past its budget: fail, grace or not": (
+        2,
+        (*EARLIER, SLURMS_REQUEUE),
+        "idle",
+        True,
+        {**DEFAULTS, "node_failure": 1},
+        Action.FAIL,
+        ["failure:node_failure", "requeue:node_failure", "failure:budget"],
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "restart, journal, nodes, preempting, budgets, action, written", STARTS.values(), ids=STARTS.keys()
+)
+def test_decide_start(
+    restart: int,
+    journal: tuple,
+    nodes: str,
+    preempting: bool,
+    budgets: dict,
+    action: Action,
+    written: list[str],
+) -> None:
+    cluster = ClusterView(sinfo(nodes), preempting=preempting)
+    decision = decide_start(History(JOB, restart, journal), cluster, Budgets(budgets))
+    assert decision.action is action, decision.message
+    assert [_named(e) for e in decision.events] == written
+    exits = {
+        Action.LAUNCH: 0,
+        Action.REQUEUE: exitcodes.CONTROL_PREEMPTING,
+        Action.FAIL: exitcodes.CONTROL_BUDGET_SPENT,
+    }
+    assert BEGIN_EXITS[decision.action] == exits[action]
+
+
+# ---- `control requeue`: the last look before asking ----
+
+# after-step decided a requeue without node2, its spare given up (2 nodes of 3).
+DECIDED = Requeue(time=150.0, job_id=JOB, restart=0, cause=Cause.CRASH, excluded=["node2"], nodes=2)
+ASKED = Requested(exclude="node9", life_nodes=3)
+# (journal, the job's record) -> action, asked, events, exit
+REQUEUE_LOOKS = {
+    "nothing came in between: ask, then shape as decided": (
+        (DECIDED,),
+        JobSeen(True, "RUNNING", 0),
+        Action.REQUEUE,
+        True,
+        [],
+        exitcodes.BATCH_REQUEUED,
+    ),
+    "no record (Slurm silent): ask all the same": (
+        (DECIDED,),
+        JobSeen(),
+        Action.REQUEUE,
+        True,
+        [],
+        exitcodes.BATCH_REQUEUED,
+    ),
+    "an admin requeued it meanwhile: nothing to ask": (
+        (DECIDED,),
+        JobSeen(True, "COMPLETING", 1),
+        Action.REQUEUE,
+        False,
+        [],
+        exitcodes.BATCH_REQUEUED,
+    ),
+    "scancelled meanwhile: the cancel recorded, nothing asked": (
+        (DECIDED,),
+        JobSeen(True, "COMPLETING", 0, being_ended=True),
+        Action.STOP,
+        False,
+        ["cancelled"],
+        exitcodes.BATCH_CANCELLED,
+    ),
+    "scancelled, hpctrain-cancel recorded it first": (
+        (DECIDED, Cancelled(time=161.0, job_id=JOB, by="hpctrain-cancel")),
+        JobSeen(True, "CANCELLED", 0, being_ended=True),
+        Action.STOP,
+        False,
+        [],
+        exitcodes.BATCH_CANCELLED,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "journal, seen, action, asked, written, code", REQUEUE_LOOKS.values(), ids=REQUEUE_LOOKS.keys()
+)
+def test_decide_requeue(
+    journal: tuple, seen: JobSeen, action: Action, asked: bool, written: list[str], code: int
+) -> None:
+    decision = decide_requeue(History(JOB, 0, (*EARLIER, *journal)), seen, ("node2",), ASKED)
+    assert (decision.action, decision.ask) == (action, asked), decision.message
+    assert [_named(e) for e in decision.events] == written
+    assert REQUEUE_EXITS[decision.action] == code
+    # Asked: the requeued job keeps node2 out and gives up its spare, or only slurm.exclude is
+    # kept out when Slurm refuses the lower count.
+    assert decision.shape == (Shape(("node2",), 2, "node9") if asked else None)
+
+
+# ---- the requeue refused, or unanswered: requeued after all, submitted again, or failed ----
+
+NO_ANSWER = "scontrol: error: Unexpected message received for job 41"
+PENDING = "scontrol: error: Job is pending execution"
+# (what came of the ask) -> action, events, the requeued job shaped, message words
+REFUSALS = {
+    "no answer, then Slurm requeued it: shaped as decided": (
+        Refusal(NO_ANSWER, answered=False, requeued=True),
+        Action.REQUEUE,
+        [],
+        True,
+        "got no answer (scontrol: error: Unexpected message received for job 41); the job was requeued",
+    ),
+    "no answer at all: fail, never a second job": (
+        Refusal(NO_ANSWER, answered=False, waited_s=60.0),
+        Action.FAIL,
+        ["failure:requeue_refused"],
+        False,
+        "slurmctld did not answer the requeue within 60 s",
+    ),
+    "refused, but requeued all the same": (
+        Refusal(PENDING, answered=True, requeued_anyway=True),
+        Action.REQUEUE,
+        [],
+        False,
+        "Job is pending execution; the job was requeued all the same",
+    ),
+    "refused, and job.sbatch is gone: fail": (
+        Refusal(PENDING, answered=True, job_script=Path("/runs/a/job.sbatch"), job_script_found=False),
+        Action.FAIL,
+        ["failure:requeue_refused"],
+        False,
+        "submitting again failed: /runs/a/job.sbatch is missing",
+    ),
+    "refused: submitted again": (
+        Refusal(PENDING, answered=True),
+        Action.RESUBMIT,
+        ["failure:requeue_refused"],
+        False,
+        "Job is pending execution; the run goes on in job {job} (same run dir)",
+    ),
+    "no answer, then refused: submitted again": (
+        Refusal(NO_ANSWER, answered=False, refusal=PENDING),
+        Action.RESUBMIT,
+        ["failure:requeue_refused"],
+        False,
+        "scontrol requeue refused: scontrol: error: Job is pending execution",
+    ),
+}
+
+
+@pytest.mark.parametrize("refusal, action, written, shaped, said", REFUSALS.values(), ids=REFUSALS.keys())
+def test_decide_refused(refusal: Refusal, action: Action, written: list[str], shaped: bool, said: str) -> None:
+    decision = decide_refused(History(JOB, 0, (*EARLIER, DECIDED)), ("node2",), refusal, ASKED)
+    assert decision.action is action, decision.message
+    assert [_named(e) for e in decision.events] == written
+    assert said in decision.message
+    assert (decision.shape == Shape(("node2",), 2, "node9")) is shaped
+    for event in decision.events:
+        assert isinstance(event, Failure) and event.action == action.value and event.reason in decision.message
+    code = {Action.REQUEUE: 0, Action.RESUBMIT: exitcodes.BATCH_RESUBMITTED, Action.FAIL: exitcodes.BATCH_FAILED}
+    assert REQUEUE_EXITS[decision.action] == code[action]
+
+
+def test_a_resubmission_names_its_new_job_or_fails_saying_why() -> None:
+    decision = decide_refused(History(JOB, 0, (*EARLIER, DECIDED)), ("node2",), Refusal(PENDING, True), ASKED)
+    went_on = decision.resubmitted("99")
+    (failure,) = went_on.events
+    assert isinstance(failure, Failure) and (failure.new_job_id, failure.action) == ("99", "resubmit")
+    assert went_on.message.endswith("the run goes on in job 99 (same run dir)")
+    failed = decision.because("sbatch: error: Batch job submission failed")
+    (ended,) = failed.events
+    assert failed.action is Action.FAIL and failed.ends_run
+    assert isinstance(ended, Failure) and (ended.action, ended.new_job_id) == ("fail", None)
+    assert ended.reason == (
+        "scontrol requeue refused: scontrol: error: Job is pending execution; "
+        "submitting again failed: sbatch: error: Batch job submission failed"
+    )
+    assert failed.message == ended.reason
+
+
+# (this life's requeue decision, slurm.nodes a range) -> the new job's --nodes
+RESUBMIT_NODES = {
+    "the count this life's decision judged": ((DECIDED,), False, 2),
+    "as many nodes as this life had": ((), False, 3),
+    "slurm.nodes a range: job.sbatch's own min-max": ((), True, None),
+}
+
+
+@pytest.mark.parametrize("journal, elastic, nodes", RESUBMIT_NODES.values(), ids=RESUBMIT_NODES.keys())
+def test_a_resubmission_asks_for_the_nodes_decided(journal: tuple, elastic: bool, nodes: int | None) -> None:
+    requested = Requested(exclude="node9", elastic=elastic, life_nodes=3)
+    decision = decide_refused(History(JOB, 0, (*EARLIER, *journal)), ("node2",), Refusal(PENDING, True), requested)
+    assert decision.shape == Shape(("node2",), nodes)

@@ -13,7 +13,7 @@ import pytest
 
 from hpctrain import faults
 from hpctrain.faults import Armed
-from hpctrain.slurm import client
+from hpctrain.submit.outside_job import outside_job_env
 
 PACKAGE = Path(faults.__file__).parent
 
@@ -164,7 +164,7 @@ def test_a_point_fires_in_the_life_of_the_job_it_names(arming: str, restart: str
 
 def test_a_job_submitted_again_from_inside_a_job_carries_no_armed_point() -> None:
     inside = {"PATH": "/usr/bin", "SLURM_JOB_ID": "7", "SLURM_CONF": "/etc/slurm.conf", faults.ENV: "trainer.step=kill"}
-    assert client.outside_job_env(inside) == {"PATH": "/usr/bin", "SLURM_CONF": "/etc/slurm.conf"}
+    assert outside_job_env(inside) == {"PATH": "/usr/bin", "SLURM_CONF": "/etc/slurm.conf"}
 
 
 def test_a_wrong_arming_stops_the_process_at_import_saying_why() -> None:

@@ -1,5 +1,5 @@
 """Forced saves against a deadline, and the checkpoint format version: the decision as a table,
-then the writer's cancel and the Checkpointer's forced save on real files in this process, then
+then the writer's cancel and the PlainCheckpointer's forced save on real files in this process, then
 the `stop` record a real run writes before its forced save.
 
 The dev-cluster proof (a multi-GB GPT preempted during a background write) is in
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -27,7 +28,7 @@ from fakeslurm import FIXTURES, Said, captured, install
 from helpers.held_save import HOLD_ENV
 from helpers.paced import PAUSE_ENV
 
-from hpctrain.checkpoint import Checkpointer, CheckpointTooNew, store
+from hpctrain.checkpoint import CheckpointTooNew, PlainCheckpointer, UnreadableFormat, store
 from hpctrain.checkpoint.deadline import (
     DEFAULT_GRACE_S,
     DEFAULT_KILL_WAIT_S,
@@ -44,8 +45,11 @@ from hpctrain.checkpoint.deadline import (
 )
 from hpctrain.checkpoint.format import FORMAT_VERSION
 from hpctrain.dist.context import DistContext
-from hpctrain.recovery.decide import History, lineage
-from hpctrain.run.causes import CheckpointReason, StopReason
+from hpctrain.recovery.decide import lineage
+from hpctrain.recovery.facts import Outcome
+from hpctrain.recovery.history import saved_for
+from hpctrain.recovery.judge import classify
+from hpctrain.run.causes import Cause, CheckpointReason, StopReason
 from hpctrain.run.events import Checkpoint, Event, ForcedSave, Start, Stop, read_events
 from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.slurm.records import parse_job_record, parse_partition
@@ -228,8 +232,8 @@ def test_grace_time_from_the_environment_then_slurm_then_the_default(
 # ---- the writer's cancel and the Checkpointer's forced save --------------------------------------
 
 
-def _checkpointer(folder: Path, forced: list[ForcedSave], written: list[Checkpoint]) -> Checkpointer:
-    return Checkpointer(
+def _checkpointer(folder: Path, forced: list[ForcedSave], written: list[Checkpoint]) -> PlainCheckpointer:
+    return PlainCheckpointer(
         folder,
         DistContext.single(cuda_devices=0),
         keep=3,
@@ -286,7 +290,7 @@ def test_an_abandoned_write_leaves_no_file_and_the_stop_step_is_written(
     assert forced == [forced[0]] and forced[0].forced_save == "abandoned_inflight"
     assert forced[0].inflight_step == 20 and forced[0].resume_step == 25 and forced[0].redo_steps == 0
     assert [(r.step, r.forced_save) for r in written] == [(10, None), (25, "abandoned_inflight")]
-    loaded = Checkpointer(folder, DistContext.single(cuda_devices=0), 2, "fp", lambda r: None).load()
+    loaded = PlainCheckpointer(folder, DistContext.single(cuda_devices=0), 2, "fp", lambda r: None).load()
     assert loaded is not None and loaded["train"]["step"] == 25 and loaded["format_version"] == FORMAT_VERSION
 
 
@@ -339,29 +343,27 @@ def test_a_checkpoint_of_a_newer_format_is_refused_not_skipped(tmp_path: Path) -
     with pytest.raises(CheckpointTooNew) as refused:
         checkpointer.load()
     message = str(refused.value)
-    assert f"format_version {FORMAT_VERSION + 1}" in message and f"reads versions 1 to {FORMAT_VERSION}" in message
+    assert f"format_version {FORMAT_VERSION + 1}" in message and f"reads version {FORMAT_VERSION}." in message
     assert "pip install -U hpctrain" in message and "move the checkpoints folder away" in message
     assert [e.step for e in store.entries(folder)] == [9, 5]  # nothing was removed
 
 
-def test_a_checkpoint_written_before_format_version_still_loads(tmp_path: Path) -> None:
-    """tests/golden/checkpoint_v1 was written by the code before format_version existed: a
-    Linear(3, 2) after one AdamW step, seed 0, at step 5."""
+def test_a_checkpoint_of_an_older_format_is_refused_not_skipped(tmp_path: Path) -> None:
+    """tests/golden/checkpoint_v1 was written by the code before format_version existed (before
+    hpctrain 0.1.0): this hpctrain reads only its own format, and says so rather than misread it,
+    skip it for an older one, or start over."""
     assert "format_version" not in json.loads((GOLDEN_V1 / "step_00000005.json").read_text())
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 2)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.ones(1, 3)).sum().backward()
-    optimizer.step()
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(GOLDEN_V1, folder)
+    checkpointer = PlainCheckpointer(folder, DistContext.single(cuda_devices=0), 2, "fixture-v1", lambda r: None)
 
-    checkpointer = Checkpointer(GOLDEN_V1, DistContext.single(cuda_devices=0), 2, "fixture-v1", lambda r: None)
-    loaded = checkpointer.load(expect_model=model.state_dict())
-    assert loaded is not None and loaded["train"] == {"step": 5, "epoch": 1, "batch_in_epoch": 2}
-    for name, tensor in model.state_dict().items():
-        assert torch.equal(loaded["model"][name], tensor), name
-    fresh = torch.optim.AdamW(torch.nn.Linear(3, 2).parameters(), lr=1e-3)
-    fresh.load_state_dict(loaded["optimizer"])
-    assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+    with pytest.raises(UnreadableFormat) as refused:
+        checkpointer.load()
+    message = str(refused.value)
+    assert not isinstance(refused.value, CheckpointTooNew)
+    assert f"format_version None, but this hpctrain reads version {FORMAT_VERSION}" in message
+    assert "move the checkpoints folder away" in message
+    assert sorted(p.name for p in folder.iterdir()) == ["step_00000005.json", "step_00000005.pt"]  # kept
 
 
 def test_plan_is_a_frozen_record() -> None:
@@ -447,7 +449,7 @@ def _wait_for(found: Callable[[], object], what: str, launcher: subprocess.Popen
 def test_the_stop_is_journaled_before_its_save_and_outlives_a_killed_save(tmp_path: Path) -> None:
     """A real SIGTERM to a real 2-process hpctrain-train whose forced save is held (a slow disk):
     the `stop` record is in the journal while the save is still under way, and after a SIGKILL
-    it is the life's last word, which the control step's History carries."""
+    it is the life's last word, which the control step judges the step by."""
     run_dir, hold, log = tmp_path / "run", tmp_path / "hold-the-save", tmp_path / "train.log"
     env = {**train_env(TESTS), **ARRAY_LIFE, HOLD_ENV: str(hold), PAUSE_ENV: "0.01", "HPCTRAIN_GRACE_TIME_S": "30"}
     launched_at = time.time()
@@ -482,5 +484,7 @@ def test_the_stop_is_journaled_before_its_save_and_outlives_a_killed_save(tmp_pa
     assert (start.job_id, start.restart) == (stop.job_id, stop.restart) == ("36_7", 2)
     assert stop.deadline_s is not None and 0 < stop.deadline_s <= 30  # the grace, less the time to agree
     assert not list((run_dir / "checkpoints").glob("*.pt"))
-    since = tuple(e for e in events if e.time >= launched_at)
-    assert History("36_7", 2, lineage(events, "36_7"), since).agreed_stop == stop
+    since = tuple(e for e in lineage(events, "36_7") if e.time >= launched_at)
+    # What after-step reads of this step: the stop, kept with its job, and judged as the stop it was.
+    assert [e for e in since if saved_for(e)] == [stop]
+    assert classify(since, Outcome(exit_code=137, nodes_wanted=2), []) is Cause.PREEMPT

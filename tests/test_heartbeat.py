@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.process.heartbeat import ADDR_ENV, Beat
 from hpctrain.recovery.watch import Heard, paused, silent_nodes
+from hpctrain.run.heartbeats import ADDR_ENV, Beat
 
 T = 10.0  # the timeout of the table's rows
 

@@ -21,9 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.recovery.decide import History, decide_keeper
-from hpctrain.recovery.facts import Budgets, ClusterView, Outcome, parse_sinfo_nodes
+from hpctrain.recovery.decide import History, decide_host_lost, decide_keeper
+from hpctrain.recovery.decision import Shape
+from hpctrain.recovery.facts import Budgets, ClusterView, JobSeen, Outcome, Requested, parse_sinfo_nodes
 from hpctrain.recovery.keeper import listen_for_silence
+from hpctrain.run import exitcodes
 from hpctrain.run.causes import Action, Cause, CheckpointReason
 from hpctrain.run.events import (
     BY_KEEPER,
@@ -36,6 +38,7 @@ from hpctrain.run.events import (
     Requeue,
     Start,
 )
+from hpctrain.run.protocol import KEEPER_EXITS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 JOB = "57"
@@ -173,6 +176,89 @@ def test_a_spare_given_up_when_too_few_nodes_remain() -> None:
     )
     (_, requeue) = decision.events
     assert (decision.excluded, requeue.nodes) == ((), 2)
+
+
+# ---- the keeper's call: Slurm's record first, then decide_keeper carried out as RESUBMIT ----------
+
+RUNNING = JobSeen(True, "RUNNING", 0)
+ASKED = Requested(exclude="node9", life_nodes=2)
+# (Slurm's record of the job, the journal) -> action, events written when it is carried out
+HOST_LOST = {
+    "the job ended since: nothing to do": (JobSeen(True, "COMPLETED", 0), TRAINING, Action.STOP, []),
+    "no record (Slurm silent): nothing to do": (JobSeen(), TRAINING, Action.STOP, []),
+    "Slurm requeued it since: nothing to do": (JobSeen(True, "RUNNING", 1), TRAINING, Action.STOP, []),
+    "running: submitted again without the batch host": (
+        RUNNING,
+        TRAINING,
+        Action.RESUBMIT,
+        ["failure:node_failure", "requeue:node_failure"],
+    ),
+    "running, budget spent: fail": (
+        RUNNING,
+        (*TRAINING, Requeue(time=25.0, job_id="56", restart=0, cause=Cause.NODE_FAILURE)),
+        Action.FAIL,
+        ["failure:node_failure", "failure:budget"],
+    ),
+    "running, finished meanwhile: nothing to do": (
+        RUNNING,
+        (*TRAINING, Finish(time=40.0, job_id=JOB, restart=0, step=100)),
+        Action.STOP,
+        [],
+    ),
+}
+
+
+def _host_lost(seen: JobSeen, journal: tuple[Event, ...]):
+    cluster = None if seen.moved_on(0) else ALL_UP  # a life that moved on: its nodes are not looked at
+    outcome = Outcome(exit_code=None, nodes_wanted=2)
+    budgets = Budgets({**DEFAULTS, "node_failure": 1})
+    return decide_host_lost(History(JOB, 0, journal), HOST, 12.3, seen, outcome, cluster, budgets, ASKED)
+
+
+@pytest.mark.parametrize("seen, journal, action, written", HOST_LOST.values(), ids=HOST_LOST.keys())
+def test_decide_host_lost(seen: JobSeen, journal: tuple[Event, ...], action: Action, written: list[str]) -> None:
+    decision = _host_lost(seen, journal)
+    assert decision.action is action, decision.message
+    assert [_named(e) for e in decision.events] == written
+    codes = {Action.STOP: 0, Action.RESUBMIT: exitcodes.BATCH_RESUBMITTED, Action.FAIL: exitcodes.BATCH_FAILED}
+    assert KEEPER_EXITS[decision.action] == codes[action]
+    if not seen.moved_on(0):
+        return
+    assert decision.message == f"the batch host {HOST} is silent, the job {seen.said}: nothing to do"
+
+
+def test_a_refused_submission_falls_back_to_slurms_requeue_then_ends_the_job() -> None:
+    """sbatch refused: Slurm's own requeue of this job, without the batch host; refused too: FAIL,
+    the failure saying why the submission failed."""
+    decision = _host_lost(RUNNING, TRAINING)
+    assert decision.shape == Shape(("node1",), 2)  # as many nodes as this life had
+    went_on = decision.resubmitted("58")
+    assert went_on.message == "the run goes on in job 58 (same run dir)"
+    assert [getattr(e, "new_job_id", None) for e in went_on.events] == ["58", None]  # the failure names it
+    requeue = decision.because("sbatch: error: Batch job submission failed")
+    assert (requeue.action, requeue.ask, requeue.shape) == (Action.REQUEUE, True, Shape(("node1",), None, "node9"))
+    said = "submitting again failed (sbatch: error: Batch job submission failed): asking Slurm to requeue"
+    assert requeue.message == said
+    assert [(_named(e), getattr(e, "action", None)) for e in requeue.events] == [
+        ("failure:node_failure", "requeue"),
+        ("requeue:node_failure", None),
+    ]
+    assert KEEPER_EXITS[requeue.action] == exitcodes.BATCH_REQUEUED
+    failed = requeue.because("scontrol: error: Job is pending execution")
+    (failure,) = failed.events
+    assert failed.action is Action.FAIL and isinstance(failure, Failure) and failure.action == "fail"
+    assert failure.reason is not None and failure.reason.endswith(
+        "while the job runs; submitting again failed: sbatch: error: Batch job submission failed"
+    )
+    assert failed.message == ""  # written, not said: the keeper said the submission's failure
+
+
+def test_a_decided_requeue_is_submitted_on_its_node_count() -> None:
+    decided = Requeue(time=30.0, job_id=JOB, restart=0, cause=Cause.PREEMPT, excluded=["node3"], nodes=1)
+    decision = _host_lost(RUNNING, (*TRAINING, decided))
+    assert decision.action is Action.RESUBMIT and [_named(e) for e in decision.events] == ["failure:preempt"]
+    assert decision.shape == Shape(("node3",), 1)
+    assert decision.because("no").shape == Shape(("node3",), 1, "node9")
 
 
 # ---- the ear: a real watcher answering, then stopped -----------------------------------------------

@@ -17,8 +17,10 @@ from hydra import compose, initialize_config_module
 from hpctrain import config as hconfig
 from hpctrain.config import Config
 from hpctrain.config.schema import SlurmConfig
-from hpctrain.run import exitcodes
+from hpctrain.run import exitcodes, protocol
+from hpctrain.run.causes import Action
 from hpctrain.run.paths import RunDir
+from hpctrain.run.protocol import Step
 from hpctrain.submit.render import builtin_templates, filename_pattern, render, sbatch_flag, sbatch_quote
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -73,6 +75,31 @@ def test_the_batch_scripts_exit_codes_come_from_the_table() -> None:
     prefixed = rendered("slurm.task_prefix=[apptainer,exec,/images/train.sif]")
     assert f"= {exitcodes.CONTROL_NO_SLURM} ]" in prefixed
     assert re.findall(r"\bexit (\S+)", prefixed)[2:4] == [str(exitcodes.BATCH_REQUEUED), '"${rc}"']
+
+
+@pytest.mark.parametrize(
+    "overrides, elastic", [(("slurm.nodes=2",), False), (("slurm.nodes=2-3", "trainer.elastic=true"), True)]
+)
+def test_the_batch_scripts_protocol_words_come_from_the_protocol(overrides: tuple[str, ...], elastic: bool) -> None:
+    """ddp.sbatch.j2 spells neither the control steps' calls nor the answer's action words: both
+    are rendered from hpctrain.run.protocol (the actions are hpctrain.run.causes.Action), which
+    the control step parses and answers with."""
+    template = (builtin_templates() / "ddp.sbatch.j2").read_text()
+    for word in ("finish)", "relaunch*)", "requeue*)", "control begin", "control after-step", "recovery.control"):
+        assert word not in template, word
+    # Through a container prefix: every call is made (`requeue-refused` after the shell's own ask).
+    script = rendered("slurm.task_prefix=[apptainer,exec,/images/train.sif]", *overrides)
+    assert f"    {Action.FINISH}) exit {exitcodes.BATCH_FINISHED} ;;" in script
+    assert f"    {Action.RELAUNCH}*) " in script and f"    {Action.REQUEUE}*)\n" in script
+    for step in Step:
+        assert f"control {step} " in script, step
+    assert f'-m {protocol.CONTROL_MODULE} "$@"' in script and f"-m {protocol.KEEPER_MODULE} " in script
+    # The answer line as the control step prints it, read back as the shell reads it.
+    line = protocol.Answer(Action.RELAUNCH, ("node2", "node4"), 2 if elastic else None).line()
+    with_count = 'read -r _ excluded step_nodes <<< "${action}"'
+    reads = with_count if elastic else f'excluded="${{action#{Action.RELAUNCH} }}"'
+    assert reads in script
+    assert line == ("relaunch node2,node4 2" if elastic else "relaunch node2,node4")
 
 
 @pytest.mark.parametrize(

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from hpctrain.cli.tune import split_space
+from hpctrain.config.search_space import Param, parse_param
 from hpctrain.config.tune import TuneConfig
 from hpctrain.run.events import Failure, Finish, Pruned, Start
 from hpctrain.tune.budget import Counts, finished, to_submit
 from hpctrain.tune.report import Verdict, judge
-from hpctrain.tune.space import Param, parse_param
 
 GOOD = [
     ("optim.lr", "float(1e-4, 1e-1, log)", Param("optim.lr", "float", 1e-4, 1e-1, log=True)),

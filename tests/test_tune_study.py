@@ -15,18 +15,21 @@ import sys
 from pathlib import Path
 
 import optuna
+import pytest
 import torch.multiprocessing as mp
 from hydra import compose, initialize_config_module
 from optuna.trial import TrialState
 
 from hpctrain.cli.tune import write_study
 from hpctrain.process import door
+from hpctrain.run.events import Finish, Journal
 from hpctrain.run.jsonlines import read_jsonl
+from hpctrain.run.listeners import read_listeners, tell_listeners
 from hpctrain.run.paths import RunDir, TuneDir
 from hpctrain.submit.submission import Point
 from hpctrain.tune import study as studies
 from hpctrain.tune.launch import fill
-from hpctrain.tune.report import _tell
+from hpctrain.tune.report import LISTENER, _tell
 from hpctrain.tune.trials import StudySetup
 
 TINY = ["trainer.max_steps=10", "trainer.log_every=5", "trainer.eval_every=5", "slurm.code_snapshot=false"]
@@ -105,6 +108,31 @@ def test_a_refused_trial_config_is_told_fail_and_the_search_goes_on(tmp_path: Pa
     states = [t.state for t in studies.load(tune, StudySetup.read(tune).settings).get_trials()]
     assert states == [TrialState.FAIL] * 3
     assert all("config refused" in r["reason"] for r in read_jsonl(tune.events))
+
+
+def test_a_trials_listener_tells_the_study_once_when_its_run_ends(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # The trial's run dir names the study's report as its listener; the control step's ending
+    # runs it (`python -m hpctrain.tune.report RUN_DIR finish`), a second ending tells nothing new.
+    tune = make_study(
+        tmp_path / "sweep", "+tune.params={optim.lr: 'float(1e-4,1e-1,log)'}", "tune.n_trials=2", "tune.parallel=2"
+    )
+    with studies.study_lock(tune):
+        filled = fill(StudySetup.read(tune), submit=queued)
+    run = filled.points[0].run
+    assert read_listeners(run) == [LISTENER] and LISTENER.module == "hpctrain.tune.report"
+    assert LISTENER.timeout_s > studies.STUDY_LOCK_GRACE_S  # a dead holder's lock is broken first
+    Journal(run.events).write_event(Finish(step=10, extra={"eval_loss": 0.25}))
+    tell_listeners(run, "finish")
+    tell_listeners(run, "finish")
+    capfd.readouterr()  # what the report said went to stderr
+    settings = StudySetup.read(tune).settings
+    trial = studies.load(tune, settings).get_trials()[0]
+    assert trial.state == TrialState.COMPLETE and trial.value == 0.25
+    told = [r for r in read_jsonl(tune.events) if r["state"] != "RUNNING"]
+    assert [(r["number"], r["state"], r["value"]) for r in told] == [(0, "COMPLETE", 0.25)]
+    assert json.loads(tune.summary.read_text())["best"]["value"] == 0.25
 
 
 def test_the_trainer_prunes_a_trial_at_an_evaluation_step(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -24,10 +24,12 @@ import torch
 from clitools import assert_refused, describe, fake_slurm, files, lines, run_cli, world_writable
 from helpers.disks import small_tmpfs
 
-from hpctrain.checkpoint import Checkpointer, CheckpointMismatch, store
+from hpctrain.checkpoint import CheckpointMismatch, PlainCheckpointer, store
 from hpctrain.dist.context import DistContext
 from hpctrain.recovery.control import Controller
 from hpctrain.run.causes import Action
+from hpctrain.slurm import client
+from hpctrain.slurm.client import Purpose
 from hpctrain.submit import sbatch
 
 TOOLS = ["train", "submit"]
@@ -177,8 +179,10 @@ def test_an_sbatch_without_an_answer_keeps_the_run_dir_it_may_have_queued(tmp_pa
     script.parent.mkdir()
     script.write_text("#!/bin/bash\n")
 
+    # hpctrain-submit's sbatch waits 120 s: here half a second (the table's row, patched).
+    monkeypatch.setitem(client.POLICIES, Purpose.SUBMIT, replace(client.POLICIES[Purpose.SUBMIT], timeout_s=0.5))
     with pytest.raises(sbatch.SbatchError, match="may have been queued") as raised:
-        sbatch.submit(script, timeout_s=0.5)
+        sbatch.submit(script)
 
     assert raised.value.maybe_queued and raised.value.script == script
 
@@ -256,11 +260,14 @@ def test_saved_weights_of_other_names_or_shapes_are_refused_by_name(tmp_path: Pa
     folder = tmp_path / "checkpoints"
     ctx = DistContext.single(cuda_devices=0)
     old = {"fc.weight": torch.zeros(10, 64), "fc.bias": torch.zeros(10), "gone.weight": torch.zeros(2)}
-    Checkpointer(folder, ctx, 2, "fp", lambda record: None).save(3, {"model": old}, "periodic", background=False)
-    new = {"fc.weight": torch.zeros(10, 32), "fc.bias": torch.zeros(10), "added.weight": torch.zeros(2)}
+    PlainCheckpointer(folder, ctx, 2, "fp", lambda record: None).save(3, {"model": old}, "periodic", background=False)
+    new = torch.nn.Module()  # fc.weight [10, 32], fc.bias [10], added.weight [2]
+    new.fc = torch.nn.Linear(32, 10)
+    new.added = torch.nn.Module()
+    new.added.register_parameter("weight", torch.nn.Parameter(torch.zeros(2)))
 
     with pytest.raises(CheckpointMismatch) as raised:
-        Checkpointer(folder, ctx, 2, "fp", lambda record: None).load(expect_model=new)
+        PlainCheckpointer(folder, ctx, 2, "fp", lambda record: None, model=new).load()
 
     message = str(raised.value)
     assert "not in the checkpoint: added.weight" in message and "not in this model: gone.weight" in message

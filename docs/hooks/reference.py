@@ -1,8 +1,8 @@
 """The two reference pages, generated each time the docs are built and never committed: the
 config keys from the schema (hpctrain.cli.help_text reads every key's default and comment from
-hpctrain/config/schema.py, the groups and options from conf/) and the commands from their own
-parsers (the console scripts of setup.cfg; the Hydra apps' `--help` is hpctrain.cli.help_text's).
-mkdocs.yml names this file under `hooks:`.
+hpctrain/config/schema.py and the section modules beside it, the groups and options from conf/)
+and the commands from their own parsers (the console scripts of setup.cfg; the Hydra apps'
+`--help` is hpctrain.cli.help_text's). mkdocs.yml names this file under `hooks:`.
 """
 
 from __future__ import annotations
@@ -87,8 +87,9 @@ def config_reference(pages: dict[str, str]) -> str:
         "# Config reference",
         "",
         "Every key of the schema with its default and the comment above it in",
-        "`hpctrain/config/schema.py`; the groups' options are the YAML files in `conf/`. This page is",
-        "generated from them when the docs are built. `hpctrain-train --help` (and `-submit`, `-tune`)",
+        "`hpctrain/config/schema.py` (the `slurm`, `slurm.network` and `tune` sections in `slurm.py`,",
+        "`network.py` and `tune.py` beside it); the groups' options are the YAML files in `conf/`.",
+        "This page is generated from them when the docs are built. `hpctrain-train --help` (and `-submit`, `-tune`)",
         "prints the same keys with the first sentence of each comment. A key is set on the command line",
         "(`trainer.max_steps=500`), a group's option by its name (`model=gpt`), an argument the option's",
         "`_target_` takes but does not set with `+` (`+optim.momentum=0.9`). Pages that explain a key",

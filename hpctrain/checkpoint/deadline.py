@@ -32,13 +32,15 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
-from hpctrain.run.causes import StopReason
+from hpctrain.run.causes import STOP_TABLE, Grace, StopReason
 from hpctrain.run.life import LifeStamp
 from hpctrain.slurm import client
-from hpctrain.slurm.records import parse_config, parse_job_record, parse_partition
+from hpctrain.slurm.client import Purpose
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Of the time a signal gives, what the exit after the save needs (the other ranks' barrier, the
 # process group's teardown, the batch shell's requeue): the larger of these is kept free.
@@ -51,10 +53,6 @@ GRACE_ENV = "HPCTRAIN_GRACE_TIME_S"
 # KillWait when it cannot be read: Slurm's default.
 DEFAULT_KILL_WAIT_S = 30.0
 KILL_WAIT_ENV = "HPCTRAIN_KILL_WAIT_S"
-# Asking Slurm, after a SIGTERM, whether it was a preemption: the answer is worth this much of
-# the time the signal gives, no more.
-PREEMPTED_LOOK = client.Policy(timeout_s=3.0)
-
 # What a forced save did: the plan's choices, and "overran" when a write it chose was still under
 # way at the deadline (the estimate was wrong) and was cancelled so that the job exits in time.
 CHOICES = ("written", "waited", "abandoned_inflight", "inflight_only", "skipped", "overran")
@@ -123,7 +121,7 @@ def _skipped(stop_step: int, complete_step: int | None, why: str) -> ForcedSaveP
 def deadline_s(reason: StopReason, since_signal_s: float, signal_delay_s: float, sigterm_given: float) -> float | None:
     """Seconds left for a forced save: the time-limit warning's head start, what a SIGTERM gives
     (`sigterm_s`; both less the time since the signal), or None for an interrupt (the user waits)."""
-    given = {StopReason.TIMELIMIT: signal_delay_s, StopReason.PREEMPT: sigterm_given}.get(reason)
+    given = {Grace.SIGNAL_DELAY: signal_delay_s, Grace.SIGTERM: sigterm_given}.get(STOP_TABLE[reason].grace)
     return None if given is None else max(0.0, given - since_signal_s)
 
 
@@ -161,13 +159,13 @@ def sigterm_s(times: SigtermTimes, preempted: bool | None) -> float:
 
 def preempted_now(environ: Mapping[str, str] | None = None) -> bool | None:
     """After a SIGTERM: whether Slurm chose this job for preemption (its record shows a
-    PreemptTime); None without an answer within PREEMPTED_LOOK, or outside a Slurm job."""
+    PreemptTime); None without an answer in the short time a SIGTERM leaves (AFTER_SIGTERM), or
+    outside a Slurm job."""
     env = os.environ if environ is None else environ
     job_id = LifeStamp.from_env(env).job_id
     if not job_id:
         return None
-    done = client.run(["scontrol", "show", "job", "-o", job_id], PREEMPTED_LOOK, env=env)
-    record = parse_job_record(done.stdout) if done.ok else None
+    record = client.show_job(job_id, Purpose.AFTER_SIGTERM, env=env).value
     return None if record is None else record.preempt_time is not None
 
 
@@ -192,7 +190,7 @@ READING_WAIT_S = 1.0
 class SigtermTimesReading:
     """`sigterm_times` read in a thread of its own from the moment a life starts: a start never
     waits for Slurm (with slurmctld away, each of its two scontrol calls would hold the first step
-    back by up to client.IN_JOB's timeout), and only a SIGTERM needs the answer."""
+    back by up to an IN_JOB call's time limit), and only a SIGTERM needs the answer."""
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self._env = dict(os.environ if environ is None else environ)
@@ -222,7 +220,7 @@ class SigtermTimesReading:
 
 def _read_kill_wait(environ: Mapping[str, str]) -> float:
     try:
-        value = parse_config(_scontrol(environ, "show", "config")).get("KillWait", "")
+        value = _answered(client.show_config(Purpose.IN_JOB, env=environ), "scontrol show config").get("KillWait", "")
         return float(value.split()[0])  # "5 sec"
     except (ValueError, IndexError) as error:
         log.warning(
@@ -273,18 +271,19 @@ def grace_time_s(environ: Mapping[str, str] | None = None) -> float:
         return DEFAULT_GRACE_S
 
 
-def _scontrol(env: Mapping[str, str], *args: str) -> str:
-    done = client.run(["scontrol", *args], client.IN_JOB, env=env)
+def _answered(done: client.Answer[T], asked: str) -> T:
+    """What scontrol said; a ValueError that says why when it did not answer."""
     if not done.ok:
-        raise ValueError(f"scontrol {' '.join(args)}: {done.why()}")
-    return done.stdout
+        raise ValueError(f"{asked}: {done.why()}")
+    return done.value
 
 
 def _read_grace(job_id: str, env: Mapping[str, str]) -> float:
-    record = parse_job_record(_scontrol(env, "show", "job", "--oneliner", job_id))
+    record = _answered(client.show_job(job_id, Purpose.IN_JOB, env=env), f"scontrol show job {job_id}")
     if record is None or record.partition is None:
         raise ValueError(f"scontrol show job {job_id} printed no Partition=")
-    grace = parse_partition(_scontrol(env, "show", "partition", "--oneliner", record.partition)).get("GraceTime")
+    partition = client.show_partition(record.partition, Purpose.IN_JOB, env=env)
+    grace = _answered(partition, f"scontrol show partition {record.partition}").get("GraceTime")
     if grace is None:
         raise ValueError(f"scontrol show partition {record.partition} printed no GraceTime=")
     return float(grace)

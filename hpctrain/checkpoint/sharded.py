@@ -34,13 +34,13 @@ import torch.distributed as dist
 from torch import nn
 
 from hpctrain import faults
-from hpctrain.checkpoint import rng
+from hpctrain.checkpoint import rng, sharded_load
+from hpctrain.checkpoint.base import Checkpointer, StopCheck
 from hpctrain.checkpoint.deadline import plan_forced_save
-from hpctrain.checkpoint.format import FORMAT_VERSION, check_readable
-from hpctrain.checkpoint.shard_files import file_problem, shards_dir, write_json
-from hpctrain.checkpoint.store import NoUsableCheckpoint, fsync_dir, sha256_of
+from hpctrain.checkpoint.format import FORMAT_VERSION
+from hpctrain.checkpoint.shard_files import shards_dir, write_json
+from hpctrain.checkpoint.store import fsync_dir, sha256_of
 from hpctrain.dist.context import DistContext
-from hpctrain.errors import UserError
 from hpctrain.run.causes import CheckpointReason, StopReason
 from hpctrain.run.events import Checkpoint, ForcedSave
 from hpctrain.run.paths import checkpoint_files, checkpoints_in
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 SUMS_WAIT_S = 600.0  # rank 0 waits this long for every rank's sums of a completed write
 
 
-class ShardedCheckpointer:
+class ShardedCheckpointer(Checkpointer):
     def __init__(
         self,
         folder: Path,
@@ -71,6 +71,7 @@ class ShardedCheckpointer:
         self.on_forced = on_forced or (lambda record: None)
         self.model = model
         self.optimizer = optimizer
+        self.identity = identity
         self.meta = {
             "fingerprint": fingerprint,
             "format_version": FORMAT_VERSION,
@@ -93,7 +94,7 @@ class ShardedCheckpointer:
         state: dict[str, Any],
         reason: CheckpointReason,
         background: bool,
-        stop_requested: Callable[[], bool] | None = None,
+        stop_requested: StopCheck | None = None,
     ) -> float:
         """Collective. Returns the seconds training was blocked. Every rank writes alike (a
         sharded save cannot be skipped by one rank alone: `stop_requested` is not consulted; the
@@ -256,7 +257,7 @@ class ShardedCheckpointer:
 
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
         extras = {
-            **{k: v for k, v in state.items() if k not in ("model", "optimizer")},
+            **state,
             "rng": rngs,
             "world_size": self.ctx.world_size,
             "fingerprint": self.fingerprint,
@@ -269,85 +270,10 @@ class ShardedCheckpointer:
 
     # ---- load ------------------------------------------------------------------------------
 
-    def load(self, expect_model: Any = None) -> dict[str, Any] | None:
+    def load(self) -> dict[str, Any] | None:
         """Collective. Loads the newest complete, intact checkpoint into the model and the
         optimizer (resharded to this world size) and returns the rest of its state, this rank's
         RNG under "rng" (None for a rank the writer did not have); None for a fresh run."""
-        candidates = checkpoints_in(self.folder)
-        problems: list[str] = []
-        for entry in candidates:
-            problem = self._agreed_problem(entry.step)
-            if problem is None:
-                return self._load(entry.step)
-            problems.append(f"{entry.meta.name}: {problem}")
-            log.warning("checkpoint %s is not usable (%s); trying the one before", entry.meta.name, problem)
-        if problems or any(self.folder.glob("step_*.dcp")):
-            raise NoUsableCheckpoint(
-                f"{self.folder} has checkpoints but none is usable:\n  "
-                + "\n  ".join(problems or ["no complete checkpoint (shards without their .json)"])
-                + "\nRefusing to start over; move the folder away to train from scratch."
-            )
-        return None
-
-    def _agreed_problem(self, step: int) -> str | None:
-        """What is wrong with the checkpoint of `step` (None: nothing): every rank checks its
-        share of the files, and all learn the first problem found."""
-        try:
-            meta = json.loads(checkpoint_files(self.folder, step).meta.read_text())
-        except (OSError, ValueError) as error:
-            problem: str | None = f"unreadable ({error})"
-            meta = {}
-        else:
-            check_readable(meta, str(checkpoint_files(self.folder, step).meta))
-            problem = self._mismatch(meta, step) or self._check_files(meta, step)
-        if not self.ctx.distributed:
-            return problem
-        everyone: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(everyone, problem)
-        return next((p for p in everyone if p is not None), None)
-
-    def _mismatch(self, meta: dict[str, Any], step: int) -> str | None:
-        if meta.get("fingerprint") == self.fingerprint:
-            return None
-        from hpctrain.checkpoint import CheckpointMismatch
-        from hpctrain.config import differences
-
-        mine = self.meta.get("identity")
-        changed = differences(meta.get("identity") or {}, mine if isinstance(mine, dict) else {})
-        raise CheckpointMismatch(
-            f"{self.folder}: the checkpoint at step {step} was written by a run with a different model, data or "
-            f"optimizer{f' ({changed})' if changed else ''}; refusing to resume it: train this config in a new run "
-            f"dir (hydra.run.dir=...), or move {self.folder} away to start over"
+        return sharded_load.load_newest(
+            self.folder, self.ctx, self.fingerprint, self.identity, self.model, self.optimizer
         )
-
-    def _check_files(self, meta: dict[str, Any], step: int) -> str | None:
-        target = shards_dir(self.folder, step)
-        return file_problem(meta, target, share=(self.ctx.rank, self.ctx.world_size))
-
-    def _load(self, step: int) -> dict[str, Any]:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint import FileSystemReader
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
-        blob = io.BytesIO()
-        tree: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state, "extras": blob}
-        try:
-            reader = FileSystemReader(str(shards_dir(self.folder, step)))
-            dcp.load(tree, storage_reader=reader, no_dist=not self.ctx.distributed)
-        except Exception as error:  # the model's code changed: other names or shapes
-            raise UserError(
-                f"{self.folder}: the checkpoint at step {step} does not fit this model ({str(error).splitlines()[0]}); "
-                f"was the model's code changed? Refusing to resume it: train this config in a new run dir "
-                f"(hydra.run.dir=...), or move {self.folder} away to start over"
-            ) from error
-        set_state_dict(self.model, self.optimizer, model_state_dict=tree["model"], optim_state_dict=tree["optimizer"])
-        # DCP hands a saved BytesIO back unpickled (its own torch.load); read it here if not.
-        extras = tree["extras"]
-        if isinstance(extras, io.BytesIO):
-            extras.seek(0)
-            extras = torch.load(extras, map_location="cpu", weights_only=True)
-        check_readable(extras, str(shards_dir(self.folder, step)))
-        rngs = extras["rng"]
-        extras["rng"] = rngs[self.ctx.rank] if self.ctx.rank < len(rngs) else None
-        return extras

@@ -22,20 +22,23 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
 from hpctrain import faults
-from hpctrain.checkpoint.format import check_readable
 from hpctrain.run.paths import CheckpointFiles as Entry
 from hpctrain.run.paths import checkpoint_files as paths_for
 from hpctrain.run.paths import checkpoints_in as entries
 from hpctrain.run.paths import unpublished_checkpoints_in
 
 log = logging.getLogger(__name__)
+
+# Refuses a checkpoint's .json or state by raising (hpctrain.checkpoint.format.check_readable):
+# (what was read, where it was read from).
+Check = Callable[[Mapping[str, Any], str], None]
 
 
 class NoUsableCheckpoint(RuntimeError):
@@ -192,10 +195,11 @@ def verify(entry: Entry) -> dict[str, Any]:
     return meta
 
 
-def load_newest(folder: Path) -> tuple[Entry, dict[str, Any]] | None:
+def load_newest(folder: Path, check: Check | None = None) -> tuple[Entry, dict[str, Any]] | None:
     """The newest valid checkpoint's state, None when there are no checkpoints at all.
 
-    Raises NoUsableCheckpoint when checkpoints exist but none passes the checks."""
+    Raises NoUsableCheckpoint when checkpoints exist but none passes the checks, and whatever
+    `check` raises for the newest whole checkpoint's .json or state (a format not read here)."""
     problems: list[str] = []
     published = entries(folder)
     unpublished = unpublished_checkpoints_in(folder)
@@ -206,8 +210,9 @@ def load_newest(folder: Path) -> tuple[Entry, dict[str, Any]] | None:
             except Exception as error:  # a bad file of any kind: try the one before
                 _unusable(problems, entry, error)
                 continue
-            # A newer format is refused, not skipped: falling back would silently drop its steps.
-            check_readable(meta, str(entry.meta))
+            # Another format is refused, not skipped: falling back would silently drop its steps.
+            if check is not None:
+                check(meta, str(entry.meta))
         else:
             log.warning(
                 "checkpoint %s has no %s (its write or prune was cut between two renames); "
@@ -220,7 +225,8 @@ def load_newest(folder: Path) -> tuple[Entry, dict[str, Any]] | None:
         except Exception as error:
             _unusable(problems, entry, error)
             continue
-        check_readable(state, str(entry.data))
+        if check is not None:
+            check(state, str(entry.data))
         return entry, state
     if problems or has_any(folder):
         raise NoUsableCheckpoint(

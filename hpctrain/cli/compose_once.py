@@ -7,9 +7,14 @@ and when it finds the key unset (or fails) Hydra runs in the mode the command li
 pulls in), a file of the `hydra/` config group, or an override of `hydra.mode` itself.
 hpctrain's own primary configs leave it unset (tests/test_compose_once.py composes each), so a
 command line that names no other config and overrides none of these gets the same answer
-without the first composition: about 0.07 CPU-s of every hpctrain-train, -submit and -tune, a
-fifth of a command that refuses its input. Any other command line goes through Hydra's own
-get_mode, unchanged.
+without the first composition. Any other command line goes through Hydra's own get_mode,
+unchanged.
+
+Why a private Hydra function is patched, measured: `hpctrain-submit trainer.max_steps=-1` (refused
+after composing), 20 runs with the skip and 20 without, in alternating order, CPU time of the
+process: median 0.46 s (p90 0.53) with the skip, 0.54 s (p90 0.62) without. The same 0.07-0.09 s
+goes from every hpctrain-train, -submit and -tune: a sixth of a command that refuses its input.
+Should Hydra rename get_mode, importing this module fails at once and the tests say so.
 """
 
 from __future__ import annotations

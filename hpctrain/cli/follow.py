@@ -16,7 +16,7 @@ from pathlib import Path
 from hpctrain.run.events import Finish, read_events
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm import client
-from hpctrain.slurm.records import parse_job_record
+from hpctrain.slurm.client import Kind, Purpose
 from hpctrain.slurm.states import ENDED_STATES
 
 
@@ -29,16 +29,15 @@ class Seen:
 
 def job_state(job_id: str) -> Seen:
     """The job's state from squeue (queued or running), else scontrol (recently ended)."""
-    queued = client.run(["squeue", "-h", "-j", job_id, "-o", "%T"], client.LOOK)
-    if queued.ok and queued.stdout.strip():
-        return Seen(queued.stdout.strip().splitlines()[0])
+    queued = client.job_state(job_id, Purpose.LOOK)
+    if queued.value is not None:
+        return Seen(queued.value)
     if not queued.answered:  # "Invalid job id specified" is an answer: not queued
-        return Seen(None, queued.why(), queued.kind is client.Kind.MISSING)
-    shown = client.run(["scontrol", "show", "job", "-o", job_id], client.LOOK)
+        return Seen(None, queued.why(), queued.kind is Kind.MISSING)
+    shown = client.show_job(job_id, Purpose.LOOK)
     if not shown.answered:
-        return Seen(None, shown.why(), shown.kind is client.Kind.MISSING)
-    record = parse_job_record(shown.stdout) if shown.ok else None
-    return Seen(record.state if record else None)
+        return Seen(None, shown.why(), shown.kind is Kind.MISSING)
+    return Seen(shown.value.state if shown.value else None)
 
 
 def finished(run: RunDir) -> dict | None:

@@ -1,6 +1,7 @@
 """`--help` of hpctrain-train, -submit and -tune: hpctrain's config groups and every key of the
 schema with its default and its one-line doc, read from the schema itself (the comment above
-each field in hpctrain/config/schema.py), so the help can never say what the schema does not.
+each field in hpctrain/config/schema.py and the section modules it imports), so the help can
+never say what the schema does not.
 Hydra's own help stays at `--hydra-help`.
 """
 

@@ -31,10 +31,10 @@ from hpctrain.cli import compose_once
 from hpctrain.cli.common import discard_if_empty, fail, is_fresh
 from hpctrain.cli.overrides import before_hydra
 from hpctrain.config import save_resolved, to_typed
+from hpctrain.config.search_space import Param, is_spec, parse_space
 from hpctrain.metrics.extras import check_extras
 from hpctrain.run.exitcodes import CLI_REFUSED
 from hpctrain.run.paths import TuneDir, restrict_umask
-from hpctrain.tune.space import Param, is_spec, parse_space
 
 hconfig.register()
 

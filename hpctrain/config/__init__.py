@@ -3,6 +3,9 @@
 The entry points call `to_typed` once; everything below them takes a `Config`. A job never
 composes Hydra configs again: it runs `load_run_config(run_dir)`, the resolved `config.yaml`
 written at launch time, so a requeued job runs exactly what was submitted.
+
+The schema is split by section: schema.py (the root, data, trainer, metrics), slurm.py, network.py,
+tune.py with search_space.py (the grammar of tune.params). May import: run, slurm; never tune.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.config.checks import require, single_line
-from hpctrain.tune.space import parse_space
+from hpctrain.config.search_space import parse_space
 
 DIRECTIONS = ("minimize", "maximize")
 SAMPLERS = ("tpe", "random")
@@ -24,7 +24,7 @@ class TuneConfig:
     # minimize (a loss) or maximize (an accuracy).
     direction: str = "minimize"
     # The search space: config key -> `float(1e-5,1e-1,log)`, `int(16,128)`, `choice(a,b)` or
-    # a dict {type, low, high, log, step, choices} (hpctrain/tune/space.py).
+    # a dict {type, low, high, log, step, choices} (hpctrain/config/search_space.py).
     params: dict[str, Any] = field(default_factory=dict)
     # Trials in all, submitted, running and ended (failed ones count too).
     n_trials: int = 10

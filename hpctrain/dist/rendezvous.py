@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from hpctrain.dist.node_address import interface_ipv4, rank0_address, resolves
 from hpctrain.run import rendezvous_record
+from hpctrain.run.node_address import interface_ipv4, rank0_address, resolves
 
 __all__ = ["interface_ipv4", "open_store", "port_file", "rank0_address", "resolves"]
 

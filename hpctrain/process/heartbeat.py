@@ -5,24 +5,24 @@ its peers block in their collective, and Slurm marks it DOWN only after SlurmdTi
 default). The batch script's watcher (hpctrain.recovery.watch) hears these beats instead and ends
 the step within `slurm.silent_node_timeout_s` of a node falling silent.
 
-Each training process starts a beater: a small process of its own (`python -m hpctrain.process.heartbeat`,
-standard library only), so the beats go on whatever the training process does, however long it
-holds the GIL (a first step that compiles, a long checkpoint write, an evaluation, imports on a
-slow filesystem). It sends a datagram (UDP: nothing to connect, nothing left half-open when a node
-dies) to the watcher's address every BEAT_S seconds, ignores the stop signals (the training
+Each training process starts a beater: a small process of its own (`python -m
+hpctrain.process.heartbeat`, standard library only), so the beats go on whatever the training
+process does, however long it holds the GIL (a first step that compiles, a long checkpoint write,
+an evaluation, imports on a slow filesystem). It sends a datagram (UDP: nothing to connect,
+nothing left half-open when a node dies; the format is hpctrain.run.heartbeats, which the watcher
+reads too) to the watcher's address every BEAT_S seconds, ignores the stop signals (the training
 process saves for them, and a beater that died with SIGTERM would look like a dead node during
 the save), and says `bye` and leaves once its training process has ended. The training process
 says `bye` itself as it leaves too (Beating.bye): Slurm's step clean-up may kill the beater before
 it sees its parent gone. So a rank that exits (a crash, the end, a stop) is never taken for a
-silent node. A SIGSTOPped training process alone keeps
-its beater beating: its node is alive, and its peers' hang watchdog reports it (hpctrain.process.watchdog).
-Only a node whose every process stops (its beater too) or whose network is gone falls silent.
+silent node. A SIGSTOPped training process alone keeps its beater beating: its node is alive, and
+its peers' hang watchdog reports it (hpctrain.process.watchdog). Only a node whose every process
+stops (its beater too) or whose network is gone falls silent.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -30,57 +30,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-# The watcher's "host:port", set by the batch script for the training step; unset (a local run, a
-# user's own srun) there is no watcher and no beater.
-ADDR_ENV = "HPCTRAIN_HEARTBEAT_ADDR"
-BEAT_S = 1.0
+from hpctrain.run.heartbeats import ADDR_ENV, BEAT_S, Beat, parse_addr
+
 # How often the beater looks whether its training process has ended.
 LOOK_S = 0.2
 # The signals the beater leaves to its training process (srun and Slurm signal the whole task).
 IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
-VERSION = 1
-
-
-@dataclass(frozen=True)
-class Beat:
-    """One datagram: who beats, and whether it is the last (its training process ended)."""
-
-    rank: int
-    node: str
-    step: str  # SLURM_STEP_ID of the training step
-    pid: int  # the training process
-    seq: int
-    bye: bool = False
-
-    def encode(self) -> bytes:
-        return json.dumps({"v": VERSION, **asdict(self)}, separators=(",", ":")).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> Beat | None:
-        """The beat a datagram carries; None for anything else (a stray packet, another version)."""
-        try:
-            record = json.loads(data)
-            if not isinstance(record, dict) or record.get("v") != VERSION:
-                return None
-            return cls(
-                rank=int(record["rank"]),
-                node=str(record["node"]),
-                step=str(record["step"]),
-                pid=int(record["pid"]),
-                seq=int(record["seq"]),
-                bye=bool(record.get("bye", False)),
-            )
-        except (ValueError, KeyError, TypeError):
-            return None
-
-
-def parse_addr(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"{ADDR_ENV}={text!r} is not HOST:PORT")
-    return host, int(port)
 
 
 @dataclass

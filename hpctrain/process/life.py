@@ -1,10 +1,10 @@
 """One training process's life: join the group, train, always clean up (hpctrain.worker starts it).
 
-Exit codes (hpctrain.run.exitcodes): WORKER_FINISHED; WORKER_SAVED_FOR_TIMELIMIT /
-WORKER_SAVED_AND_STOPPED after a signal-forced checkpoint (or a stop that came before training
-started: nothing to save); WORKER_USER_ERROR after a user's mistake (checkpoints of another
-model, a missing data file), told as one `error:` line and a `failure` event (cause
-`user_error`), which the batch script does not retry.
+Exit codes (hpctrain.run.exitcodes): WORKER_FINISHED; after a signal-forced checkpoint (or a stop
+that came before training started: nothing to save) the stop's own, WORKER_SAVED_FOR_TIMELIMIT or
+WORKER_SAVED_AND_STOPPED (hpctrain.run.causes.STOP_TABLE); WORKER_USER_ERROR after a user's
+mistake (checkpoints of another model, a missing data file), told as one `error:` line and a
+`failure` event (cause `user_error`), which the batch script does not retry.
 """
 
 from __future__ import annotations
@@ -25,14 +25,16 @@ from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError
 from hpctrain.process import ending, startup_clock
 from hpctrain.process.early_signals import EarlySignals
-from hpctrain.process.signals import StopFlag, exit_code
+from hpctrain.process.signals import StopFlag
 from hpctrain.process.watchdog import start_watchdog
-from hpctrain.run.causes import Cause, StopReason
+from hpctrain.run.causes import STOP_TABLE, Cause, StopReason
 from hpctrain.run.events import Failure, Journal, Stop
 from hpctrain.run.exitcodes import WORKER_FINISHED, WORKER_USER_ERROR
 from hpctrain.run.paths import RunDir, checkpoints_in, no_room, no_room_message
 from hpctrain.slurm.env import SlurmEnvError
-from hpctrain.trainer.trainer import StopTraining, Trainer
+from hpctrain.trainer.hooks import ProcessHooks
+from hpctrain.trainer.stopping import StopTraining
+from hpctrain.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +117,7 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
     trainer = None
     try:
         log.info("rank %d/%d on %s (%s), run dir %s", ctx.rank, ctx.world_size, ctx.device, ctx.source, run_dir)
-        trainer = Trainer(config, ctx, run_dir, stop, watchdog)
+        trainer = Trainer(config, ctx, run_dir, ProcessHooks(stop, watchdog, ready=_ready))
         trainer.train()
         return None
     except StopTraining as stopped:
@@ -128,6 +130,12 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
         gc.collect()
         hdist.destroy_process_group()
         watchdog.stop()
+
+
+def _ready() -> dict[str, float]:
+    """The trainer is ready to train: the start-up's last moment, and its phases."""
+    startup_clock.mark("ready")
+    return startup_clock.phases()
 
 
 def _stop_before_training(run_dir: Path, ctx: DistContext, reason: StopReason, stop: StopFlag) -> StopReason:
@@ -170,4 +178,4 @@ def main(run_dir: Path, early: EarlySignals) -> None:
         reason = run(run_dir, ctx, early)
     except UserError:
         sys.exit(WORKER_USER_ERROR)
-    sys.exit(exit_code(reason) if reason else WORKER_FINISHED)
+    sys.exit(STOP_TABLE[reason].exit_code if reason else WORKER_FINISHED)

@@ -24,7 +24,7 @@ from hpctrain.errors import UserError
 from hpctrain.process import door as worker
 from hpctrain.process.early_signals import EarlySignals
 from hpctrain.process.steprun import world_rank
-from hpctrain.run.causes import StopReason
+from hpctrain.run.causes import StopReason, signal_of
 from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_USER_ERROR
 
 log = logging.getLogger(__name__)
@@ -55,20 +55,18 @@ def launch_local(
     training honours them (or the ranks, which are sent them). Returns the signal number that
     stopped the run early, or None when it finished."""
     timelimit = getattr(signal, f"SIG{timelimit_signal}")
-    signal_of = {
-        None: None,
-        StopReason.PREEMPT: signal.SIGTERM,
-        StopReason.INTERRUPT: signal.SIGINT,
-        StopReason.TIMELIMIT: timelimit,
-    }
+
+    def signal_of_stop(reason: StopReason | None) -> int | None:
+        return None if reason is None else signal_of(reason, timelimit_signal)
+
     if world_rank(os.environ) is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         from hpctrain.dist.context import DistContext
 
-        return signal_of[worker.run(run_dir, DistContext.from_env(), early)]
+        return signal_of_stop(worker.run(run_dir, DistContext.from_env(), early))
     if nprocs == 1:
         from hpctrain.dist.context import DistContext
 
-        return signal_of[worker.run(run_dir, DistContext.single(), early)]
+        return signal_of_stop(worker.run(run_dir, DistContext.single(), early))
     # A file:// rendezvous in a fresh private folder: no port to pick, none to collide.
     with tempfile.TemporaryDirectory(prefix="hpctrain-rdzv-") as rendezvous:
         store = os.path.join(rendezvous, "store")

@@ -1,3 +1,3 @@
-"""The in-job programs that keep a run going: the batch shell's control step, its one decider
-(`decide`, from the typed `facts`), the heartbeat watcher, the keeper, the guardian job.
-May import: run, slurm, submit, config. Never torch (each answers in a moment), never tune."""
+"""The in-job programs that keep a run going: the batch shell's control step (`control`: `gather`
+the typed `facts`, ask the one decider `decide` once, `apply` its decision), the heartbeat watcher,
+the keeper, the guardian job. May import: run, slurm, submit, config. Never torch, never tune."""

@@ -3,8 +3,8 @@
 The control step ignores SIGTERM from the decision to requeue on (Slurm's own requeue sends one,
 and ExcNodeList must still be set). So a scancel, an administrator's requeue or a preemption's
 requeue that came meanwhile is only seen in the job's record (`scontrol show job`), read just
-before asking. hpctrain/recovery/control.py reads it and acts; tests/test_before_requeue.py is the
-table, on records captured on the dev cluster.
+before asking. hpctrain.recovery.decide.decide_requeue reads it, the control step acts;
+tests/test_before_requeue.py is the table, on records captured on the dev cluster.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """What the control step knows when it decides: plain typed facts, and the parsers that make
 them from Slurm's own text (so they are tested on text captured from a real cluster).
 
-Nothing here calls Slurm or reads a file; hpctrain/recovery/control.py gathers the text.
+Nothing here calls Slurm or reads a file; hpctrain.recovery.gather gathers the text.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hpctrain.run.causes import RESTART_CAUSES, Cause, Word
-from hpctrain.slurm.states import LIVE_STATES  # noqa: F401  (defined there, still importable here)
 
 
 class Service(Word):
@@ -178,3 +178,64 @@ class Outcome:
     def fewest_nodes(self) -> int:
         """The fewest training nodes a step may run on (nodes_wanted when none is given)."""
         return self.nodes_least or self.nodes_wanted
+
+
+@dataclass(frozen=True)
+class Requested:
+    """What the run's config and this life's allocation ask of Slurm, as a new start needs it."""
+
+    exclude: str = ""  # slurm.exclude as written ("" when unset)
+    elastic: bool = False  # slurm.nodes is a range: job.sbatch's own min-max fits any count
+    life_nodes: int | None = None  # the nodes this life holds (SLURM_JOB_NODELIST); None: unknown
+
+    def new_job_nodes(self, decided: int | None) -> int | None:
+        """--nodes of job.sbatch submitted again: the count this life's decision judged, or as
+        many nodes as this life had (job.sbatch asks for every training node and spare again,
+        which the nodes left may not hold: "Requested node configuration is not available"). With
+        slurm.nodes a range, job.sbatch's own min-max (None): Slurm fits it to the nodes there are."""
+        if decided is not None or self.elastic:
+            return decided
+        return self.life_nodes
+
+
+@dataclass(frozen=True)
+class JobSeen:
+    """One look at this job's record (`scontrol show job`) at a moment the control step acts."""
+
+    seen: bool = False  # Slurm answered with the record
+    state: str | None = None  # JobState
+    restarts: int | None = None  # Restarts: Slurm's count of this job's lives so far
+    being_ended: bool = False  # COMPLETING or CANCELLED, not for its time limit
+
+    @property
+    def said(self) -> str:
+        return str(self.state) if self.seen else "unknown"
+
+    def requeued_past(self, restart: int) -> bool:
+        """Slurm counts a restart past this life's: it is requeuing the job (its own doing, an
+        admin's, a preemption's), whatever this step decides."""
+        return self.restarts is not None and self.restarts > restart
+
+    def moved_on(self, restart: int) -> bool:
+        """This life is over as far as Slurm says: no record, not RUNNING, or requeued."""
+        return not self.seen or self.state != "RUNNING" or self.requeued_past(restart)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """What is known once this job's `scontrol requeue` did not plainly succeed."""
+
+    message: str  # what scontrol printed
+    answered: bool  # Slurm itself refused; else it gave no answer, and it was looked at and asked again
+    requeued: bool = False  # no answer, but Slurm requeued this life all the same (seen once it answered)
+    refusal: str | None = None  # no answer, then slurmctld answered again and refused: its words
+    waited_s: float = 0.0  # how long the control step waited for slurmctld to answer again
+    # Looked at only once the requeue is refused (`refused`):
+    requeued_anyway: bool = False  # the job's record counts a restart past this life's all the same
+    job_script: Path = Path("job.sbatch")  # the run dir's job.sbatch, to submit again
+    job_script_found: bool = True
+
+    @property
+    def refused(self) -> str | None:
+        """Slurm's words refusing the requeue; None when it was requeued or never answered."""
+        return self.message if self.answered else self.refusal

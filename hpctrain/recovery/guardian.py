@@ -36,33 +36,10 @@ from hpctrain.run.events import Failure, Journal, read_events
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.paths import RunDir, no_room_message
 from hpctrain.slurm import client
-from hpctrain.slurm.records import JobRecord, parse_job_record
-
-# The guardian's look at the ended job: slurmctld may be restarting (a node failure often comes
-# with a busy controller), and Slurm keeps an ended job's record MinJobAge (300 s) by default.
-LOOK = client.Policy(timeout_s=30.0, retry_for_s=180.0)
-# sbatch from the guardian, and of the guardian: retried only while Slurm says the request never left.
-SUBMIT = client.Policy(timeout_s=60.0, retry_for_s=180.0, retry_unsure=False)
-
-
-def submit_guardian(run: RunDir, job_id: str, env: dict[str, str] | None = None) -> str | None:
-    """Queue the guardian of `job_id` and record its id in submission.json (`guardian_job_id`).
-    None when the run has no guardian.sbatch (slurm.guardian=false) or sbatch failed: said on
-    stderr, and the run trains on, unguarded, as before guardians existed."""
-    if not run.guardian_script.is_file():
-        return None
-    command = ["sbatch", "--parsable", f"--dependency=afternotok:{job_id}", str(run.guardian_script), job_id]
-    done = client.run(command, SUBMIT, env=client.outside_job_env(os.environ if env is None else env))
-    guardian = done.stdout.strip().split(";")[0] if done.ok else ""
-    if not guardian.isdigit():
-        print(
-            f"hpctrain: no guardian for job {job_id} ({done.why()}): if its batch node is lost, "
-            f"submit {run.root} again with hpctrain-submit --retry",
-            file=sys.stderr,
-        )
-        return None
-    run.update_submission(guardian_job_id=guardian)
-    return guardian
+from hpctrain.slurm.client import Purpose
+from hpctrain.slurm.records import JobRecord
+from hpctrain.submit.guardian_job import submit_guardian
+from hpctrain.submit.outside_job import outside_job_env
 
 
 def job_end(record: JobRecord | None) -> JobEnd:
@@ -82,11 +59,10 @@ class Guardian:
         self.journal = Journal(self.run.events)
 
     def look(self) -> JobRecord | None:
-        done = client.run(["scontrol", "show", "job", "-o", self.job_id], LOOK)
+        done = client.show_job(self.job_id, Purpose.GUARDIAN_LOOK)
         if not done.ok:
             print(f"hpctrain guardian: no record of job {self.job_id} ({done.why()})", file=sys.stderr)
-            return None
-        return parse_job_record(done.stdout)
+        return done.value
 
     def watch(self) -> int:
         record = self.look()
@@ -113,10 +89,9 @@ class Guardian:
     def _resubmit(self, events: tuple) -> int:
         """job.sbatch again, into the same run dir; then the events (with the new job's id), the
         new job in submission.json, and its own guardian."""
-        command = ["sbatch", "--parsable", str(self.run.job_script)]
-        done = client.run(command, SUBMIT, env=client.outside_job_env(os.environ))
-        new_job = done.stdout.strip().split(";")[0] if done.ok else ""
-        if not new_job.isdigit():
+        done = client.submit(self.run.job_script, purpose=Purpose.GUARDIAN_SUBMIT, env=outside_job_env(os.environ))
+        new_job = done.value
+        if new_job is None:
             why = f"submitting {self.run.job_script} again failed ({done.why()})"
             if done.unsure:
                 why += ": a new job may have been queued all the same (see squeue)"
@@ -135,10 +110,10 @@ class Guardian:
         return 0
 
     def _trial_ended(self, action: str) -> None:
-        if self.run.trial.is_file():
-            from hpctrain.tune.report import trial_ended
+        """The run has ended: its listeners are told (hpctrain.run.listeners)."""
+        from hpctrain.run.listeners import tell_listeners
 
-            trial_ended(self.run.root, action)
+        tell_listeners(self.run, action)
 
 
 def main(argv: list[str] | None = None) -> None:

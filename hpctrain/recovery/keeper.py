@@ -33,10 +33,10 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
 
-from hpctrain.process.heartbeat import BEAT_S, parse_addr
-from hpctrain.recovery.watch import PING, PONG, TICK_S, paused
+from hpctrain.recovery.watch import TICK_S, paused
+from hpctrain.run.heartbeats import BEAT_S, PING, PONG, parse_addr
+from hpctrain.run.protocol import Keeper
 
 
 def listen_for_silence(addr: tuple[str, int], timeout_s: float, clock=time.monotonic) -> float:
@@ -64,10 +64,11 @@ def listen_for_silence(addr: tuple[str, int], timeout_s: float, clock=time.monot
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print("usage: python -m hpctrain.recovery.keeper RUN_DIR WATCHER_HOST:PORT BATCH_HOST", file=sys.stderr)
+    call = Keeper.parse(argv)  # the batch shell's call (hpctrain.run.protocol)
+    if call is None:
+        print(Keeper.USAGE, file=sys.stderr)
         return 2
-    run_dir, addr, host = Path(argv[0]), parse_addr(argv[1]), argv[2]
+    run_dir, addr, host = call.run_dir, parse_addr(call.watcher), call.batch_host
     # Slurm's stop signals reach every step: the keeper keeps watching while a stop is saved
     # (a preemption's grace is when a batch host is most often lost); Slurm SIGKILLs it at the end.
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):

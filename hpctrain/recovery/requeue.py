@@ -15,15 +15,8 @@ import time
 from dataclasses import dataclass
 
 from hpctrain.slurm import client
-from hpctrain.slurm.records import parse_job_record
+from hpctrain.slurm.client import Purpose
 
-# Bounded by the caller's `until`: keep asking while there is time.
-_LOOK = client.Policy(timeout_s=15.0, retry_for_s=float("inf"))
-# A requeue is retried only when it was never sent (UNREACHABLE).
-_REQUEUE = client.Policy(timeout_s=15.0, retry_for_s=float("inf"), retry_unsure=False)
-# An ExcNodeList set twice is set once: any failure is retried. Slurm refuses the update for a
-# few seconds after it removed a failed node from the job.
-_EXCLUDE = client.Policy(timeout_s=15.0)
 EXCLUDE_TRIES = 20
 
 
@@ -37,15 +30,15 @@ class Settled:
 def ask_requeue(job_id: str, until: float) -> client.Reply:
     """`scontrol requeue` of this job (`<array>_<task>` in an array: the array's own number
     would requeue every task). Slurm's reply; an unsure one goes to requeue_without_answer."""
-    return client.run(["scontrol", "requeue", job_id], _REQUEUE, until=until)
+    return client.requeue(job_id, Purpose.REQUEUE, until=until)
 
 
 def requeue_without_answer(job_id: str, restart: int, until: float) -> Settled:
     for _ in range(3):  # a repeated requeue that again gets no answer: look again
-        shown = client.run(["scontrol", "show", "job", "-o", job_id], _LOOK, until=until)
-        record = parse_job_record(shown.stdout) if shown.ok else None
+        shown = client.show_job(job_id, Purpose.REQUEUE_LOOK, until=until)
+        record = shown.value
         if record is None:
-            return Settled(False, shown.last_line() if shown.answered else None)
+            return Settled(False, shown.reply.last_line() if shown.answered else None)
         if (record.restarts or 0) > restart:
             return Settled(True)
         asked = ask_requeue(job_id, until)
@@ -59,7 +52,7 @@ def requeue_without_answer(job_id: str, restart: int, until: float) -> Settled:
 def exclude_nodes(job_id: str, excluded: str, until: float) -> client.Reply:
     """ExcNodeList of a requeued job: slurm.exclude and the nodes failed now (empty too, so a
     node Slurm returned to service is allowed back). Slurm's last reply."""
-    return _update_pending(job_id, until, f"ExcNodeList={excluded}")
+    return _update_pending(job_id, until, {"ExcNodeList": excluded})
 
 
 def lower_node_count(job_id: str, nodes: int, tasks: int, until: float) -> client.Reply:
@@ -68,15 +61,17 @@ def lower_node_count(job_id: str, nodes: int, tasks: int, until: float) -> clien
     more tasks than its nodes hold Slurm calls the job never runnable ("Requested node
     configuration is not available"). Slurm lets a job's owner lower the node count of a
     pending job (seen on the dev cluster)."""
-    return _update_pending(job_id, until, f"NumNodes={nodes}", f"NumTasks={tasks}")
+    return _update_pending(job_id, until, {"NumNodes": nodes, "NumTasks": tasks})
 
 
-def _update_pending(job_id: str, until: float, *settings: str) -> client.Reply:
-    command = ["scontrol", "update", f"jobid={job_id}", *settings]
-    done = client.run(command, _EXCLUDE, until=until)
+def _update_pending(job_id: str, until: float, settings: dict[str, str | int]) -> client.Reply:
+    """One try at a time (UPDATE_PENDING), up to EXCLUDE_TRIES a second apart: an ExcNodeList
+    set twice is set once, and Slurm refuses the update for a few seconds after it removed a
+    failed node from the job."""
+    done = client.update_job(job_id, settings, Purpose.UPDATE_PENDING, until=until)
     for _ in range(EXCLUDE_TRIES - 1):
         if done.ok or time.monotonic() + 1 > until:
             break
         time.sleep(1)
-        done = client.run(command, _EXCLUDE, until=until)
+        done = client.update_job(job_id, settings, Purpose.UPDATE_PENDING, until=until)
     return done

@@ -4,7 +4,7 @@ The batch shell starts one watcher per life of the job, before `control begin`:
 
     python -m hpctrain.recovery.watch RUN_DIR FOLDER
 
-It listens for the training processes' beats (hpctrain.process.heartbeat) on a UDP port of this node, and
+It listens for the training processes' beats (hpctrain.run.heartbeats) on a UDP port of this node, and
 writes `FOLDER/addr` ("host:port", the host as rank 0 would publish it, slurm.network) for the
 shell to pass on in HPCTRAIN_HEARTBEAT_ADDR; the shell writes each srun's pid to `FOLDER/srun.pid`.
 Each training step (the first, each relaunch) is heard on its own: beats carry SLURM_STEP_ID.
@@ -40,19 +40,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.dist.node_address import rank0_address
-from hpctrain.process.heartbeat import BEAT_S, Beat
 from hpctrain.recovery.control import slurm_settings
 from hpctrain.run.events import Journal, Silent
+from hpctrain.run.heartbeats import BEAT_S, PING, PONG, Beat
 from hpctrain.run.life import LifeStamp
+from hpctrain.run.node_address import rank0_address
 from hpctrain.slurm import client
+from hpctrain.slurm.client import Purpose
 
 # How long one wait for a datagram lasts: the watcher judges at least this often.
 TICK_S = 0.25
 ADDR_FILE, SRUN_PID_FILE = "addr", "srun.pid"
-# The batch host's keeper (hpctrain.recovery.keeper, on another node) asks; the watcher answers at
-# once: a batch host that stops answering has lost its batch script, or is silent itself.
-PING, PONG = b"hpctrain-keeper-ping", b"hpctrain-keeper-pong"
 # The scancel's head start before srun is killed: the request leaves before the shell moves on.
 SCANCEL_LEAD_S = 0.5
 
@@ -190,7 +188,7 @@ class Watcher:
         return srun if srun is not None and _is_srun(srun) else None
 
     def _kill_step(self, step: str) -> None:
-        client.run(["scancel", "--signal=KILL", step], client.IN_JOB, env=self.env)
+        client.signal(step, "KILL", Purpose.IN_JOB, env=self.env)
 
 
 def _is_srun(pid: int) -> bool:

@@ -6,9 +6,12 @@ hpctrain-status, hpctrain-follow) agrees on about a run dir.
     events      typed events (`start`, `checkpoint`, `stop`, `forced_save`, `requeue`, `relaunch`,
                 `failure`, `cancelled`, `retry`, `finish`, ...): one writer (Journal), one reader
                 (read_events), one list of the events that end a life (ENDINGS)
-    causes      the words: CheckpointReason, StopReason, Cause, Action
+    causes      the words: CheckpointReason, StopReason, Cause, Action; STOP_TABLE, a stop's every
+                translation (signal, urgency, deadline, exit code, cause)
     exitcodes   every exit code, named by the process that exits with it
-    facts       what recovery knows (ClusterView, Outcome, Budgets) and Slurm's text parsed
-    decide      recovery as a pure function of those facts
+    protocol    the batch shell and its control step: their calls, answer line and exit codes
+    heartbeats  the datagrams on the heartbeat watcher's port (beats, the keeper's ping)
+    node_address  the address a node of the job is reached at (rank 0's, the watcher's)
+    listeners   the programs a run dir names to be told when the run has ended (hpctrain-tune's)
 No torch here: the batch shell's control step imports it and must answer in a moment.
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -156,7 +157,7 @@ class Failure(Event):
     reason: str | None = None  # why a budget is spent, or a requeue refused
     by: str | None = None  # BY_SLURM: recorded at the next start, Slurm had restarted the job
     rank: int | None = None  # the rank whose watchdog saw a hang
-    action: str | None = None  # what the control step did next (an Action, or "resubmit")
+    action: str | None = None  # what came next: an Action's word (resubmit, requeue, fail)
     new_job_id: str | None = None  # requeue_refused, resubmitted: the job the run goes on in
     # node_failure: how the loss was seen: DETECTED_BY_SLURM (the node DOWN or gone from the job)
     # or DETECTED_BY_HEARTBEAT (its processes fell silent: a `silent` event came first).
@@ -323,6 +324,12 @@ def read_events(path: Path, offset: int = 0) -> list[Event]:
     """Every known event of a journal from byte `offset` on, in order (torn and unknown lines
     skipped)."""
     return [e for e in map(from_record, read_jsonl(path, offset)) if e is not None]
+
+
+def last_checkpoint_step(events: Sequence[Event]) -> int | None:
+    """The step of the newest `checkpoint` event; None before the first."""
+    steps = [e.step for e in events if isinstance(e, Checkpoint)]
+    return steps[-1] if steps else None
 
 
 class Journal(JsonLines):

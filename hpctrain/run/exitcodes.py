@@ -12,6 +12,7 @@ Three processes, three contracts:
 from __future__ import annotations
 
 # ---- a training process ---------------------------------------------------------------------
+# (which stop exits with which: hpctrain.run.causes.STOP_TABLE)
 WORKER_FINISHED = 0
 WORKER_SAVED_FOR_TIMELIMIT = 75  # the time limit is near: saved; requeue me and I resume
 WORKER_SAVED_AND_STOPPED = 76  # SIGTERM (preemption, scancel) or Ctrl-C: saved; the batch script decides

@@ -115,6 +115,12 @@ class RunDir:
         """hpctrain-tune: this run is a trial of the study in its parent folder (number, params)."""
         return self.root / "trial.json"
 
+    @property
+    def listeners(self) -> Path:
+        """The programs told when the run has ended (hpctrain.run.listeners): a trial of hpctrain-tune
+        names the study's report."""
+        return self.root / "listeners.json"
+
     def read_submission(self) -> dict[str, Any]:
         """submission.json as a dict; {} when it is missing or unreadable (a run never submitted)."""
         try:

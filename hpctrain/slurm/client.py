@@ -1,134 +1,110 @@
-"""The one module that runs Slurm's commands: sbatch, scontrol, squeue, sacct, sinfo, scancel and
-sacctmgr. Every call has a time limit and a retry policy chosen by its caller, and returns a
-`Reply` that says plainly whether Slurm answered:
+"""The one module that names Slurm's commands: sbatch, scontrol, squeue, sacct, sinfo, scancel and
+sacctmgr, each behind a typed verb (`show_job(job) -> JobRecord | None`, `submit(script) -> job
+id`, `cancel`, `signal`, `nodes`, ...). A verb returns the `Reply` (hpctrain.slurm.runner: did
+Slurm answer, was it a refusal, may it have acted all the same) or, when there is something to
+read from Slurm's words, an `Answer` that carries the reply and the parsed `value`.
 
-    ANSWERED     Slurm answered: the exit code and the words are its own (a refusal too)
-    MISSING      the command cannot run here (not on PATH: an image without Slurm's commands)
-    UNREACHABLE  it could not connect to slurmctld: the request was never sent
-    NO_REPLY     the request went out and no reply came back: Slurm may have acted on it
-    TIMED_OUT    our time limit ended the command: Slurm may have acted on it
-
-A slurmctld restart (an upgrade, a failover) shows as UNREACHABLE or NO_REPLY for a while; each
-Slurm command already waits about MessageTimeout (10 s by default) before it says so. What a
-policy retries, with a doubling pause, until its `retry_for_s` is spent:
-  - reads (squeue, scontrol show, sinfo, sacct, sacctmgr) and scancel (cancelling twice changes
-    nothing): every kind of no answer;
-  - sbatch and scontrol requeue: UNREACHABLE only (`retry_unsure=False`). After NO_REPLY or
-    TIMED_OUT the request may have been carried out: on Slurm 22.05 an sbatch and an `scontrol
-    requeue` sent to a stopped slurmctld were both carried out once it went on, so the caller
-    looks at the queue before it acts again.
+Every caller names its `Purpose`, and POLICIES below holds each purpose's time limit and retries:
+the one table of how long hpctrain waits for Slurm, and why.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-import subprocess
-import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+import math
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
-from hpctrain.faults import ENV as FAULTS_ENV
-from hpctrain.process.heartbeat import ADDR_ENV as HEARTBEAT_ADDR_ENV
-from hpctrain.process.standby import STANDBY_ENV
-
-log = logging.getLogger(__name__)
-
-COMMANDS = frozenset({"sbatch", "scontrol", "squeue", "sacct", "sinfo", "scancel", "sacctmgr"})
-
-
-class Kind(Enum):
-    ANSWERED = "answered"
-    MISSING = "missing"
-    UNREACHABLE = "unreachable"
-    NO_REPLY = "no reply"
-    TIMED_OUT = "timed out"
-
-
-# Slurm's own words for "no answer" (src/common/slurm_errno.c; the ones seen on the dev cluster
-# are in tests/fixtures/slurm/no_answer/). Each command puts its own prefix before them.
-_NOT_SENT = (
-    "Unable to contact slurm controller (connect failure)",
-    "Slurm backup controller in standby mode",
-    "Rate limit exceeded, please retry",  # newer Slurm: refused before it was looked at
+from hpctrain.slurm.jobid import expand
+from hpctrain.slurm.records import (
+    JobRecord,
+    parse_config,
+    parse_job_record,
+    parse_job_records,
+    parse_partition,
+    reason_of,
 )
-_SENT_UNANSWERED = (
-    "Socket timed out on send/recv operation",
-    "Unable to contact slurm controller (send failure)",
-    "Unable to contact slurm controller (receive failure)",
-    "Unable to contact slurm controller (shutdown failure)",
-    "Zero Bytes were transmitted or received",
-    # What `scontrol requeue` and `scontrol update` print for a stopped and for a dead slurmctld
-    # alike; a requeue sent to the stopped one was carried out once it went on.
-    "Unexpected message received",
-)
-_UNSURE = (Kind.NO_REPLY, Kind.TIMED_OUT)
+from hpctrain.slurm.runner import Answer, Kind, Policy, Reply, kind_of, run_command
+
+__all__ = ["Answer", "Kind", "Policy", "Reply", "kind_of"]
+
+SBATCH = "sbatch"
+SCONTROL = "scontrol"
+SQUEUE = "squeue"
+SACCT = "sacct"
+SINFO = "sinfo"
+SCANCEL = "scancel"
+SACCTMGR = "sacctmgr"
+COMMANDS = frozenset({SBATCH, SCONTROL, SQUEUE, SACCT, SINFO, SCANCEL, SACCTMGR})
 
 
-@dataclass(frozen=True)
-class Policy:
-    timeout_s: float  # one try's limit; then the command is killed (TIMED_OUT)
-    retry_for_s: float = 0.0  # retry a no-answer while less than this has passed since the first try
-    retry_unsure: bool = True  # NO_REPLY and TIMED_OUT too (False for sbatch, scontrol requeue)
-    first_pause_s: float = 1.0  # the pause before the second try, doubled after each
-    max_pause_s: float = 8.0
+class Purpose(Enum):
+    """Who asks Slurm, and what for: each has one row in POLICIES."""
+
+    LOOK = "look"
+    READ = "read"
+    SUBMIT = "submit"
+    CANCEL = "cancel"
+    IN_JOB = "in job"
+    AFTER_SIGTERM = "after sigterm"
+    KEEPER_LOOK = "keeper look"
+    RESUBMIT = "resubmit"
+    GUARDIAN_LOOK = "guardian look"
+    GUARDIAN_SUBMIT = "guardian submit"
+    REQUEUE_LOOK = "requeue look"
+    REQUEUE = "requeue"
+    UPDATE_PENDING = "update pending"
 
 
-# A look from a login node whose caller decides nothing without an answer (hpctrain-status,
-# hpctrain-follow's poll, hpctrain-submit's check of a run dir's job, a study's lost trials).
-LOOK = Policy(timeout_s=30.0)
-# What a login-node command must know before it acts (a sweep's limits, sbatch --test-only):
-# worth waiting out a controller restart.
-READ = Policy(timeout_s=30.0, retry_for_s=90.0)
-SUBMIT = Policy(timeout_s=120.0, retry_for_s=90.0, retry_unsure=False)
-CANCEL = Policy(timeout_s=60.0, retry_for_s=90.0)
-# Inside a job (the control step, the trainer's GraceTime lookup): short, each caller has a
-# fallback, and the control step bounds all its calls together (see `until`).
-IN_JOB = Policy(timeout_s=15.0)
+POLICIES: dict[Purpose, Policy] = {
+    # A look from a login node whose caller decides nothing without an answer (hpctrain-status,
+    # hpctrain-follow's poll, hpctrain-submit's check of a run dir's job, a study's lost trials).
+    Purpose.LOOK: Policy(timeout_s=30.0),
+    # What a login-node command must know before it acts (a sweep's limits): worth waiting out a
+    # controller restart.
+    Purpose.READ: Policy(timeout_s=30.0, retry_for_s=90.0),
+    # hpctrain-submit's sbatch: retried only while Slurm says the request never left (a reply that
+    # never came may hide a queued job).
+    Purpose.SUBMIT: Policy(timeout_s=120.0, retry_for_s=90.0, retry_unsure=False),
+    # scancel from a login node (hpctrain-cancel, a failed submission's undo, the keeper's cancel
+    # of its own job): cancelling twice changes nothing, so every no answer is retried.
+    Purpose.CANCEL: Policy(timeout_s=60.0, retry_for_s=90.0),
+    # Inside a job (the control step, the trainer's GraceTime and KillWait lookup, the watcher's
+    # kill of a silent step): short, each caller has a fallback, and the control step bounds all
+    # its calls together (its `until`).
+    Purpose.IN_JOB: Policy(timeout_s=15.0),
+    # After a SIGTERM, Slurm kills within KillWait (5 s on some sites): the batch shell's trap and
+    # the trainer ask whether it was a requeue or a preemption, worth this much of that time.
+    Purpose.AFTER_SIGTERM: Policy(timeout_s=3.0),
+    # The keeper's look at the job before it acts: slurmctld may be restarting (the node loss
+    # that silenced the batch host often comes with a busy controller).
+    Purpose.KEEPER_LOOK: Policy(timeout_s=15.0, retry_for_s=60.0),
+    # sbatch from inside the job (a refused requeue, a lost batch host): retried only when Slurm
+    # says the request never left, for as long as the control step waits out a restart (60 s).
+    Purpose.RESUBMIT: Policy(timeout_s=30.0, retry_for_s=60.0, retry_unsure=False),
+    # The guardian's look at the ended job: slurmctld may be restarting (a node failure often
+    # comes with a busy controller), and Slurm keeps an ended job's record MinJobAge (300 s).
+    Purpose.GUARDIAN_LOOK: Policy(timeout_s=30.0, retry_for_s=180.0),
+    # sbatch from the guardian, and of the guardian: retried only while Slurm says the request
+    # never left, as long as the guardian's look.
+    Purpose.GUARDIAN_SUBMIT: Policy(timeout_s=60.0, retry_for_s=180.0, retry_unsure=False),
+    # A requeue that got no answer: look at the job for as long as the caller's `until` allows.
+    Purpose.REQUEUE_LOOK: Policy(timeout_s=15.0, retry_for_s=math.inf),
+    # `scontrol requeue`: retried only when it was never sent (UNREACHABLE), until `until`.
+    Purpose.REQUEUE: Policy(timeout_s=15.0, retry_for_s=math.inf, retry_unsure=False),
+    # ExcNodeList and NumNodes of a requeued job: one try each, the caller tries again (Slurm
+    # refuses the update for a few seconds after it removed a failed node from the job).
+    Purpose.UPDATE_PENDING: Policy(timeout_s=15.0),
+}
 
 
-@dataclass(frozen=True)
-class Reply:
-    command: tuple[str, ...]
-    exit_code: int | None  # None when the command did not run to its end
-    stdout: str
-    stderr: str
-    kind: Kind
-    tries: int = 1
-    # An earlier try may have been carried out (NO_REPLY or TIMED_OUT before this answer).
-    unsure_before: bool = False
+class NodeColumns(Enum):
+    """What `nodes` lists for each node (sinfo -o), one line per node and partition."""
 
-    @property
-    def answered(self) -> bool:
-        return self.kind is Kind.ANSWERED
-
-    @property
-    def ok(self) -> bool:
-        return self.kind is Kind.ANSWERED and self.exit_code == 0
-
-    @property
-    def unsure(self) -> bool:
-        """Slurm may have carried out the request without saying so."""
-        return self.kind in _UNSURE or self.unsure_before
-
-    def first_line(self) -> str:
-        text = (self.stderr or self.stdout).strip()
-        return text.splitlines()[0] if text else f"exit {self.exit_code}"
-
-    def last_line(self) -> str:
-        text = (self.stderr or self.stdout).strip()
-        return text.splitlines()[-1] if text else f"exit {self.exit_code}"
-
-    def why(self) -> str:
-        """One line for a user: what went wrong, in Slurm's words when it said anything."""
-        if self.kind in (Kind.MISSING, Kind.TIMED_OUT):
-            return self.stderr
-        if self.kind is Kind.ANSWERED:
-            said = (self.stderr or self.stdout).strip()
-            return f"exit {self.exit_code}: {self.last_line()}" if said else f"exit {self.exit_code}"
-        return f"{_name(self.command)}: {self.last_line()}"
+    STATES = "%N|%T|%E"  # name, state with sinfo's flags (`down*`), reason (hpctrain.recovery.facts)
+    FEATURES = "%N|%f"  # name, available features (hpctrain.recovery.constraints)
 
 
 def run(
@@ -139,100 +115,220 @@ def run(
     stdin: str | None = None,
     until: float | None = None,
 ) -> Reply:
-    """Run one Slurm command under `policy`; never raises for Slurm's sake. `until` (a
-    time.monotonic() value) bounds every try and pause of this call."""
-    if not command or _name(command) not in COMMANDS:
+    """Run one Slurm command under `policy` (hpctrain.slurm.runner); the verbs below are the way
+    to ask Slurm, this is what they run."""
+    if not command or Path(command[0]).name not in COMMANDS:
         raise ValueError(f"not a Slurm command: {list(command)!r}")
-    give_up = time.monotonic() + policy.retry_for_s
-    if until is not None:
-        give_up = min(give_up, until)
-    pause, tries, unsure_before = policy.first_pause_s, 0, False
-    while True:
-        limit = policy.timeout_s if until is None else min(policy.timeout_s, until - time.monotonic())
-        reply = _once(tuple(command), limit, env, stdin) if limit > 0 else _no_time(tuple(command))
-        tries += 1
-        if not _retried(reply, policy) or time.monotonic() + pause > give_up:
-            return replace(reply, tries=tries, unsure_before=unsure_before)
-        log.info("%s; trying again in %.0f s", reply.why(), pause)
-        unsure_before = unsure_before or reply.kind in _UNSURE
-        time.sleep(pause)
-        pause = min(pause * 2, policy.max_pause_s)
+    return run_command(command, policy, env=env, stdin=stdin, until=until)
 
 
-def kind_of(exit_code: int, stderr: str) -> Kind:
-    """A finished command's reply: a failure in Slurm's words for "no answer" is not an answer."""
-    if exit_code == 0:
-        return Kind.ANSWERED
-    if any(words in stderr for words in _NOT_SENT):
-        return Kind.UNREACHABLE
-    if any(words in stderr for words in _SENT_UNANSWERED):
-        return Kind.NO_REPLY
-    return Kind.ANSWERED
+def _ask(
+    command: Sequence[str],
+    purpose: Purpose,
+    env: Mapping[str, str] | None = None,
+    until: float | None = None,
+    stdin: str | None = None,
+) -> Reply:
+    return run(command, POLICIES[purpose], env=env, stdin=stdin, until=until)
 
 
-def _retried(reply: Reply, policy: Policy) -> bool:
-    if reply.kind is Kind.UNREACHABLE:
-        return True
-    return policy.retry_unsure and reply.kind in _UNSURE
+def available(command: str) -> bool:
+    """Whether one of Slurm's commands (SQUEUE, SACCT, ...) can run here (it is on PATH)."""
+    return shutil.which(command) is not None
 
 
-def _once(command: tuple[str, ...], timeout_s: float, env: Mapping[str, str] | None, stdin: str | None) -> Reply:
-    try:
-        done = subprocess.run(
-            command,
-            input=stdin,
-            stdin=None if stdin is not None else subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            env=None if env is None else dict(env),
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return Reply(command, None, "", f"{_name(command)}: no answer within {timeout_s:g} s", Kind.TIMED_OUT)
-    except FileNotFoundError:
-        return Reply(command, None, "", f"{_name(command)}: not found on PATH", Kind.MISSING)
-    except OSError as error:  # not executable
-        return Reply(command, None, "", f"{_name(command)}: {error.strerror or error}", Kind.MISSING)
-    return Reply(command, done.returncode, done.stdout, done.stderr, kind_of(done.returncode, done.stderr))
+# ---- scontrol --------------------------------------------------------------------------------
 
 
-def _no_time(command: tuple[str, ...]) -> Reply:
-    return Reply(command, None, "", f"{_name(command)}: not run, no time left for Slurm", Kind.TIMED_OUT)
+def show_job(
+    job_id: str, purpose: Purpose, *, env: Mapping[str, str] | None = None, until: float | None = None
+) -> Answer[JobRecord | None]:
+    """`scontrol show job -o JOB`: its record; None unless Slurm answered with one."""
+    done = _ask([SCONTROL, "show", "job", "-o", job_id], purpose, env, until)
+    return Answer(done, parse_job_record(done.stdout) if done.ok else None)
 
 
-def _name(command: Sequence[str]) -> str:
-    """`sbatch` for `sbatch` or `/usr/bin/sbatch`."""
-    return os.path.basename(command[0])
+def show_jobs(job_ids: Sequence[str], purpose: Purpose) -> Answer[list[JobRecord]]:
+    """Many jobs' records from one scontrol (`scontrol show job` takes one id; fed commands on
+    stdin, one scontrol answers them all). It fails (exit 1) when any id is unknown and still
+    prints the others: the records are read whatever the exit code."""
+    commands = "".join(f"show job {job_id}\n" for job_id in job_ids)
+    done = _ask([SCONTROL, "-o"], purpose, stdin=commands)
+    return Answer(done, parse_job_records(done.stdout))
 
 
-# ---- submitting from inside a job ----------------------------------------------------------------
+def show_partition(
+    name: str, purpose: Purpose, *, env: Mapping[str, str] | None = None, until: float | None = None
+) -> Answer[dict[str, str]]:
+    """`scontrol show partition -o NAME`: its `Key=value` words; empty unless Slurm answered."""
+    done = _ask([SCONTROL, "show", "partition", "-o", name], purpose, env, until)
+    return Answer(done, parse_partition(done.stdout) if done.ok else {})
 
 
-def outside_job_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment for sbatch run from inside a job: the job's own SLURM_*/SBATCH_* would
-    become the new job's options (its nodes, its name), so they are left out; SLURM_CONF (which
-    cluster to talk to) is kept. So are a test's armed fault points (hpctrain.faults): they were
-    meant for the job that had them, not for the one submitted in its place; and this job's
-    heartbeat watcher's address (the new job's ranks would beat to a watcher that is gone), and
-    its warm standbys' token (the new job draws its own)."""
-    left_out = (FAULTS_ENV, HEARTBEAT_ADDR_ENV, STANDBY_ENV)
-    return {
-        k: v
-        for k, v in env.items()
-        if k == "SLURM_CONF" or (not k.startswith(("SLURM_", "SBATCH_")) and k not in left_out)
-    }
+def show_config(purpose: Purpose, *, env: Mapping[str, str] | None = None) -> Answer[dict[str, str]]:
+    """`scontrol show config`: its `Name = value` settings; empty unless Slurm answered."""
+    done = _ask([SCONTROL, "show", "config"], purpose, env)
+    return Answer(done, parse_config(done.stdout) if done.ok else {})
 
 
-@contextlib.contextmanager
-def outside_the_job() -> Iterator[None]:
-    """os.environ as `outside_job_env` makes it, for code that calls sbatch without an env of its
-    own; restored on the way out."""
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(outside_job_env(saved))
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+def requeue(job_id: str, purpose: Purpose, *, until: float | None = None) -> Reply:
+    """`scontrol requeue JOB` (`<array>_<task>` in an array: the array's own number would requeue
+    every task)."""
+    return _ask([SCONTROL, "requeue", job_id], purpose, until=until)
+
+
+def update_job(
+    job_id: str, settings: Mapping[str, str | int], purpose: Purpose, *, until: float | None = None
+) -> Reply:
+    """`scontrol update jobid=JOB Key=value ...`, the settings in the order given."""
+    words = [f"{key}={value}" for key, value in settings.items()]
+    return _ask([SCONTROL, "update", f"jobid={job_id}", *words], purpose, until=until)
+
+
+# ---- sbatch ----------------------------------------------------------------------------------
+
+
+def submit(
+    script: Path | str,
+    *script_args: str,
+    purpose: Purpose,
+    dependency: str | None = None,
+    exclude: str | None = None,
+    nodes: int | None = None,
+    env: Mapping[str, str] | None = None,
+    until: float | None = None,
+) -> Answer[str | None]:
+    """`sbatch --parsable [--dependency=D] [--exclude=E] [--nodes=N] SCRIPT ARGS...`: the new job's
+    id (`--parsable` prints `id` or `id;cluster`); None unless Slurm queued it and said which.
+    Run from inside a job, `env` must leave the job's own settings out (hpctrain.submit.outside_job)."""
+    options = [
+        *([f"--dependency={dependency}"] if dependency else []),
+        *([f"--exclude={exclude}"] if exclude else []),
+        *([f"--nodes={nodes}"] if nodes is not None else []),
+    ]
+    done = _ask([SBATCH, "--parsable", *options, str(script), *script_args], purpose, env, until)
+    said = done.stdout.strip()
+    job_id = said.splitlines()[-1].split(";")[0] if done.ok and said else ""
+    return Answer(done, job_id if job_id.isdigit() else None)
+
+
+# ---- scancel ---------------------------------------------------------------------------------
+
+
+def cancel_command(job_ids: Sequence[str], verbose: bool = False) -> list[str]:
+    """The scancel `cancel` runs (hpctrain-cancel --dry-run shows it). `-v`: scancel then says
+    which jobs it could not end (its exit status is 0 all the same)."""
+    return [SCANCEL, *(["-v"] if verbose else []), *job_ids]
+
+
+def cancel(
+    job_ids: Sequence[str],
+    purpose: Purpose,
+    *,
+    verbose: bool = False,
+    env: Mapping[str, str] | None = None,
+    until: float | None = None,
+) -> Reply:
+    """scancel the jobs (or array tasks)."""
+    return _ask(cancel_command(job_ids, verbose), purpose, env, until)
+
+
+def signal(
+    target: str,
+    signal_name: str,
+    purpose: Purpose,
+    *,
+    env: Mapping[str, str] | None = None,
+    until: float | None = None,
+) -> Reply:
+    """`scancel --signal=NAME TARGET`: a job or a step (`JOB.STEP`)."""
+    return _ask([SCANCEL, f"--signal={signal_name}", target], purpose, env, until)
+
+
+# ---- squeue ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One job (or array task) squeue lists."""
+
+    job_id: str
+    state: str  # in full: PENDING, not PD
+    reason: str | None  # why it waits (BeginTime after a requeue); None when there is none
+
+
+def job_state(job_id: str, purpose: Purpose) -> Answer[str | None]:
+    """`squeue -h -r -j JOB -o %T`: its state while queued or running; None when squeue lists it
+    not (or did not answer). Asked about one job it no longer lists, squeue fails with "Invalid
+    job id specified": an answer all the same."""
+    done = _ask([SQUEUE, "-h", "-r", "-j", job_id, "-o", "%T"], purpose)
+    lines = done.stdout.strip().splitlines() if done.ok else []
+    return Answer(done, lines[0].strip() if lines else None)
+
+
+def queue(job_ids: Sequence[str], purpose: Purpose) -> Answer[list[QueueRow]]:
+    """`squeue -h -j IDS -r -o %i|%T|%r`: the asked jobs squeue lists, one row per job or array
+    task (-r; a pending array folded into `36_[7-9]`, seen on 22.05 without -r, is read as each
+    of its tasks all the same). Asked about several jobs, squeue lists those it knows; about a
+    single one it no longer lists, it fails with "Invalid job id specified" (no rows)."""
+    done = _ask([SQUEUE, "-h", "-j", ",".join(job_ids), "-r", "-o", "%i|%T|%r"], purpose)
+    rows = []
+    for line in done.stdout.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) == 3:
+            rows += [QueueRow(job_id, parts[1], reason_of(parts[2])) for job_id in expand(parts[0])]
+    return Answer(done, rows)
+
+
+def user_jobs(user: str, purpose: Purpose) -> Answer[list[str]]:
+    """`squeue -u USER -h -r -o %i`: the ids of the user's queued and running jobs, one per job or
+    array task (a pending meta record as squeue prints it: `36_[3-9%2]`)."""
+    done = _ask([SQUEUE, "-u", user, "-h", "-r", "-o", "%i"], purpose)
+    return Answer(done, [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.ok else [])
+
+
+def time_left(job_id: str, purpose: Purpose, *, until: float | None = None) -> Answer[str]:
+    """`squeue -h -j JOB -o %L`: the job's time left as squeue prints it (`D-HH:MM:SS`, UNLIMITED,
+    NOT_SET; hpctrain.recovery.facts.parse_time_left reads it); "" unless Slurm answered."""
+    done = _ask([SQUEUE, "-h", "-j", job_id, "-o", "%L"], purpose, until=until)
+    return Answer(done, done.stdout.strip() if done.ok else "")
+
+
+def job_steps(job_id: str, purpose: Purpose, *, until: float | None = None) -> Answer[list[str]]:
+    """`squeue -h -s -j JOB -o %i`: the job's steps (`JOB.STEP`, `JOB.batch`, ...); empty unless
+    Slurm answered."""
+    done = _ask([SQUEUE, "-h", "-s", "-j", job_id, "-o", "%i"], purpose, until=until)
+    return Answer(done, done.stdout.split() if done.ok else [])
+
+
+# ---- sinfo, sacct, sacctmgr ------------------------------------------------------------------
+
+
+def nodes(columns: NodeColumns, purpose: Purpose, *, until: float | None = None) -> Answer[str]:
+    """`sinfo -N -h -a -o COLUMNS`: every node, one line per node and partition, in sinfo's words
+    (the recovery's parsers read them); "" unless Slurm answered."""
+    done = _ask([SINFO, "-N", "-h", "-a", "-o", columns.value], purpose, until=until)
+    return Answer(done, done.stdout if done.ok else "")
+
+
+def accounting(job_ids: Sequence[str], fields: str, purpose: Purpose) -> Answer[str]:
+    """`sacct -n -P -X --duplicates -j IDS -o FIELDS`: accounting's `|`-separated lines about every
+    life of the jobs (-X: the job itself, not its steps; --duplicates: every life of a requeued
+    job, oldest first); "" unless Slurm answered."""
+    command = [SACCT, "-n", "-P", "-X", "--duplicates", "-j", ",".join(job_ids), "-o", fields]
+    done = _ask(command, purpose)
+    return Answer(done, done.stdout if done.ok else "")
+
+
+def associations(user: str, fields: str, purpose: Purpose) -> Answer[str]:
+    """`sacctmgr -n -P show assoc where user=USER format=FIELDS`: the user's associations, one
+    `|`-separated line each; "" unless Slurm answered."""
+    done = _ask([SACCTMGR, "-n", "-P", "show", "assoc", "where", f"user={user}", f"format={fields}"], purpose)
+    return Answer(done, done.stdout if done.ok else "")
+
+
+def qos(name: str, fields: str, purpose: Purpose) -> Answer[str]:
+    """`sacctmgr -n -P show qos where name=NAME format=FIELDS`: the QOS's `|`-separated line; ""
+    unless Slurm answered."""
+    done = _ask([SACCTMGR, "-n", "-P", "show", "qos", "where", f"name={name}", f"format={fields}"], purpose)
+    return Answer(done, done.stdout if done.ok else "")

@@ -2,29 +2,20 @@
 
 Inside an array task SLURM_JOB_ID is the task's own number, and one task (the last one left in
 the array's meta record) has the array's own id as its number: `scontrol requeue 36` there
-requeues every task of array 36 (seen on Slurm 22.05). So a life names itself `<array>_<task>`,
-which squeue, sacct, scontrol and scancel all take with `-j` and which survives a requeue.
+requeues every task of array 36 (seen on Slurm 22.05). So a life names itself `<array>_<task>`
+(hpctrain.run.life), which squeue, sacct, scontrol and scancel all take with `-j` and which
+survives a requeue.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 
 # `36` or `36_7`: what hpctrain records in submission.json and in events.
 JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
 # A pending array's meta record as squeue and sacct print it: `36_[3-999%4]`, `36_[1,4-6]`.
 _META = re.compile(r"^(\d+)_\[([0-9,\-]+)(?:%\d+)?\]$")
 _TASK_RANGE = re.compile(r"^(\d+)(?:-(\d+))?(?::(\d+))?$")
-
-
-def job_of(env: Mapping[str, str]) -> str:
-    """This life's job as hpctrain names it: `<array>_<task>` in an array task, else
-    SLURM_JOB_ID ("" outside Slurm)."""
-    array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
-    if array.isdigit() and task.isdigit():
-        return f"{array}_{task}"
-    return env.get("SLURM_JOB_ID", "")
 
 
 def array_id(array_job_id: str, task: int) -> str:

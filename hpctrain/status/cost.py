@@ -34,10 +34,11 @@ from typing import Any
 import yaml
 
 from hpctrain.run.events import Event, Relaunch, Replanned, Requeue, Start
+from hpctrain.slurm import client
 from hpctrain.status.goodput import Goodput
 from hpctrain.status.usage import Usage
 
-SACCT = "sacct"
+SACCT = client.SACCT  # the numbers accounting gave (hpctrain-status shows the source by name)
 RECORDS = "records"
 _HOUR = 3600.0
 

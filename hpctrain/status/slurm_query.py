@@ -15,18 +15,15 @@ failing controller never raises, it adds a note.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from hpctrain.slurm import client
+from hpctrain.slurm.client import Kind, Purpose
 from hpctrain.slurm.jobid import JOB_ID, expand, sort_key
-from hpctrain.slurm.records import parse_job_records, reason_of
 from hpctrain.slurm.states import base_state
 from hpctrain.status.usage import Usage, tracks_gpus, usage_of
 
-# `%i|%T|%r`: job id, state in full (PENDING, not PD), reason (BeginTime after a requeue).
-SQUEUE_FORMAT = "%i|%T|%r"
 # JobID names an array task `36_7` (its JobIDRaw is the task's own number); a plain job's is its id.
 # ElapsedRaw (seconds) and AllocTRES (`billing=4,cpu=4,gres/gpu=4,node=2`): what each life held.
 SACCT_FIELDS = "JobIDRaw,State,JobID,ElapsedRaw,AllocTRES"
@@ -57,36 +54,35 @@ class SlurmAnswer:
     sacct_answered: bool = False
 
 
-def query(job_ids: list[str], policy: client.Policy = client.LOOK, usage_of: Sequence[str] = ()) -> SlurmAnswer:
+def query(job_ids: list[str], purpose: Purpose = Purpose.LOOK, usage_of: Sequence[str] = ()) -> SlurmAnswer:
     """The state of each of `job_ids`; with `usage_of`, also what accounting says those jobs held."""
     answer = SlurmAnswer()
     wanted = sorted({j for j in job_ids if _JOB_ID.match(j)}, key=sort_key)
     usage_ids = sorted({j for j in usage_of if _JOB_ID.match(j)}, key=sort_key)
     if not wanted and not usage_ids:
         return answer
-    if wanted and shutil.which("squeue") is None:
-        answer.notes.append("squeue not found on PATH: states come from the runs' own journals")
+    if wanted and not client.available(client.SQUEUE):
+        answer.notes.append(f"{client.SQUEUE} not found on PATH: states come from the runs' own journals")
     elif wanted:
-        answer.jobs.update(_squeue(wanted, policy, answer))
+        answer.jobs.update(_squeue(wanted, purpose, answer))
     left = [j for j in wanted if j not in answer.jobs]
     asked = sorted({*left, *usage_ids}, key=sort_key)
-    if asked and shutil.which("sacct") is not None:
-        text = _sacct(asked, policy, answer.notes)
+    if asked and client.available(client.SACCT):
+        text = _sacct(asked, purpose, answer.notes)
         if text is not None:
             answer.sacct_answered = True
             answer.jobs.update(parse_sacct(text, left))
             answer.usage = parse_usage(text, usage_ids)
     left = [j for j in wanted if j not in answer.jobs]
-    if left and shutil.which("scontrol") is not None:
-        answer.jobs.update(_scontrol(left, policy, answer.notes))
+    if left and client.available(client.SCONTROL):
+        answer.jobs.update(_scontrol(left, purpose, answer.notes))
     return answer
 
 
-def _squeue(job_ids: list[str], policy: client.Policy, answer: SlurmAnswer) -> dict[str, SlurmJob]:
-    # -r: one line per array task (`36_7`); a pending array folded into `36_[7-9]` (without -r,
-    # seen on 22.05) is read as each of its tasks all the same.
-    done = client.run(["squeue", "-h", "-j", ",".join(job_ids), "-r", "-o", SQUEUE_FORMAT], policy)
-    if done.kind in (client.Kind.MISSING, client.Kind.TIMED_OUT):
+def _squeue(job_ids: list[str], purpose: Purpose, answer: SlurmAnswer) -> dict[str, SlurmJob]:
+    listed = client.queue(job_ids, purpose)
+    done = listed.reply
+    if done.kind in (Kind.MISSING, Kind.TIMED_OUT):
         answer.notes.append(f"{done.why()}; states come from scontrol and the runs' journals")
         return {}
     # Asked about a single job it no longer lists, squeue fails with "Invalid job id
@@ -95,23 +91,19 @@ def _squeue(job_ids: list[str], policy: client.Policy, answer: SlurmAnswer) -> d
         answer.notes.append(f"squeue failed: {done.first_line()}")
         return {}
     answer.squeue_answered = True
-    jobs = {}
-    for line in done.stdout.splitlines():
-        parts = line.strip().split("|", 2)
-        if len(parts) == 3:
-            for job_id in expand(parts[0]):
-                if _JOB_ID.match(job_id):
-                    jobs[job_id] = SlurmJob(parts[1], reason_of(parts[2]), None, "squeue")
-    return jobs
+    return {
+        row.job_id: SlurmJob(row.state, row.reason, None, client.SQUEUE)
+        for row in listed.value
+        if _JOB_ID.match(row.job_id)
+    }
 
 
-def _sacct(job_ids: list[str], policy: client.Policy, notes: list[str]) -> str | None:
-    """sacct's lines about every life of `job_ids`; None when it did not answer."""
-    # -X: the job itself, not its steps; -P: `|` between fields; --duplicates: every life of a
-    # requeued job, oldest first (PREEMPTED, NODE_FAIL, REQUEUED ... then the current one).
-    command = ["sacct", "-n", "-P", "-X", "--duplicates", "-j", ",".join(job_ids), "-o", SACCT_FIELDS]
-    done = client.run(command, policy)
-    if done.kind in (client.Kind.MISSING, client.Kind.TIMED_OUT):
+def _sacct(job_ids: list[str], purpose: Purpose, notes: list[str]) -> str | None:
+    """sacct's lines about every life of `job_ids` (oldest first: PREEMPTED, NODE_FAIL, REQUEUED
+    ... then the current one); None when it did not answer."""
+    accounted = client.accounting(job_ids, SACCT_FIELDS, purpose)
+    done = accounted.reply
+    if done.kind in (Kind.MISSING, Kind.TIMED_OUT):
         notes.append(done.why())
         return None
     if done.exit_code != 0:
@@ -119,7 +111,7 @@ def _sacct(job_ids: list[str], policy: client.Policy, notes: list[str]) -> str |
         if ACCOUNTING_DISABLED not in done.stderr:
             notes.append(f"sacct failed: {done.last_line()}")
         return None
-    return done.stdout
+    return accounted.value
 
 
 def parse_sacct(text: str, job_ids: list[str]) -> dict[str, SlurmJob]:
@@ -133,7 +125,7 @@ def parse_sacct(text: str, job_ids: list[str]) -> dict[str, SlurmJob]:
     for name, parts in sacct_lines(text, job_ids):
         # "CANCELLED by 1000": the state is the first word.
         lives.setdefault(name, []).append(base_state(parts[1]))
-    return {job_id: SlurmJob(states[-1], None, len(states) - 1, "sacct") for job_id, states in lives.items()}
+    return {job_id: SlurmJob(states[-1], None, len(states) - 1, client.SACCT) for job_id, states in lives.items()}
 
 
 def parse_usage(text: str, job_ids: Sequence[str]) -> dict[str, list[Usage]]:
@@ -164,20 +156,18 @@ def sacct_lines(text: str, job_ids: Sequence[str]) -> Iterator[tuple[str, list[s
             yield name, parts
 
 
-def _scontrol(job_ids: list[str], policy: client.Policy, notes: list[str]) -> dict[str, SlurmJob]:
-    # `scontrol show job` takes one id; fed commands on stdin, one scontrol answers them all.
-    # It fails (exit 1) when any id is unknown and still prints the others.
-    commands = "".join(f"show job {job_id}\n" for job_id in job_ids)
-    done = client.run(["scontrol", "-o"], policy, stdin=commands)
-    if done.kind in (client.Kind.MISSING, client.Kind.TIMED_OUT):
+def _scontrol(job_ids: list[str], purpose: Purpose, notes: list[str]) -> dict[str, SlurmJob]:
+    shown = client.show_jobs(job_ids, purpose)
+    done = shown.reply
+    if done.kind in (Kind.MISSING, Kind.TIMED_OUT):
         notes.append(done.why())
         return {}
     jobs = {}
-    for record in parse_job_records(done.stdout):
+    for record in shown.value:
         # An array task's record: JobId is its own number, the asked id is `<array>_<task>`.
         for name in record.names:
             if name in job_ids:
-                jobs[name] = SlurmJob(record.state, record.reason, record.restarts, "scontrol")
+                jobs[name] = SlurmJob(record.state, record.reason, record.restarts, client.SCONTROL)
     if not jobs and done.exit_code != 0 and "Invalid job id" not in done.stderr:
         notes.append(f"scontrol failed: {done.first_line()}")
     return jobs

@@ -15,17 +15,22 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hpctrain.slurm import client
-from hpctrain.slurm.records import parse_config
+from hpctrain.slurm.client import Purpose
+from hpctrain.slurm.jobid import tasks_in
 
 log = logging.getLogger(__name__)
 
 # Slurm's default MaxArraySize, assumed when `scontrol show config` gives no answer.
 DEFAULT_MAX_ARRAY_SIZE = 1001
-# Asked before anything is queued: worth waiting out a controller restart.
-POLICY = client.READ
+# Every call here is asked before anything is queued: worth waiting out a controller restart.
+ASKING = Purpose.READ
+# The sacctmgr fields read (assoc_limits, qos_limits).
+ASSOC_FIELDS = "Cluster,Account,User,Partition,MaxSubmit,MaxJobs,QOS,DefaultQOS"
+QOS_FIELDS = "Name,MaxSubmitPU,MaxJobsPU"
 
 
 @dataclass(frozen=True)
@@ -132,11 +137,10 @@ def qos_limits(text: str, qos: str) -> tuple[Limit | None, Limit | None]:
     return None, None
 
 
-def count_queued(text: str) -> int:
-    """`squeue -h -r -o %i` lines: one per job or array task (a meta record counted by its tasks)."""
-    from hpctrain.slurm.jobid import tasks_in
-
-    return sum(tasks_in(line.strip()) for line in text.splitlines() if line.strip())
+def count_queued(job_ids: Iterable[str]) -> int:
+    """The jobs Slurm counts for `squeue -h -r -o %i`'s ids, one per job or array task (a meta
+    record counted by its tasks)."""
+    return sum(tasks_in(job_id.strip()) for job_id in job_ids if job_id.strip())
 
 
 # ---- asking Slurm ------------------------------------------------------------------------------
@@ -146,21 +150,15 @@ class SlurmLimitsError(RuntimeError):
     """A call Slurm must answer failed: the message says which and what to check."""
 
 
-def _ask(command: list[str]) -> tuple[client.Reply, str | None]:
-    """Slurm's reply, and why it is not an answer to use (None: it is)."""
-    done = client.run(command, POLICY)
-    return done, None if done.ok else done.why()
-
-
 def read_limits(account: str | None, qos: str | None) -> Limits:
     """The limits a sweep submitted now would meet. MaxArraySize falls back to Slurm's default
     (with a warning) when `scontrol show config` fails; accounting that does not answer means no
     submit limit is known (said at info level); squeue must answer when a limit is to be checked."""
-    done, why = _ask(["scontrol", "show", "config"])
-    if why is not None:
-        log.warning("`scontrol show config` failed (%s): assuming MaxArraySize=%d", why, DEFAULT_MAX_ARRAY_SIZE)
+    shown = client.show_config(ASKING)
+    if not shown.ok:
+        log.warning("`scontrol show config` failed (%s): assuming MaxArraySize=%d", shown.why(), DEFAULT_MAX_ARRAY_SIZE)
         return Limits(DEFAULT_MAX_ARRAY_SIZE)
-    config = parse_config(done.stdout)
+    config = shown.value
     max_array = parse_int(config.get("MaxArraySize", "")) or DEFAULT_MAX_ARRAY_SIZE
     if not enforces_limits(config):
         log.info(
@@ -172,31 +170,28 @@ def read_limits(account: str | None, qos: str | None) -> Limits:
     if submit is None and running is None:
         return Limits(max_array)
     user = _user()
-    done, why = _ask(["squeue", "-u", user, "-h", "-r", "-o", "%i"])
-    if why is not None:
+    queued = client.user_jobs(user, ASKING)
+    if not queued.ok:
         raise SlurmLimitsError(
-            f"`squeue -u {user}` failed ({why}): the jobs you have queued are needed to check the "
+            f"`squeue -u {user}` failed ({queued.why()}): the jobs you have queued are needed to check the "
             "submit limit; nothing was queued; check that the Slurm controller answers (squeue --me)"
         )
-    return Limits(max_array, submit, running, count_queued(done.stdout))
+    return Limits(max_array, submit, running, count_queued(queued.value))
 
 
 def _accounting_limits(cluster: str, account: str | None, qos: str | None) -> tuple[Limit | None, Limit | None]:
     user = _user()
-    fields = "Cluster,Account,User,Partition,MaxSubmit,MaxJobs,QOS,DefaultQOS"
-    done, why = _ask(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", f"format={fields}"])
-    if why is not None:
-        log.info("sacctmgr gave no associations (%s): no submit limit checked", why)
+    associations = client.associations(user, ASSOC_FIELDS, ASKING)
+    if not associations.ok:
+        log.info("sacctmgr gave no associations (%s): no submit limit checked", associations.why())
         return None, None
-    assoc_submit, assoc_running, default_qos = assoc_limits(done.stdout, cluster, account)
+    assoc_submit, assoc_running, default_qos = assoc_limits(associations.value, cluster, account)
     job_qos = qos or default_qos or "normal"
-    done, why = _ask(
-        ["sacctmgr", "-n", "-P", "show", "qos", "where", f"name={job_qos}", "format=Name,MaxSubmitPU,MaxJobsPU"]
-    )
-    if why is not None:
-        log.info("sacctmgr gave no QOS %s (%s): only the association's limits are checked", job_qos, why)
+    shown = client.qos(job_qos, QOS_FIELDS, ASKING)
+    if not shown.ok:
+        log.info("sacctmgr gave no QOS %s (%s): only the association's limits are checked", job_qos, shown.why())
         return assoc_submit, assoc_running
-    qos_submit, qos_running = qos_limits(done.stdout, job_qos)
+    qos_submit, qos_running = qos_limits(shown.value, job_qos)
     return tightest(assoc_submit, qos_submit), tightest(assoc_running, qos_running)
 
 

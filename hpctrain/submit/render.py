@@ -26,6 +26,7 @@ from hpctrain.config import Config
 from hpctrain.config.schema import SlurmConfig
 from hpctrain.run import exitcodes
 from hpctrain.run.paths import SLURM_OUTPUT_PATTERN, RunDir
+from hpctrain.run.protocol import TEMPLATE_WORDS
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.:,=/@+\-\[\]]+$")
 # srun --immediate of the training step: how long it may wait for its nodes before it ends and
@@ -138,6 +139,7 @@ def render(config: Config, run_dir: Path, submit_dir: Path, code_dir: Path | Non
             task_command=task_command,
             control_command=control_command,
             exit_codes=exitcodes,  # the batch script's own exit codes, from the one table
+            **TEMPLATE_WORDS,  # the control steps' and the answer line's words, from the protocol
         )
     except jinja2.TemplateNotFound as error:
         where = "" if error.name == name else f" (included by {name})"

@@ -1,17 +1,17 @@
 """Call sbatch: a list of arguments, never a shell string; its refusals in its own words.
 
-Through hpctrain.slurm.client (SUBMIT): retried only while Slurm says the request never left.
-A reply that never came (Slurm's "Socket timed out", or our time limit) may hide a queued job:
-seen on Slurm 22.05, an sbatch against a stopped slurmctld failed with "Socket timed out on
+Through hpctrain.slurm.client (Purpose.SUBMIT): retried only while Slurm says the request never
+left. A reply that never came (Slurm's "Socket timed out", or our time limit) may hide a queued
+job: seen on Slurm 22.05, an sbatch against a stopped slurmctld failed with "Socket timed out on
 send/recv operation" and its job was queued once slurmctld went on.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from hpctrain.slurm import client
+from hpctrain.slurm.client import Purpose
 
 
 class SbatchError(RuntimeError):
@@ -24,20 +24,19 @@ class SbatchError(RuntimeError):
         self.maybe_queued = maybe_queued
 
 
-def sbatch_path() -> str:
-    path = shutil.which("sbatch")
-    if path is None:
+def require_sbatch() -> None:
+    """Say plainly, before anything is written or queued, that jobs cannot be submitted here."""
+    if not client.available(client.SBATCH):
         raise SbatchError(
             "sbatch: not found on PATH. Submit from a Slurm login node, or load Slurm's module; "
             "to train on this machine instead, run hpctrain-train"
         )
-    return path
 
 
-def submit(script: Path, extra_args: tuple[str, ...] = (), timeout_s: float = client.SUBMIT.timeout_s) -> str:
-    """Queue `script`; returns the job id (`--parsable` prints `id` or `id;cluster`)."""
-    policy = client.Policy(timeout_s, client.SUBMIT.retry_for_s, retry_unsure=False)
-    done = client.run([sbatch_path(), "--parsable", *extra_args, str(script)], policy)
+def submit(script: Path) -> str:
+    """Queue `script`; returns the job id."""
+    require_sbatch()
+    done = client.submit(script, purpose=Purpose.SUBMIT)
     if done.unsure:
         raise SbatchError(
             f"sbatch: no answer from the Slurm controller ({done.why()}); the job of {script} may have been "
@@ -46,19 +45,10 @@ def submit(script: Path, extra_args: tuple[str, ...] = (), timeout_s: float = cl
             maybe_queued=True,
         )
     if not done.ok:
-        raise SbatchError(_refusal(done), script)
-    job_id = done.stdout.strip().splitlines()[-1].split(";")[0] if done.stdout.strip() else ""
-    if not job_id.isdigit():
-        raise SbatchError(f"sbatch: unexpected answer {done.stdout!r}", script, maybe_queued=True)
-    return job_id
-
-
-def test_only(script: Path) -> str:
-    """`sbatch --test-only`: Slurm checks the script against the cluster and queues nothing."""
-    done = client.run([sbatch_path(), "--test-only", str(script)], client.READ)
-    if not done.ok:
-        raise SbatchError(_refusal(done))
-    return (done.stderr or done.stdout).strip()
+        raise SbatchError(_refusal(done.reply), script)
+    if done.value is None:
+        raise SbatchError(f"sbatch: unexpected answer {done.reply.stdout!r}", script, maybe_queued=True)
+    return done.value
 
 
 def _refusal(done: client.Reply) -> str:

@@ -21,14 +21,15 @@ from pathlib import Path
 
 from hpctrain import __version__
 from hpctrain.config import Config
-from hpctrain.recovery.guardian import submit_guardian
 from hpctrain.run.paths import RunDir, SweepArrays, remove_empty_parents
 from hpctrain.slurm import client
+from hpctrain.slurm.client import Purpose
 from hpctrain.slurm.jobid import JOB_ID, array_id, split
 from hpctrain.slurm.states import LIVE_STATES
 from hpctrain.submit import sbatch
 from hpctrain.submit.arrays import free_number, header_of, plan_arrays, write_array
 from hpctrain.submit.code_snapshot import CodeSnapshot, summary
+from hpctrain.submit.guardian_job import submit_guardian
 from hpctrain.submit.limits import SlurmLimitsError, check, read_limits
 from hpctrain.submit.render import render, render_guardian
 
@@ -85,9 +86,8 @@ def live_job(run: RunDir) -> str | None:
     job_id = run.submitted_job_id()
     if job_id is None or not JOB_ID.match(job_id):
         return None
-    done = client.run(["squeue", "-h", "-r", "-j", job_id, "-o", "%T"], client.LOOK)
-    state = done.stdout.strip()  # no answer: sbatch will say what is wrong
-    return f"{job_id} ({state})" if done.ok and state in LIVE_STATES else None
+    state = client.job_state(job_id, Purpose.LOOK).value  # no answer: sbatch will say what is wrong
+    return f"{job_id} ({state})" if state in LIVE_STATES else None
 
 
 def submit_all(points: list[Point], parallelism: int) -> list[str]:
@@ -101,7 +101,7 @@ def submit_all(points: list[Point], parallelism: int) -> list[str]:
     batches: list[_Batch] = []
     job_ids: list[str | None] = []
     try:
-        sbatch.sbatch_path()  # say "no sbatch" once, before anything else happens
+        sbatch.require_sbatch()  # say "no sbatch" once, before anything else happens
         batches = _plan(points)
         job_ids = [None] * len(batches)
         job_ids[0] = sbatch.submit(batches[0].script)
@@ -232,7 +232,7 @@ def _user() -> str:
 def _undo(job_ids: list[str], points: list[Point]) -> None:
     if job_ids:
         # Cancelling twice changes nothing: CANCEL retries every kind of no answer.
-        done = client.run(["scancel", *job_ids], client.CANCEL)
+        done = client.cancel(job_ids, Purpose.CANCEL)
         if not done.ok:
             log.error("scancel %s failed (%s): cancel them by hand", " ".join(job_ids), done.why())
         else:

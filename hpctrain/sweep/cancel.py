@@ -11,11 +11,11 @@ import re
 import time
 from dataclasses import dataclass
 
-from hpctrain.recovery.decide import last_checkpoint_step
-from hpctrain.run.events import CANCELLED_BY_COMMAND, Cancelled, Journal, read_events
+from hpctrain.run.events import CANCELLED_BY_COMMAND, Cancelled, Journal, last_checkpoint_step, read_events
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm import client
+from hpctrain.slurm.client import Kind, Purpose
 from hpctrain.sweep.points import PointFacts
 
 # `scancel -v` tells which jobs it could not end (exit status 0 all the same; without -v it
@@ -37,7 +37,9 @@ class Outcome:
 
 
 def scancel_command(job_ids: list[str], guardian_ids: list[str] | None = None) -> list[str]:
-    return ["scancel", "-v", *job_ids, *(guardian_ids or [])]
+    """The one scancel `cancel` runs (hpctrain-cancel --dry-run prints it): verbose, so it says
+    which jobs it could not end."""
+    return client.cancel_command([*job_ids, *(guardian_ids or [])], verbose=True)
 
 
 def guardians_of(points: list[PointFacts]) -> list[str]:
@@ -67,8 +69,8 @@ def cancel(points: list[PointFacts]) -> Outcome:
     Cancelling twice changes nothing, so a scancel without an answer is tried again (CANCEL)."""
     job_ids = [str(p.job_id) for p in points]
     began = time.time()
-    done = client.run(scancel_command(job_ids, guardians_of(points)), client.CANCEL)
-    if done.kind is client.Kind.MISSING:
+    done = client.cancel([*job_ids, *guardians_of(points)], Purpose.CANCEL, verbose=True)
+    if done.kind is Kind.MISSING:
         raise ScancelError(f"{done.why()}; run this on a Slurm login node")
     if not done.answered:
         raise ScancelError(f"{done.why()}; the jobs may be cancelled or not (see squeue), nothing was recorded")

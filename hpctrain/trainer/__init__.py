@@ -1,1 +1,3 @@
-"""The training loop and its parts: data loading, steps, evaluation, schedules."""
+"""The training loop and its parts: building, data loading, steps, evaluation, resume, stops.
+May import: run, config, dist, data, models, metrics, checkpoint; never process (which runs it).
+"""

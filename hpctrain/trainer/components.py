@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,9 @@ class Components:
     scheduler: Any  # an LR scheduler, or None
     loss_fn: nn.Module
     splits: Splits
+    # trainer.strategy=fsdp: no process holds the whole model (one process alone holds a plain one),
+    # so evaluation and model.pt take every rank (see hpctrain.trainer.weights).
+    sharded: bool
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -33,7 +37,7 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed + 10_007 * (rank + 1)
 
 
-def build(config: Config, ctx: DistContext, total_steps_for: Any) -> Components:
+def build(config: Config, ctx: DistContext, total_steps_for: Callable[[Splits], int]) -> Components:
     """`total_steps_for(splits)` gives the run's optimizer steps once the data is known."""
     splits = targets.build(config.data.dataset)
     if not isinstance(splits, Splits):
@@ -50,7 +54,8 @@ def build(config: Config, ctx: DistContext, total_steps_for: Any) -> Components:
     optimizer = targets.build(config.optim, raw_model.parameters())
     scheduler = build_scheduler(config, optimizer, total_steps_for(splits))
     loss_fn = targets.build(config.loss)
-    return Components(raw_model, model, ddp, optimizer, scheduler, loss_fn, splits)
+    sharded = config.trainer.strategy == "fsdp"
+    return Components(raw_model, model, ddp, optimizer, scheduler, loss_fn, splits, sharded)
 
 
 def build_scheduler(config: Config, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:

@@ -19,15 +19,15 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.dist.context import DistContext
-from hpctrain.process.signals import StopFlag
-from hpctrain.run.causes import StopReason
+from hpctrain.run.causes import StopReason, stop_of_urgency
+from hpctrain.trainer.hooks import StopRequests
 
 # The most steps between votes, however short a step is.
 MAX_STEPS_BETWEEN_VOTES = 1000
 
 
 class StopVote:
-    def __init__(self, stop: StopFlag, ctx: DistContext, interval_s: float = 0.25) -> None:
+    def __init__(self, stop: StopRequests, ctx: DistContext, interval_s: float = 0.25) -> None:
         self.stop = stop
         self.ctx = ctx
         self.interval_s = interval_s
@@ -50,14 +50,14 @@ class StopVote:
     def poll(self, step: int) -> StopReason | None:
         """The stop reason every rank agreed on, or None; a collective only at due steps."""
         if not self.ctx.distributed:
-            return self.stop.agreed(self.ctx)  # one process: a look at its own flag, free
+            return stop_of_urgency(self.stop.requested)  # one process: a look at its own flag, free
         if self.pending is None or step < self.due_step:
             return None
         vote, work = self.pending
         work.wait()
         code, negative_interval = (int(v) for v in vote.tolist())
         self.start(step, max(1, -negative_interval))
-        return self.stop.reason_for(code)
+        return stop_of_urgency(code)
 
     def _proposal(self, step: int) -> int:
         steps = step - self.started_step

@@ -1,81 +1,25 @@
-"""The trainer's pruning hook: at evaluation steps of a trial, ask the study whether to stop.
+"""The study's side of pruning: report a trial's value at an evaluation step, ask its pruner.
 
-Rank 0 reports the objective's value at the step to its trial and asks the study's pruner;
-its answer is broadcast so every rank stops after the same step (an evaluation step is already
-a collective, so one more small broadcast there costs nothing measurable). The signal stop vote
-is not used: it is asynchronous by design (acted on an interval later), while a pruned trial
-should stop at the very step it was judged on, the step whose value the study holds.
-
-`TrialPruner.for_run` is None for a run that is not a trial, or has no pruner: optuna is then
-never imported. A study that cannot be reached (a full disk, a removed sweep dir) never stops
-training: the trial goes on unpruned and the warning says why.
+Rank 0 of a trial with a pruner comes here from its trainer (hpctrain.trainer.pruning, which
+broadcasts the answer to the other ranks). Imports optuna; no torch.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import math
-from typing import Any
+import optuna
 
-import torch
-import torch.distributed as dist
-
-from hpctrain.config.schema import Config
-from hpctrain.dist.context import DistContext
-from hpctrain.run.paths import RunDir, TuneDir
-
-log = logging.getLogger(__name__)
+from hpctrain.config.tune import TuneConfig
+from hpctrain.run.paths import TuneDir
+from hpctrain.tune import study as studies
 
 
-class TrialPruner:
-    def __init__(self, run: RunDir, config: Config, ctx: DistContext, trial: dict[str, Any]) -> None:
-        self.run = run
-        self.settings = config.tune
-        self.ctx = ctx
-        self.number = int(trial["number"])
-        self.trial_id = int(trial["trial_id"])
-        self._trial: Any = None  # rank 0's optuna.Trial, opened at the first evaluation
+class TrialJudge:
+    """One trial of the study in `tune`, opened once: the study's journal is read at every ask."""
 
-    @classmethod
-    def for_run(cls, run: RunDir, config: Config, ctx: DistContext) -> TrialPruner | None:
-        if config.tune.pruner == "none" or not run.trial.is_file():
-            return None
-        return cls(run, config, ctx, json.loads(run.trial.read_text()))
+    def __init__(self, tune: TuneDir, settings: TuneConfig, trial_id: int) -> None:
+        self.trial = optuna.trial.Trial(studies.load(tune, settings), trial_id)
 
-    @property
-    def metric(self) -> str:
-        return self.settings.metric
-
-    def should_prune(self, step: int, record: dict[str, Any]) -> bool:
-        """Collective: every rank calls it at the same evaluation step, all get one answer."""
-        answer = self._ask(step, record.get(self.metric)) if self.ctx.is_main else False
-        if self.ctx.distributed:
-            flag = torch.tensor([int(answer)], dtype=torch.int32, device=self.ctx.device)
-            dist.broadcast(flag, src=0)
-            answer = bool(flag.item())
-        return answer
-
-    def _ask(self, step: int, value: Any) -> bool:
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
-            return False  # nothing to judge on (a NaN is told as FAIL at the end, not pruned here)
-        try:
-            trial = self._open()
-            trial.report(float(value), step)
-            pruned = bool(trial.should_prune())
-        except Exception as error:  # the study is out of reach: train on, unpruned
-            log.warning("trial %d: could not ask the study whether to prune (%r); going on", self.number, error)
-            return False
-        if pruned:
-            log.info("trial %d pruned at step %d (%s %g)", self.number, step, self.metric, value)
-        return pruned
-
-    def _open(self) -> Any:
-        if self._trial is None:
-            import optuna
-
-            from hpctrain.tune import study as studies
-
-            study = studies.load(TuneDir(self.run.root.parent), self.settings)
-            self._trial = optuna.trial.Trial(study, self.trial_id)
-        return self._trial
+    def should_prune(self, step: int, value: float) -> bool:
+        """Report `value` at `step`, then ask the pruner (tune.pruner) whether the trial stops here."""
+        self.trial.report(value, step)
+        return bool(self.trial.should_prune())

@@ -1,13 +1,17 @@
 """What a trial's job does once its run has ended: tell the study, then submit the next trials.
 
-`python -m hpctrain.recovery.control` calls `trial_ended` when it decides the run is over (finish,
-fail, or stop after a scancel) for a run dir holding trial.json. Under the study lock it:
+    python -m hpctrain.tune.report RUN_DIR ACTION
+
+A trial's run dir names this module as its listener (hpctrain.run.listeners, written with the
+trial by hpctrain.tune.trials), so the control step (or the guardian) runs it once it has decided
+the run is over: ACTION is finish, fail, or stop after a scancel. Under the study lock it:
   1. tells the study how the trial ended, unless it was told already (a job requeued many
      times, or a control step run twice, tells once: the trial's state in the study decides);
   2. unless the trial was cancelled, submits as many new trials as keep `tune.parallel`
      running without exceeding `tune.n_trials` (hpctrain.tune.launch);
   3. rewrites tune.json, the summary hpctrain-status reads.
-Nothing here may break the job's own ending: every error is said on stderr and swallowed.
+Nothing here may break the job's own ending: every error is said on stderr (exit status 1), and
+the listener's runner bounds its time (REPORT_TIMEOUT_S).
 
 The objective is the metric's value at the end of the run, i.e. in the `finish` event (the
 final step is always evaluated): the value of the weights the trial leaves in model.pt. The
@@ -16,7 +20,6 @@ best value seen during the run would reward weights nobody kept.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 from collections.abc import Sequence
@@ -25,11 +28,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.run.events import Event, Failure, Finish, Journal, Pruned, Trial, read_events
+from hpctrain.run.listeners import Listener
 from hpctrain.run.paths import RunDir, TuneDir
-from hpctrain.slurm.client import outside_the_job
+from hpctrain.submit.outside_job import outside_the_job
 
 if TYPE_CHECKING:
     from hpctrain.tune.trials import StudySetup
+
+# How long a trial's job waits for its report: the study lock waited out up to its grace
+# (hpctrain.tune.study.STUDY_LOCK_GRACE_S, 600 s: a dead holder's lock is broken then), then a
+# tell and a round of sbatch calls, each bounded by the Slurm client. Past it the report is
+# killed and the job ends all the same; the trial, never told, is then reaped as lost by the next
+# report that fills the study (hpctrain.tune.reap). Not imported from study.py: that imports
+# optuna, and judging a trial (tests, hpctrain-status) needs none.
+REPORT_TIMEOUT_S = 1200.0
+# What a trial's listeners.json names (hpctrain.tune.trials writes it with the trial).
+LISTENER = Listener(module=__name__, timeout_s=REPORT_TIMEOUT_S)
 
 
 @dataclass(frozen=True)
@@ -65,16 +79,6 @@ def judge(events: Sequence[Event], action: str, metric: str) -> Verdict:
             + (f" ({last.message or last.reason})" if last.message or last.reason else ""),
         )
     return Verdict("FAIL", reason=f"the run ended ({action}) without finishing")
-
-
-def trial_ended(run_dir: Path, action: str) -> None:
-    """The control step's hook; never raises. Everything it says goes to stderr (stdout is
-    the action line the batch shell reads)."""
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            _trial_ended(RunDir(run_dir), action)
-    except Exception as error:  # the trial's job must still end as decided
-        print(f"hpctrain-tune: could not report trial {run_dir} to its study: {error!r}", file=sys.stderr)
 
 
 def _trial_ended(run: RunDir, action: str) -> None:
@@ -141,3 +145,23 @@ def _tell(run: RunDir, setup: StudySetup, action: str, job: str | None) -> None:
     print(
         f"hpctrain-tune: trial {number} told {verdict.state}{value}" + (f": {verdict.reason}" if verdict.reason else "")
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The trial's listener. An error is said on stderr with exit status 1: the listener's runner
+    says so too, and the trial's job ends as decided all the same."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) != 2:
+        print("usage: python -m hpctrain.tune.report RUN_DIR ACTION", file=sys.stderr)
+        return 2
+    run_dir, action = Path(args[0]), args[1]
+    try:
+        _trial_ended(RunDir(run_dir), action)
+    except Exception as error:
+        print(f"hpctrain-tune: could not report trial {run_dir} to its study: {error!r}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

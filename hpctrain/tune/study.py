@@ -25,10 +25,10 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import FrozenTrial, TrialState
 
+from hpctrain.config.search_space import Param
 from hpctrain.config.tune import TuneConfig
 from hpctrain.run.paths import TuneDir
 from hpctrain.tune.budget import Counts
-from hpctrain.tune.space import Param
 
 # A holder of the study lock silent for this long is taken as dead (its node failed mid-way):
 # longer than any tell plus a round of sbatch calls (each bounded to 120 s) should take.
@@ -100,11 +100,23 @@ def counts(trials: list[FrozenTrial]) -> Counts:
     )
 
 
+def distribution(param: Param) -> optuna.distributions.BaseDistribution:
+    """Optuna's distribution for one dimension of tune.params."""
+    if param.kind == "choice":
+        return optuna.distributions.CategoricalDistribution(list(param.choices))
+    assert param.low is not None and param.high is not None
+    if param.kind == "int":
+        return optuna.distributions.IntDistribution(
+            int(param.low), int(param.high), log=param.log, step=int(param.step or 1)
+        )
+    return optuna.distributions.FloatDistribution(param.low, param.high, log=param.log, step=param.step)
+
+
 def ask(tune: TuneDir, settings: TuneConfig, space: list[Param]) -> optuna.Trial:
     """A new trial with its params drawn (the sampler seeded for its number)."""
     asked = len(load(tune, settings).get_trials(deepcopy=False))
     study = load(tune, settings, asked)
-    return study.ask({p.key: p.distribution() for p in space})
+    return study.ask({p.key: distribution(p) for p in space})
 
 
 def best(trials: list[FrozenTrial], direction: str) -> FrozenTrial | None:

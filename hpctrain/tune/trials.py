@@ -3,7 +3,7 @@
 hpctrain-tune composes and checks the config once and keeps it resolved in `base.yaml`; a
 trial's job, on a compute node, sets the next trial's params on top of it, checks the result
 like hpctrain-submit does (`to_typed`: types, values, `_target_` signatures), and writes the
-run dir (config.yaml, trial.json, job.sbatch) that `submit_all` queues.
+run dir (config.yaml, trial.json, listeners.json, job.sbatch) that `submit_all` queues.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hpctrain.config import save_resolved, to_typed
+from hpctrain.config.search_space import Param, parse_space
 from hpctrain.config.tune import TuneConfig
+from hpctrain.run.listeners import write_listeners
 from hpctrain.run.paths import RunDir, TuneDir
 from hpctrain.submit.code_snapshot import MANIFEST, CodeSnapshot
 from hpctrain.submit.submission import Point, write_script
-from hpctrain.tune.space import Param, parse_space
+from hpctrain.tune.report import LISTENER as REPORT
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ def make_trial(setup: StudySetup, number: int, trial_id: int, params: dict[str, 
         "direction": setup.settings.direction,
     }
     run.trial.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    write_listeners(run, [REPORT])  # its job tells the study when the run has ended
     overrides = [f"{key}={value}" for key, value in params.items()]
     point = Point(config=config, run=run, overrides=overrides, fresh=True, code=setup.code)
     write_script(point, setup.submit_dir)

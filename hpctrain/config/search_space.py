@@ -9,8 +9,9 @@ Each config key names one dimension, in a short string form or a dict:
     model._target_: choice(hpctrain.models.ConvNet, hpctrain.models.MLP)
     optim.lr: {type: float, low: 1e-5, high: 1e-1, log: true}
 
-Pure: no Optuna here (the config check runs on every entry point); `Param.distribution()`
-imports it only when a study asks.
+Pure: no Optuna here (the config check runs on every entry point). It is part of the config's
+schema (`tune.params` is checked with the other keys); the study turns each Param into Optuna's
+distribution (hpctrain.tune.study.distribution).
 """
 
 from __future__ import annotations
@@ -39,18 +40,6 @@ class Param:
     log: bool = False
     step: float | None = None
     choices: tuple[Any, ...] = ()
-
-    def distribution(self) -> Any:
-        """Optuna's distribution for this dimension (imports optuna)."""
-        from optuna import distributions
-
-        if self.kind == "choice":
-            return distributions.CategoricalDistribution(list(self.choices))
-        if self.kind == "int":
-            assert self.low is not None and self.high is not None
-            return distributions.IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
-        assert self.low is not None and self.high is not None
-        return distributions.FloatDistribution(self.low, self.high, log=self.log, step=self.step)
 
     def edges(self) -> list[Any]:
         """Values at the edges of the space: checked against the config before anything runs."""

@@ -2,8 +2,9 @@
 its IPv4 address on `slurm.network.master_addr_ifname`, else its Slurm node name plus
 `slurm.network.master_addr_suffix`, else its node name where that resolves (NodeName may differ
 from the host name) or its host name. Rank 0 publishes it for the rendezvous
-(hpctrain.dist.rendezvous), the batch script's heartbeat watcher for the beats (hpctrain.recovery.watch).
-Standard library only: the watcher starts without torch.
+(hpctrain.dist.rendezvous), the batch script's heartbeat watcher for the beats
+(hpctrain.recovery.watch): part of how the processes of one job find each other, so here in the
+run protocol, which both may import. Standard library only: the watcher starts without torch.
 """
 
 from __future__ import annotations

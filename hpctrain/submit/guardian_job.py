@@ -1,0 +1,37 @@
+"""Queue a run's guardian beside its training job (hpctrain.recovery.guardian says what the
+guardian does once it starts): at submission, and again for every job the run goes on in."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from hpctrain.run.paths import RunDir
+from hpctrain.slurm import client
+from hpctrain.slurm.client import Purpose
+from hpctrain.submit.outside_job import outside_job_env
+
+
+def submit_guardian(run: RunDir, job_id: str, env: dict[str, str] | None = None) -> str | None:
+    """Queue the guardian of `job_id` and record its id in submission.json (`guardian_job_id`).
+    None when the run has no guardian.sbatch (slurm.guardian=false) or sbatch failed: said on
+    stderr, and the run trains on, unguarded, as before guardians existed."""
+    if not run.guardian_script.is_file():
+        return None
+    done = client.submit(
+        run.guardian_script,
+        job_id,
+        purpose=Purpose.GUARDIAN_SUBMIT,
+        dependency=f"afternotok:{job_id}",
+        env=outside_job_env(os.environ if env is None else env),
+    )
+    guardian = done.value
+    if guardian is None:
+        print(
+            f"hpctrain: no guardian for job {job_id} ({done.why()}): if its batch node is lost, "
+            f"submit {run.root} again with hpctrain-submit --retry",
+            file=sys.stderr,
+        )
+        return None
+    run.update_submission(guardian_job_id=guardian)
+    return guardian

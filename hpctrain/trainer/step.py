@@ -1,0 +1,69 @@
+"""One optimizer step: the micro-batches' forwards and backwards, then the update."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any
+
+import torch
+
+from hpctrain.config import TrainerConfig
+from hpctrain.dist.context import DistContext
+from hpctrain.trainer import components, loaders, sharding
+from hpctrain.trainer.components import Components
+from hpctrain.trainer.evaluate import flatten
+
+
+class Stepper:
+    def __init__(self, parts: Components, ctx: DistContext, trainer: TrainerConfig) -> None:
+        self.parts = parts
+        self.ctx = ctx
+        self.grad_clip = trainer.grad_clip
+        self.precision = trainer.precision if ctx.device.type == "cuda" else "fp32"
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
+        self.sharded_model = sharding.is_sharded(parts.model)  # fsdp on one process: a plain model
+
+    def autocast(self) -> ContextManager[Any]:
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(self.ctx.device.type, dtype=dtype)
+
+    def step(self, batches: Iterator[tuple[torch.Tensor, ...]], accum: int) -> torch.Tensor:
+        """`accum` micro-batches from `batches`, then the update; returns the step's loss (on the
+        device: no host sync)."""
+        parts = self.parts
+        step_loss: torch.Tensor | None = None
+        for micro in range(accum):
+            inputs, target = loaders.to_device(next(batches), self.ctx.device)
+            # Only the last micro-batch all-reduces gradients; the others accumulate locally.
+            if accum > 1 and self.sharded_model:
+                sharding.set_gradient_sync(parts.model, micro == accum - 1)
+            with components.grad_sync(parts.ddp, last=micro == accum - 1):
+                with self.autocast():
+                    output, target = flatten(parts.model(inputs), target)
+                    loss = parts.loss_fn(output.float(), target)
+                    if accum > 1:  # no extra kernel per step in the common case
+                        loss = loss / accum
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+        self._update()
+        assert step_loss is not None  # grad_accum >= 1
+        return step_loss
+
+    def _update(self) -> None:
+        parts = self.parts
+        if self.scaler:
+            self.scaler.unscale_(parts.optimizer)
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(parts.raw_model.parameters(), self.grad_clip)
+        if self.scaler:
+            self.scaler.step(parts.optimizer)
+            self.scaler.update()
+        else:
+            parts.optimizer.step()
+        parts.optimizer.zero_grad(set_to_none=True)
+        if parts.scheduler is not None:
+            parts.scheduler.step()
