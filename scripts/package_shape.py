@@ -41,7 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     "metrics": {"run", "config"},
     "checkpoint": {"run", "slurm", "config", "dist"},
     # A trial's rank 0 asks the study whether to prune (tune never imports trainer or process).
-    "trainer": {"run", "config", "dist", "data", "models", "metrics", "checkpoint", "process", "tune"},
+    "trainer": {"run", "config", "dist", "data", "models", "metrics", "checkpoint", "tune"},
     "process": {"run", "slurm", "config", "dist", "data", "models", "metrics", "checkpoint", "trainer"},
     "submit": {"run", "slurm", "config"},
     "recovery": {"run", "slurm", "config", "submit"},

@@ -199,3 +199,18 @@ def test_a_guardians_resubmission_keeps_the_runs_budgets() -> None:
         "failure:node_failure",
         "failure:budget",
     ]
+
+
+def test_a_resubmission_sbatch_refuses_ends_the_run_failed_saying_why() -> None:
+    """What comes when sbatch refuses the guardian's resubmission is the decider's too (`otherwise`):
+    one failure, the run's last word, with sbatch's own words; no requeue is journaled."""
+    decision = decide_guard(History(JOB, 0, TRAINING), BATCH_HOST_DOWN, Budgets(DEFAULTS))
+    refused = decision.because("exit 1: sbatch: error: Batch job submission failed: Invalid account")
+    assert refused.action is Action.FAIL and [_named(e) for e in refused.events] == ["failure:node_failure"]
+    (failure,) = refused.events
+    assert isinstance(failure, Failure) and failure.action == "fail" and failure.by == BY_GUARDIAN
+    assert (
+        failure.reason
+        == "submitting job.sbatch again failed (exit 1: sbatch: error: Batch job submission failed: Invalid account)"
+    )
+    assert decision.resubmitted("77").events[0].new_job_id == "77"

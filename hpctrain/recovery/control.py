@@ -68,7 +68,7 @@ from hpctrain.slurm.client import Purpose
 # then; without an answer in time each fact has its fallback.
 SLURM_BUDGET_S = 20.0
 # A requeue without an answer, and the keeper: how long to wait for slurmctld to come back.
-REQUEUE_WAIT_S = 60.0
+REQUEUE_WAIT_S = client.RESTART_WAIT_S
 # Exported by the batch shell before after-step: when the training step's srun returned.
 STEP_ENDED_AT_ENV = "HPCTRAIN_STEP_ENDED_AT"
 

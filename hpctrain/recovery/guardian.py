@@ -30,9 +30,10 @@ import time
 from pathlib import Path
 
 from hpctrain.recovery.decide import History, decide_guard, lineage
+from hpctrain.recovery.decision import Decision
 from hpctrain.recovery.facts import Budgets, JobEnd
 from hpctrain.run.causes import Action
-from hpctrain.run.events import Failure, Journal, read_events
+from hpctrain.run.events import Journal, read_events
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.paths import RunDir, no_room_message
 from hpctrain.slurm import client
@@ -78,7 +79,7 @@ class Guardian:
                     print(f"hpctrain guardian: {no_room_message(self.run.root, full)}", file=sys.stderr)
                     self._trial_ended("fail")
                     return 1
-                return self._resubmit(decision.events)
+                return self._resubmit(decision)
             for event in decision.events:
                 self.journal.write_event(event)
         if decision.action is Action.FAIL:
@@ -86,24 +87,24 @@ class Guardian:
             return 1
         return 0
 
-    def _resubmit(self, events: tuple) -> int:
+    def _resubmit(self, decision: Decision) -> int:
         """job.sbatch again, into the same run dir; then the events (with the new job's id), the
-        new job in submission.json, and its own guardian."""
+        new job in submission.json, and its own guardian. sbatch failing: what the decision says
+        comes instead (`otherwise`)."""
         done = client.submit(self.run.job_script, purpose=Purpose.GUARDIAN_SUBMIT, env=outside_job_env(os.environ))
         new_job = done.value
         if new_job is None:
-            why = f"submitting {self.run.job_script} again failed ({done.why()})"
+            why = done.why()
             if done.unsure:
                 why += ": a new job may have been queued all the same (see squeue)"
-            failure = next(e for e in events if isinstance(e, Failure))
-            ended = dataclasses.replace(failure, reason=why, action=Action.FAIL.value, time=time.time())
-            self.journal.write_event(ended)
-            print(f"hpctrain guardian: {why}", file=sys.stderr)
+            failed = decision.because(why)
+            for event in failed.events:
+                self.journal.write_event(dataclasses.replace(event, time=time.time()))
+            print(f"hpctrain guardian: submitting {self.run.job_script} again failed ({why})", file=sys.stderr)
             self._trial_ended("fail")
             return 1
-        for event in events:
-            is_failure = isinstance(event, Failure)
-            self.journal.write_event(dataclasses.replace(event, new_job_id=new_job) if is_failure else event)
+        for event in decision.resubmitted(new_job).events:
+            self.journal.write_event(event)
         self.run.record_resubmission(new_job)
         print(f"hpctrain guardian: the run goes on in job {new_job} (same run dir)", file=sys.stderr)
         submit_guardian(self.run, new_job)

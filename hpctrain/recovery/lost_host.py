@@ -75,7 +75,7 @@ def decide_guard(history: History, ended: JobEnd, budgets: Budgets) -> Decision:
             by=BY_GUARDIAN,
             action=Action.RESUBMIT.value,
         )
-        return Decision(Action.REQUEUE, (failure,), message=f"{said}: submitting the run again ({decided.cause.value})")
+        return _resubmit((failure,), f"{said}: submitting the run again ({decided.cause.value})")
     cause = _GUARDED_CAUSES.get(ended.state or "", Cause.NODE_FAILURE)
     lost = [ended.batch_host] if cause is Cause.NODE_FAILURE and ended.batch_host else []
     failure = Failure(**mark, cause=cause, nodes=lost, reason=f"{said} before its batch script decided", by=BY_GUARDIAN)
@@ -84,7 +84,15 @@ def decide_guard(history: History, ended: JobEnd, budgets: Budgets) -> Decision:
         budget = Failure(**mark, cause=Cause.BUDGET, reason=spent, action=Action.FAIL.value, by=BY_GUARDIAN)
         return Decision(Action.FAIL, (failure, budget), message=spent)
     written = (replace(failure, action=Action.RESUBMIT.value), Requeue(**mark, cause=cause, by=BY_GUARDIAN))
-    return Decision(Action.REQUEUE, written, message=f"{said}: submitting the run again ({cause.value})")
+    return _resubmit(written, f"{said}: submitting the run again ({cause.value})")
+
+
+def _resubmit(written: tuple, message: str) -> Decision:
+    """The guardian's REQUEUE: job.sbatch submitted again; when sbatch fails, the run ends FAILED
+    with the failure saying why (WHY: sbatch's words), and nothing else is journaled."""
+    failure = next(e for e in written if isinstance(e, Failure))
+    failed = replace(failure, reason=f"submitting job.sbatch again failed ({WHY})", action=Action.FAIL.value)
+    return Decision(Action.REQUEUE, written, message=message, otherwise=Decision(Action.FAIL, (failed,), message=WHY))
 
 
 def decide_keeper(

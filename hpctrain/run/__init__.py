@@ -14,4 +14,5 @@ hpctrain-status, hpctrain-follow) agrees on about a run dir.
     node_address  the address a node of the job is reached at (rank 0's, the watcher's)
     listeners   the programs a run dir names to be told when the run has ended (hpctrain-tune's)
 No torch here: the batch shell's control step imports it and must answer in a moment.
+May import: slurm (job ids, the task's environment); every other folder may import run.
 """

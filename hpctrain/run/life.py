@@ -8,7 +8,7 @@ Inside an array task SLURM_JOB_ID is the task's own number, and one task has the
 as its number: `scontrol requeue <that number>` requeues every task of the array (seen on Slurm
 22.05). A life therefore names itself `<array>_<task>`, which squeue, sacct, scontrol and scancel
 all take and which survives a requeue; its own number is kept as `number` (its other name, which
-older journals carry).
+Slurm's own records show beside it).
 """
 
 from __future__ import annotations

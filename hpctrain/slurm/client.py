@@ -40,6 +40,11 @@ SACCTMGR = "sacctmgr"
 COMMANDS = frozenset({SBATCH, SCONTROL, SQUEUE, SACCT, SINFO, SCANCEL, SACCTMGR})
 
 
+# How long an in-job program waits out a slurmctld restart (a failover, an upgrade) before it acts
+# on its own: the control step's unanswered requeue and its resubmission, the keeper.
+RESTART_WAIT_S = 60.0
+
+
 class Purpose(Enum):
     """Who asks Slurm, and what for: each has one row in POLICIES."""
 
@@ -82,8 +87,8 @@ POLICIES: dict[Purpose, Policy] = {
     # that silenced the batch host often comes with a busy controller).
     Purpose.KEEPER_LOOK: Policy(timeout_s=15.0, retry_for_s=60.0),
     # sbatch from inside the job (a refused requeue, a lost batch host): retried only when Slurm
-    # says the request never left, for as long as the control step waits out a restart (60 s).
-    Purpose.RESUBMIT: Policy(timeout_s=30.0, retry_for_s=60.0, retry_unsure=False),
+    # says the request never left, for as long as the control step waits out a restart.
+    Purpose.RESUBMIT: Policy(timeout_s=30.0, retry_for_s=RESTART_WAIT_S, retry_unsure=False),
     # The guardian's look at the ended job: slurmctld may be restarting (a node failure often
     # comes with a busy controller), and Slurm keeps an ended job's record MinJobAge (300 s).
     Purpose.GUARDIAN_LOOK: Policy(timeout_s=30.0, retry_for_s=180.0),

@@ -11,4 +11,5 @@ The flow, one direction:
     a table, JSON, or a plot                       -> table, plot
 
 Nothing here imports torch or Hydra: a status must answer in a moment on a login node.
+May import: run, slurm, config, recovery (its facts), submit.
 """

@@ -6,4 +6,5 @@
     cancel   one scancel for the chosen points, each recorded as `cancelled`
     retry    their own job.sbatch submitted again through submit_all, recorded as `retry`
 No torch here: both commands answer in a moment on a login node.
+May import: run, slurm, config, submit, status.
 """
