@@ -62,7 +62,10 @@ POINTS = {
     "worker.before_imports": "`python -m hpctrain.worker` started, torch not imported yet",
     "worker.after_imports": "torch and the trainer imported, the config not read yet",
     "worker.before_rendezvous": "the stop handlers installed, the process group not joined yet",
-    "trainer.resume_loading": "the newest usable checkpoint read, its state not yet applied (nothing journaled)",
+    "trainer.resume_loading": (
+        "the newest usable checkpoint read, the weights loaded, the rest of its state not yet applied"
+        " (nothing journaled)"
+    ),
     "trainer.step": "an optimizer step done (@K: the K-th of this process), not yet logged, voted or saved",
     "checkpoint.periodic_in_flight": "a periodic checkpoint's first bytes written, its .pt.tmp incomplete",
     "checkpoint.forced_in_flight": "a stop's forced save: its first bytes written, its .pt.tmp incomplete",
