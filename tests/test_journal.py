@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -156,3 +158,28 @@ def test_a_record_without_a_field_its_event_needs_is_skipped_not_fatal(tmp_path:
     path = tmp_path / "events.jsonl"
     path.write_text('{"event": "requeue", "time": 1.0}\n{"event": "finish", "time": 2.0, "step": 4}\n')
     assert [e.name for e in read_events(path)] == ["finish"]
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP])
+def test_a_filesystem_without_flock_leaves_the_journal_unlocked_not_unwritable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """flock on some NFS and Lustre mounts fails (ENOLCK, ENOSYS): a control step's requeue reads
+    the journal under this lock and must still requeue; any other error is not swallowed."""
+    from hpctrain.run import jsonlines
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(jsonlines.fcntl, "flock", no_locks)
+    events = tmp_path / "events.jsonl"
+    with jsonlines.locked(events):
+        JsonLines(events).write({"event": "cancelled"})
+    assert [line["event"] for line in read_jsonl(events)] == ["cancelled"]
+
+    def broken(fd: int, operation: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(jsonlines.fcntl, "flock", broken)
+    with pytest.raises(OSError), jsonlines.locked(events):
+        pass

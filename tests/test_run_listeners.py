@@ -112,6 +112,6 @@ def test_a_run_without_listeners_tells_nobody_and_says_nothing(run: RunDir, capf
 
 def test_the_control_step_and_the_guardian_tell_the_listeners_when_the_run_ends(run: RunDir) -> None:
     run.listeners.write_text(json.dumps([{"module": "told_listener", "timeout_s": 60}]))
-    Controller(run.root, env={"SLURM_JOB_ID": "1"})._trial_ended("finish")
-    Guardian(run.root, "1")._trial_ended("fail")
+    Controller(run.root, env={"SLURM_JOB_ID": "1"})._run_ended("finish")
+    Guardian(run.root, "1")._run_ended("fail")
     assert told(run) == ["finish", "fail"]

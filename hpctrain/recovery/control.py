@@ -108,7 +108,7 @@ class Controller:
         decision = decide_start(self.gather.history(), cluster, self.gather.budgets())
         self.apply.record(decision)
         if decision.action is Action.FAIL:
-            self._trial_ended(Action.FAIL.value)
+            self._run_ended(Action.FAIL.value)
             return BEGIN_EXITS[decision.action]
         if self.restart > 0:  # judged, and in the journal: the last life's mark has done its work
             self.run.sigterm_mark(self.gather.number, self.restart - 1).unlink(missing_ok=True)
@@ -130,7 +130,7 @@ class Controller:
         decision = decide(self.gather.history(launched_at), outcome, self.gather.cluster(), self.gather.budgets())
         self.apply.record(stamped(decision, self.env.get(STEP_ENDED_AT_ENV, "")))
         if decision.ends_run:
-            self._trial_ended(decision.action.value)
+            self._run_ended(decision.action.value)
         # The batch shell's srun --nodes for the survivors, only when slurm.nodes is a range.
         step_nodes = decision.step_nodes if self.slurm.elastic_nodes else None
         return Answer(decision.action, decision.excluded, step_nodes).line()
@@ -184,7 +184,7 @@ class Controller:
             self.apply.shape(decision.shape)
         self.apply.record(decision)
         if decision.action is Action.FAIL:
-            self._trial_ended(Action.FAIL.value)
+            self._run_ended(Action.FAIL.value)
         return REQUEUE_EXITS[decision.action]
 
     def batch_host_lost(self, host: str, silent_s: float) -> int:
@@ -221,7 +221,7 @@ class Controller:
             # Its `failure` already says why the submission failed: the requeue's refusal adds nothing.
             decision = decision.because(asked.why())
         self.apply.record(decision)
-        self._trial_ended(Action.FAIL.value)
+        self._run_ended(Action.FAIL.value)
         self.apply.cancel_this_job()
         return KEEPER_EXITS[decision.action]
 
@@ -237,7 +237,7 @@ class Controller:
             self.apply.say(done.message, speaker)
         return job_id, why
 
-    def _trial_ended(self, action: str) -> None:
+    def _run_ended(self, action: str) -> None:
         """The run has ended: the programs its run dir names are told (hpctrain.run.listeners; a
         trial of hpctrain-tune names the study's report). Other runs pay one stat()."""
         from hpctrain.run.listeners import tell_listeners

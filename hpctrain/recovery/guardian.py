@@ -77,13 +77,13 @@ class Guardian:
                 full = self.run.room_left()
                 if full is not None:  # the new job could not even record its start
                     print(f"hpctrain guardian: {no_room_message(self.run.root, full)}", file=sys.stderr)
-                    self._trial_ended("fail")
+                    self._run_ended("fail")
                     return 1
                 return self._resubmit(decision)
             for event in decision.events:
                 self.journal.write_event(event)
         if decision.action is Action.FAIL:
-            self._trial_ended("fail")
+            self._run_ended("fail")
             return 1
         return 0
 
@@ -101,7 +101,7 @@ class Guardian:
             for event in failed.events:
                 self.journal.write_event(dataclasses.replace(event, time=time.time()))
             print(f"hpctrain guardian: submitting {self.run.job_script} again failed ({why})", file=sys.stderr)
-            self._trial_ended("fail")
+            self._run_ended("fail")
             return 1
         for event in decision.resubmitted(new_job).events:
             self.journal.write_event(event)
@@ -110,7 +110,7 @@ class Guardian:
         submit_guardian(self.run, new_job)
         return 0
 
-    def _trial_ended(self, action: str) -> None:
+    def _run_ended(self, action: str) -> None:
         """The run has ended: its listeners are told (hpctrain.run.listeners)."""
         from hpctrain.run.listeners import tell_listeners
 

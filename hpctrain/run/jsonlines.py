@@ -8,12 +8,16 @@ files) all see whole lines.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+# What flock raises on a filesystem that has no locks.
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
 def _finite(value: Any) -> Any:
@@ -68,9 +72,16 @@ def locked(path: Path) -> Iterator[None]:
     """Hold an exclusive advisory lock on `path` (created if missing) while reading and then
     appending: two writers that each check "is it recorded already?" (the batch shell's
     SIGTERM trap and hpctrain-cancel) then never both write. Writers that take no lock are not
-    held up."""
+    held up. On a filesystem without flock (some NFS and Lustre mounts) it goes unlocked, as the
+    run dir's own lock does (hpctrain.run.lock): a control step must still requeue its job there."""
     with open(path, "a") as file:
-        fcntl.flock(file.fileno(), fcntl.LOCK_EX)
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX)
+        except OSError as error:
+            if error.errno not in _NO_LOCKS:
+                raise
+            yield
+            return
         try:
             yield
         finally:
