@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paced import PACED, PAUSE_ENV
 from helpers.resumes import newest_checkpoint_before
 from slurmtools import (
     LIMITED_MAX_ARRAY_SIZE,
@@ -28,6 +29,7 @@ from slurmtools import (
     wait_finished,
     wait_for_state,
     wait_for_step,
+    with_test_helpers,
 )
 
 pytestmark = pytest.mark.slurm
@@ -40,10 +42,12 @@ LRS = ["1e-3", "2e-3", "3e-3"]  # point n trains with LRS[n]
 def test_array_tasks_requeue_alone_and_resume_exactly_in_their_own_run_dirs(tmp_path: Path) -> None:
     env = start_cluster()
     sweep = tmp_path / "sweep"
-    # 400 steps, about 6 s of training a task: the faults below must land while each trains, and
-    # the tasks may start seconds apart (each needs a whole node).
-    config = [*RUN, "trainer.max_steps=400"]
-    (array,), out = submit(env, sweep, *config, f"optim.lr={','.join(LRS)}", multirun=True)
+    # 400 paced steps, at least 20 s of training a task whatever the load: the faults below must
+    # land while each trains, and the tasks may start many seconds apart (each needs a whole node;
+    # unpaced, 6 s of training let the first task finish before the last had started under load).
+    config = [*RUN, *PACED, "trainer.max_steps=400"]
+    paced = {**env, PAUSE_ENV: "0.05", "PYTHONPATH": with_test_helpers(env)}
+    (array,), out = submit(paced, sweep, *config, f"optim.lr={','.join(LRS)}", multirun=True)
     ids = {Path(d).name: j for d, j in point_jobs(out).items()}
     assert sorted(ids) == ["0", "1", "2"] and set(ids.values()) == {f"{array}_{t}" for t in range(3)}, out
     # Every task started (until then a pending task answers with the array's own record).

@@ -222,8 +222,10 @@ def test_recovery_cases_side_by_side(slurm_env, tmp_path: Path) -> None:
         ],
         "exclude": [*crash, "slurm.exclude=node3"],
         # Last: the warning comes while a setup line runs: the shell survives (set -u), launches
-        # nothing, requeues. The setup's first line tells the test the shell has set its traps.
-        "early_warning": [*RUN, "trainer.max_steps=40", f"slurm.setup=['echo {SETUP_BEGINS}','sleep 30']"],
+        # nothing, requeues. The setup's first line tells the test the shell has set its traps;
+        # the sleep is the test's window to see it (30 s ran out once: the job started while its
+        # own hpctrain-submit still queued the guardian on a loaded slurmctld).
+        "early_warning": [*RUN, "trainer.max_steps=40", f"slurm.setup=['echo {SETUP_BEGINS}','sleep 75']"],
     }
     jobs = {name: submit(env, tmp_path / name, *config)[0][0] for name, config in configs.items()}
     runs = {name: tmp_path / name for name in configs}

@@ -77,6 +77,15 @@ def preempt(env: dict[str, str], job: str) -> None:
     time.sleep(1)  # the SIGTERM reached every task
 
 
+def submitit_jobs(sweep: Path) -> list[str]:
+    """The job ids submitit has made folders for in the sweep's .submitit/. The folder also holds
+    `<uuid>.pkl` files, written first, whose hex name may begin with a digit too."""
+    folder = sweep / ".submitit"
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name.replace("_", "").isdigit())
+
+
 def wait_until(what: str, check, timeout_s: float, story=lambda: "") -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -174,8 +183,8 @@ def test_a_point_preempted_while_its_tasks_start_loses_nothing(tmp_path: Path) -
     with launcher_log.open("w") as out:
         launcher = subprocess.Popen(command, env=held, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
-        wait_until("submitit queued the point", lambda: any((sweep / ".submitit").glob("[0-9]*")), 120)
-        job = next((sweep / ".submitit").glob("[0-9]*")).name
+        wait_until("submitit queued the point", lambda: bool(submitit_jobs(sweep)), 120)
+        (job,) = submitit_jobs(sweep)
         wait_until(
             "the tasks held before they train",
             lambda: (gates / "0" / "train.before_launch.reached").exists(),
