@@ -297,6 +297,32 @@ def test_a_relaunched_step_is_heard_afresh(
         _end([proc for proc, _ in [*first, *second]], [beater for _, beater in [*first, *second]])
 
 
+@pytest.mark.slow
+def test_a_steps_silence_heard_after_its_relaunch_leaves_the_relaunched_step_alone(
+    watched: tuple[Path, Path, subprocess.Popen[bytes], subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    """Slurm saw node2 lost first and the control step relaunched (a new srun) before the
+    relaunched ranks' first beats: the watcher still holds step 0, where node2 is silent and node1
+    not yet. It must not end the new srun (seen on a loaded dev cluster: the relaunched step killed
+    2 s after its launch, charged as a crash and requeued)."""
+    run_dir, folder, srun, _ = watched
+    addr = (folder / "addr").read_text().strip()
+    first = [_training(addr, 0, "node1", "0"), _training(addr, 1, "node2", "0")]
+    try:
+        time.sleep(2)
+        os.kill(first[1][1], signal.SIGSTOP)  # node2 lost
+        srun.kill()  # step 0's srun ended by Slurm; the relaunch's srun starts at once
+        srun.wait()
+        next_srun = subprocess.Popen([str(tmp_path / "srun"), "600"])
+        (folder / "srun.pid").write_text(f"{next_srun.pid}\n")
+        time.sleep(6)  # twice the timeout: step 0's node1 beats on, node2 silent
+        assert next_srun.poll() is None and _silent_events(run_dir) == []
+        next_srun.kill()
+        next_srun.wait()
+    finally:
+        _end([proc for proc, _ in first], [beater for _, beater in first])
+
+
 # A rank that leaves while its peer goes on (a stop with no time to save): it says bye itself,
 # and Slurm's step clean-up kills its beater at once (slurmstepd SIGKILLs what a task leaves).
 LEAVING = """

@@ -95,6 +95,10 @@ class Watcher:
         self.job_id, self.restart = life.job_id or "", life.restart
         self.heard: dict[int, Heard] = {}  # the current step's ranks
         self.step = ""  # the current step's SLURM_STEP_ID (each relaunch is a new step)
+        # The srun running when the current step was first heard: a relaunch's srun replaces it
+        # before the relaunched ranks' first beats (seconds under load), and the old step's
+        # silence must not end the new step.
+        self.step_srun: int | None = None
         self.ended: set[str] = set()  # steps this watcher ended
 
     def listen(self) -> socket.socket:
@@ -122,7 +126,7 @@ class Watcher:
             tick = now
             # Only while the step's srun runs: once it has returned (the shell removes its pid file),
             # ranks that left without a word are the step's end, not a dead node.
-            running = self.timeout_s > 0 and self._srun() is not None
+            running = self.timeout_s > 0 and self._step_srun() is not None
             silent = silent_nodes(self.heard, now, self.timeout_s) if running else {}
             if silent:
                 self._end_step(silent, now)
@@ -147,6 +151,7 @@ class Watcher:
             if self.step and _older(beat.step, self.step):
                 return  # a late beat of the step before
             self.heard, self.step = {}, beat.step  # a new step (a relaunch): its ranks only
+            self.step_srun = self._srun()
         heard = self.heard.setdefault(beat.rank, Heard(beat.node, time.monotonic()))
         heard.node, heard.last, heard.gone = beat.node, time.monotonic(), heard.gone or beat.bye
 
@@ -174,7 +179,7 @@ class Watcher:
             step = f"{self.env.get('SLURM_JOB_ID', self.job_id)}.{self.step}"
             threading.Thread(target=self._kill_step, args=(step,), daemon=True).start()
             time.sleep(SCANCEL_LEAD_S)
-        srun = self._srun()
+        srun = self._step_srun()
         if srun is not None:
             try:
                 os.kill(srun, signal.SIGKILL)
@@ -186,6 +191,14 @@ class Watcher:
         returned), if it still runs."""
         srun = _pid_in(self.folder / SRUN_PID_FILE)
         return srun if srun is not None and _is_srun(srun) else None
+
+    def _step_srun(self) -> int | None:
+        """The running srun, if it is the current step's own (or the step was heard before the
+        shell wrote its pid): None once a relaunch's srun has taken its place."""
+        srun = self._srun()
+        if srun is None or (self.step_srun is not None and srun != self.step_srun):
+            return None
+        return srun
 
     def _kill_step(self, step: str) -> None:
         client.signal(step, "KILL", Purpose.IN_JOB, env=self.env)
