@@ -148,6 +148,62 @@ def test_a_task_killed_takes_its_worker_with_it(server) -> None:
     assert gone(worker, 15.0, started), f"worker {worker} outlived its task"
 
 
+def test_a_task_killed_before_it_read_its_workers_pid_still_takes_the_worker_with_it(server, tmp_path) -> None:
+    """Slurm can end a step the moment its task handed itself over: the standby's message with the
+    worker's pid is then still unread, and the kernel resets the connection instead of closing it.
+    A task of our own here, on the standby's socket, that never reads that message."""
+    token, node = server
+    report_r, report_w = os.pipe()
+    with open(os.devnull, "rb") as stdin, open(tmp_path / "stderr", "wb") as stderr:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(30)
+            sock.connect(standby.address(token, node))
+            hello, _ = standby.receive_message(sock)
+            assert hello == {"ready": True}
+            task = {
+                "module": "helpers.handoff_probe",
+                "argv": ["sleep"],
+                "env": _env(token, node),
+                "cwd": str(tmp_path),
+                "umask": 0o022,
+                "cpus": sorted(os.sched_getaffinity(0)),
+                "began": time.time(),
+            }
+            standby.send_message(sock, task, (stdin.fileno(), report_w, stderr.fileno()))
+            os.close(report_w)
+            with os.fdopen(report_r) as reports:
+                worker = json.loads(reports.readline())["pid"]  # the worker runs: the pid message is sent
+            started = started_at(worker)
+            deadline = time.monotonic() + 30
+            while not _unread(sock):
+                assert time.monotonic() < deadline, "the standby never sent the worker's pid"
+                time.sleep(0.01)
+        # closed with the pid message unread, as a task SIGKILLed at that moment
+    assert gone(worker, 15.0, started), f"worker {worker} outlived its task"
+
+
+def test_a_worker_whose_monitor_dies_dies_with_it(server) -> None:
+    """The monitor is what kills the worker when its task goes: if the monitor itself is killed
+    (the OOM killer, a bug), the worker goes too (its parent-death signal), never left training."""
+    task = handoff(*server, "sleep")
+    worker = report_of(task)["pid"]
+    started = started_at(worker)
+    monitor = int(Path(f"/proc/{worker}/stat").read_text().rsplit(") ", 1)[1].split()[1])
+    os.kill(monitor, signal.SIGKILL)
+    assert gone(worker, 15.0, started), f"worker {worker} outlived its monitor {monitor}"
+    _, err = task.communicate(timeout=30)
+    assert task.returncode == 1 and "the standby ended before its worker" in err
+
+
+def _unread(sock: socket.socket) -> int:
+    """Bytes waiting in the socket's receive queue (FIONREAD)."""
+    import fcntl
+    import struct
+    import termios
+
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
 def test_a_worker_killed_by_a_signal_ends_its_task_by_the_same_signal(server) -> None:
     task = handoff(*server, "sleep")
     os.kill(report_of(task)["pid"], signal.SIGKILL)  # the OOM killer, say

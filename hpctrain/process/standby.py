@@ -143,9 +143,11 @@ def _monitor(conn: socket.socket) -> None:
     except (OSError, KeyError, TypeError, ValueError) as error:
         send_message(conn, {"cold": f"{type(error).__name__}: {error}"})
         return
+    monitor = os.getpid()
     worker = os.fork()
     if worker == 0:
         conn.close()
+        _die_with_parent(monitor)
         os._exit(_run_worker(task))
     send_message(conn, {"pid": worker})
     status = _wait(worker, conn)
@@ -183,9 +185,36 @@ def _wait(worker: int, conn: socket.socket) -> int:
         if done == worker:
             return status
         ready, _, _ = select.select([conn], [], [], 0.05)
-        if ready and not conn.recv(1):  # the task sends nothing more: readable means it ended
+        if ready and _task_ended(conn):
             os.kill(worker, signal.SIGKILL)
             return os.waitpid(worker, 0)[1]
+
+
+def _task_ended(conn: socket.socket) -> bool:
+    """The task's socket is readable: the task sends nothing more, so that means it ended. A task
+    killed before it read the worker's pid ends with that message unread, and the kernel then
+    resets the connection (ECONNRESET) instead of closing it: an end as well, not an error that
+    would take this monitor down and leave the worker training on without its step."""
+    try:
+        return not conn.recv(1)
+    except OSError:
+        return True
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this worker if its monitor ends first, however it ends (a bug, the OOM killer): the
+    monitor is what kills the worker when its task goes, and a worker nobody watches would train
+    on past its step. Linux's PR_SET_PDEATHSIG; elsewhere nothing (the monitor alone)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the monitor was already gone before the prctl took hold
+        os._exit(128 + signal.SIGKILL)
 
 
 def _run_worker(task: dict) -> int:
