@@ -239,7 +239,18 @@ def wait_for_state(
         if lift_holds and state == "PENDING" and job_field(env, job_id, "Reason") == "BeginTime":
             subprocess.run(["scontrol", "update", f"jobid={job_id}", LIFTED_START], env=env, capture_output=True)
         time.sleep(0.5)
-    raise AssertionError(f"job {job_id} still {state} after {timeout_s:.0f} s, wanted {sorted(states)}")
+    raise AssertionError(
+        f"job {job_id} still {state} after {timeout_s:.0f} s, wanted {sorted(states)}\n{why_waiting(env, job_id)}"
+    )
+
+
+def why_waiting(env: dict[str, str], job_id: str) -> str:
+    """What Slurm says keeps a job where it is: its Reason and dependency, the nodes' states (a
+    node drained by "Kill task failed" keeps a job PENDING for ever), and its story so far."""
+    fields = {name: job_field(env, job_id, name) for name in ("Reason", "Dependency", "ExcNodeList", "BeginTime")}
+    nodes = subprocess.run(["sinfo", "-N", "-h", "-o", "%N %T %E"], env=env, capture_output=True, text=True)
+    told = " ".join(f"{name}={value}" for name, value in fields.items())
+    return f"{told}\nnodes:\n{nodes.stdout.strip() or nodes.stderr.strip()}\n{job_story(env, job_id)}"
 
 
 def wait_finished(env: dict[str, str], job_id: str, timeout_s: float = 300, lift_holds: bool = False) -> str:
