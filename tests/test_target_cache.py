@@ -16,6 +16,7 @@ import pytest
 from clitools import cli_env
 
 from hpctrain.config import signatures
+from hpctrain.run.paths import CODE_MANIFEST
 from hpctrain.submit.code_snapshot import _top_source, module_source
 
 # What a fresh command does: describe one target, say whether it imported it and what it saw.
@@ -87,6 +88,23 @@ def test_imported_every_time(tmp_path: Path, cache: str) -> None:
     for _ in range(2):
         seen = describe_in_a_new_process("mymodel.data", [code], folder)
         assert seen["imports"] == 1 and seen["preflight"] == hook
+
+
+def test_a_jobs_code_snapshot_does_not_evict_the_checkouts_entry(tmp_path: Path) -> None:
+    """A job imports its run dir's code snapshot and checks its config there. Before, it wrote the
+    snapshot's copy into the cache; the user's next hpctrain-submit from the checkout found that
+    entry stale and imported torch again (a second and more of every submit after any job ran)."""
+    checkout, cache = tmp_path / "checkout", tmp_path / "cache"
+    snapshot = tmp_path / "run" / "code"
+    source = "class Net:\n    def __init__(self, width):\n        pass\n"
+    write_module(checkout, source)
+    write_module(snapshot, source)
+    (snapshot / CODE_MANIFEST).write_text("{}\n")
+    assert describe_in_a_new_process("mymodel.Net", [checkout], cache)["imports"] == 1
+    for _ in range(2):  # the job's every life: read, found stale for its copy, never written
+        job = describe_in_a_new_process("mymodel.Net", [snapshot], cache)
+        assert job["imports"] == 1 and job["params"] == [["width", 1, False]]
+    assert describe_in_a_new_process("mymodel.Net", [checkout], cache)["imports"] == 0
 
 
 def _positional_only(a, b=1, /, c=2):  # type: ignore[no-untyped-def]

@@ -10,7 +10,10 @@ one of those files is unchanged and the top-level package is still found where i
 else imports the target as before and writes the entry again. The files are the modules along
 the target's dotted path, the module defining it, and those of its classes' bases and metaclass.
 
-A target with a `preflight` hook is always imported: the hook runs code. Set
+A target with a `preflight` hook is always imported: the hook runs code. A job, which imports the
+code snapshot of its run dir, reads the cache but never writes it: its entries would name the
+snapshot's copy, the user's next command from their own checkout would find them stale and write
+them back, and every command after a job ran would import torch again. Set
 HPCTRAIN_TARGET_CACHE=off to import every target every time.
 """
 
@@ -30,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import hydra.utils
+
+from hpctrain.run.paths import in_code_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +133,8 @@ def _entry(target: str, obj: Any, description: Description) -> dict[str, Any] | 
         return None
     files = _source_files(target, obj)
     top = _top_location(target.split(".", 1)[0])
-    if files is None or top is None:
-        return None
+    if files is None or top is None or any(in_code_snapshot(location) for location in top[1:]):
+        return None  # see the module's docstring for a snapshot's copy
     parameters = None
     if description.signature is not None:
         parameters = [

@@ -27,6 +27,17 @@ def no_room_message(run_dir: Path, error: OSError) -> str:
     )
 
 
+# The file a code snapshot (RUN_DIR/code, or a sweep's) holds beside the copied packages: what was
+# copied and from which commit (hpctrain.submit.code_snapshot). Its presence marks a snapshot.
+CODE_MANIFEST = "snapshot.json"
+
+
+def in_code_snapshot(location: str | Path) -> bool:
+    """True for a package (or module) found in a code snapshot: a copy a job imports, not the
+    user's own code."""
+    return (Path(location).parent / CODE_MANIFEST).is_file()
+
+
 # sbatch's --output in a run dir: every life of a job appends to its file (%j: the job id).
 SLURM_OUTPUT_PATTERN = "slurm-%j.out"
 

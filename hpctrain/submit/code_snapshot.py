@@ -36,11 +36,12 @@ from types import ModuleType
 from typing import Any
 
 import hpctrain
+from hpctrain.run.paths import CODE_MANIFEST
 from hpctrain.submit import git_state
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "snapshot.json"
+MANIFEST = CODE_MANIFEST
 # Never worth copying: bytecode is rebuilt from the copied sources.
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
 
