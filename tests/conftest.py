@@ -305,6 +305,21 @@ def user_module_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.fixture(autouse=True)
+def _no_node_left_drained(request: pytest.FixtureRequest):
+    """After a Slurm test, a node Slurm drained for "Kill task failed" is resumed and said, so
+    the module's next tests do not wait on it (slurmtools.resume_nodes_drained_by_kill_task_failed)."""
+    yield
+    if request.node.get_closest_marker("slurm") is None:
+        return
+    import warnings
+
+    import slurmtools
+
+    for said in slurmtools.resume_nodes_drained_by_kill_task_failed():
+        warnings.warn(f"{request.node.nodeid}: {said}", stacklevel=1)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """HPCTRAIN_TEST_LANE=main or waiting (scripts/test.sh) keeps that lane's modules only
