@@ -76,7 +76,10 @@ TRAIN = [
 ]
 OUTAGE_S = 30.0
 # The requeue waits this long at its fault point: the test stops slurmctld meanwhile.
-ARMING = "batch.before_requeue=sleep:5"
+# The rank waits at step 40 (a gate) until the test has sent the warning: with a timed wait the
+# warning came after the job had finished, twice under the suite's load (its submit returned late).
+HELD_AT_STEP = 40
+ARMING = f"batch.before_requeue=sleep:5,trainer.step=gate:600@{HELD_AT_STEP}"
 DECIDED = "hpctrain: step ended with 75: requeue"  # 75: the workers saved for the time limit
 
 
@@ -97,11 +100,14 @@ def test_slurmctld_stopped_for_30_s_during_the_requeue(slurm_env, tmp_path: Path
     reference = tmp_path / "reference"
     trained = Reference(env, reference, TRAIN)
     run_dir = tmp_path / "run"
-    (job,), _ = submit({**env, PAUSE_ENV: "0.1", faults.ENV: ARMING}, run_dir, *TRAIN)
+    gates = tmp_path / "gates"
+    (job,), _ = submit({**env, PAUSE_ENV: "0.1", faults.ENV: ARMING, faults.GATES_ENV: str(gates)}, run_dir, *TRAIN)
     controller = controller_pid()
     try:
-        wait_for_step(run_dir, 40)
+        reached, opened = faults.gate_files(gates, "trainer.step")
+        wait_at_gate(slurm_env, job, reached, 300)
         subprocess.run(["scancel", "--batch", "--signal=USR2", job], env=slurm_env, check=True)
+        opened.touch()
         wait_for_output(run_dir, DECIDED, 120)
         os.kill(controller, signal.SIGSTOP)
         stopped_at = time.time()

@@ -229,6 +229,9 @@ def test_recovery_cases_side_by_side(slurm_env, tmp_path: Path) -> None:
     }
     jobs = {name: submit(env, tmp_path / name, *config)[0][0] for name, config in configs.items()}
     runs = {name: tmp_path / name for name in configs}
+    # Asked now, while slurmctld still holds the job: by the end of this long test MinJobAge
+    # (300 s) may have dropped its record (scontrol then says nothing of it).
+    assert job_field(slurm_env, jobs["refused"], "Requeue") == "0"
 
     # The warning only once the batch shell has set its traps: the job is RUNNING before its shell
     # runs (slurmd still starting it), and a USR2 then kills the shell, as bash's default does
@@ -257,7 +260,6 @@ def test_recovery_cases_side_by_side(slurm_env, tmp_path: Path) -> None:
     assert "unbound variable" not in job_output(runs["early_warning"])
 
     # Refused requeue: never COMPLETED; the run went on in a new job that spent the crash budget.
-    assert job_field(slurm_env, jobs["refused"], "Requeue") == "0"
     assert wait_finished(slurm_env, jobs["refused"], 300) == "FAILED", job_output(runs["refused"])
     refused = [e for e in of("failure", runs["refused"]) if e["cause"] == "requeue_refused"]
     assert len(refused) == 1 and refused[0]["action"] == "resubmit", events(runs["refused"])

@@ -1,4 +1,4 @@
-"""A job that needs several allocations under a 1-minute time limit, on a real Slurm cluster:
+"""A job that needs several allocations under a 3-minute time limit, on a real Slurm cluster:
 every life warned (`--signal=B:USR2@40`), saved and requeued, the last trained to the end, the
 weights bit-identical to an uninterrupted run.
 
@@ -37,20 +37,21 @@ def slurm_env() -> dict[str, str]:
 
 def test_time_limit_requeues_until_done(slurm_env, tmp_path: Path) -> None:
     run_dir = tmp_path / "timelimited"
-    # 1-minute allocations, warned 40 s ahead (Slurm may warn up to a minute early): a life trains
-    # 20 s at most. Each step takes at least 42 ms in the job, so its 700 steps need over 29 s of
-    # training: two allocations or more on any machine, three or four on this one (1500 steps
-    # took seven lives, at twice the time, for nothing a second requeue does not show already:
-    # every life after the first resumes from a time-limit save). The reference trains the same
+    # 3-minute allocations, warned 40 s ahead: Slurm may send the warning up to a minute early, so
+    # it comes 80 to 140 s into a life. Start-up (srun, torch's imports) takes up to 40 s on this
+    # machine under the suite's load; with 1-minute allocations (warned 20 to 50 s in) a loaded run
+    # was warned before its first step in 23 lives running and never got anywhere. Each step takes
+    # at least 200 ms in the job (a pause, not work), so its 700 steps need 140 s of training, more
+    # than one life can give: two allocations or more on any machine. The reference trains the same
     # config without the pause.
     config = [
         *RUN,
         *PACED,
         "trainer.max_steps=700",
-        "slurm.time=1",
+        "slurm.time=3",
         "slurm.signal_delay_s=40",
     ]
-    paced_env = {**slurm_env, PAUSE_ENV: "0.042", "PYTHONPATH": with_test_helpers(slurm_env)}
+    paced_env = {**slurm_env, PAUSE_ENV: "0.2", "PYTHONPATH": with_test_helpers(slurm_env)}
     (job_id,), _ = submit(paced_env, run_dir, *config)
     # The paced job leaves the CPU mostly idle: the unpaced reference trains meanwhile.
     reference = tmp_path / "reference"
