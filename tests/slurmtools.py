@@ -519,7 +519,7 @@ def submission_field(run_dir: Path, name: str) -> str | None:
 def run_ends(env: dict[str, str], run_dir: Path, first_job: str, timeout_s: float) -> tuple[str, str]:
     """Until the job that carries the run on has ended, requeue holds lifted. Returns (the first
     job's end state, the last job's end state)."""
-    import json
+    from hpctrain.run.paths import RunDir
 
     deadline = time.monotonic() + timeout_s
     first_state = wait_for_state(env, first_job, ENDED, timeout_s, lift_holds=True)
@@ -529,8 +529,8 @@ def run_ends(env: dict[str, str], run_dir: Path, first_job: str, timeout_s: floa
         # The job and its guardian read together, once it ended: read apart, a guardian that had
         # submitted the run again in between gave the next job's guardian, which waits on a job
         # whose requeue holds no one lifts (a guardian is recorded after its job, never before).
-        submission = json.loads((run_dir / "submission.json").read_text())
-        if submission["job_id"] != job:
+        submission = RunDir(run_dir).read_submission()
+        if submission.get("job_id") != job:
             continue  # its guardian has submitted the run again already
         guardian = submission.get("guardian_job_id")
         # The guardian may still be about to submit the run again: look once more after it ran.
