@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import load_gate
 import pytest
 import suite_order
 import torch
@@ -339,13 +340,47 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = suite_order.longest_first(items, suite_order.read_measured())
 
 
-# Seconds each test took in this run (its setup, call and teardown), for
-# HPCTRAIN_TEST_STORE_SECONDS=1, which writes them to tests/test_seconds.json.
+# Seconds each test took in this run (its setup, call and teardown, less its wait at the load
+# gate), for HPCTRAIN_TEST_STORE_SECONDS=1, which writes them to tests/test_seconds.json.
 _test_seconds: dict[str, float] = {}
+_gate_waits: dict[str, float] = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A Slurm or slow test starts once the machine has room (tests/load_gate.py): before its
+    fixtures, which may start training runs of their own."""
+    if not any(item.get_closest_marker(name) for name in load_gate.HEAVY_MARKERS):
+        return
+    per_core = load_gate.per_core_from_env()
+    if per_core == 0:
+        return
+    bar = load_gate.max_load(len(os.sched_getaffinity(0)), per_core)
+    waited = load_gate.wait_for_room(bar)
+    if waited >= load_gate.POLL_S:
+        # In the report, which pytest-xdist carries to the process that writes the summary.
+        item.user_properties.append((GATE_WAIT_PROPERTY, round(waited, 1)))
+
+
+GATE_WAIT_PROPERTY = "load_gate_wait_s"
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _test_seconds[report.nodeid] = _test_seconds.get(report.nodeid, 0.0) + report.duration
+    waits = (float(v) for k, v in report.user_properties if k == GATE_WAIT_PROPERTY)
+    waited = sum(waits) if report.when == "setup" else 0.0
+    if waited:
+        _gate_waits[report.nodeid] = waited
+    _test_seconds[report.nodeid] = _test_seconds.get(report.nodeid, 0.0) + report.duration - waited
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How long heavy tests waited for room, so a slow run says where its time went."""
+    if _gate_waits:
+        waits = sorted(_gate_waits.values())
+        terminalreporter.write_line(
+            f"load gate: {len(waits)} tests waited for the load to fall, {sum(waits):.0f} s in all "
+            f"(longest {waits[-1]:.0f} s)"
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,0 +1,58 @@
+"""Hold a heavy test's start while the machine is overloaded.
+
+The suite runs several workers (scripts/test.sh), and a Slurm test may run several jobs side by
+side: on a 2-core machine the load average reached 36 in full runs, and a rank then took 65 s to
+import torch (2.5 s alone) and 27 s to load a checkpoint. Work does not get done faster when more
+of it runs at once on saturated cores, but every wall-clock limit in a test (a hang timeout, "the
+step within 180 s", a subprocess timeout) is then met by a process that barely ran. So a test
+marked `slurm` or `slow` waits to start until the one-minute load average is below a few
+processes a core: the tests already running finish sooner, and the total is the same CPU work.
+The wait is capped, so a machine that stays loaded only loses the gate, never the test; it is
+left out of the test's measured seconds (tests/test_seconds.json).
+
+HPCTRAIN_TEST_MAX_LOAD_PER_CORE sets the bar (default 3; 0 turns the gate off).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+MAX_LOAD_PER_CORE = 3.0
+MAX_WAIT_S = 600.0
+POLL_S = 5.0
+HEAVY_MARKERS = frozenset({"slurm", "slow"})
+
+
+def max_load(cores: int, per_core: float) -> float:
+    """The one-minute load average under which a heavy test may start (never below 2 runnable)."""
+    return max(2.0, per_core * cores)
+
+
+def per_core_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> float:
+    raw = environ.get("HPCTRAIN_TEST_MAX_LOAD_PER_CORE", "")
+    if not raw:
+        return MAX_LOAD_PER_CORE
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"HPCTRAIN_TEST_MAX_LOAD_PER_CORE={raw!r}: processes a core (0: no gate)") from None
+    if value < 0:
+        raise ValueError(f"HPCTRAIN_TEST_MAX_LOAD_PER_CORE={raw!r}: 0 or more")
+    return value
+
+
+def wait_for_room(
+    bar: float,
+    load: Callable[[], float] = lambda: os.getloadavg()[0],
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    max_wait_s: float = MAX_WAIT_S,
+    poll_s: float = POLL_S,
+) -> float:
+    """Sleep until the load is under the bar, at most max_wait_s; the seconds waited."""
+    start = clock()
+    while load() >= bar and clock() - start < max_wait_s:
+        sleep(poll_s)
+    return clock() - start
