@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.recovery.watch import Heard, paused, silent_nodes
+from hpctrain.recovery.hearing import Heard, silent_nodes
+from hpctrain.recovery.watch import paused
 from hpctrain.run.heartbeats import ADDR_ENV, Beat
 
 T = 10.0  # the timeout of the table's rows

@@ -91,23 +91,40 @@ def beat(addr: str, rank: int, node: str, step: str, parent: int, clock: Callabl
     for signum in IGNORED:
         signal.signal(signum, signal.SIG_IGN)
     host, port = parse_addr(addr)
-    target = (host, port)
+    # The watcher's name is looked up once, not on every beat (a sendto to a name asks the
+    # resolver each time: thousands of ranks a second against the site's DNS); again only after a
+    # lookup or a send failed.
+    target = _resolve(host, port)
     seq, next_beat = 0, clock()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as out:
         while os.getppid() == parent:
             if clock() >= next_beat:
-                _send(out, target, Beat(rank, node, step, parent, seq))
+                target = target or _resolve(host, port)
+                if target is not None and not _send(out, target, Beat(rank, node, step, parent, seq)):
+                    target = None
                 seq, next_beat = seq + 1, next_beat + BEAT_S
                 next_beat = max(next_beat, clock())  # after a pause (suspended), beat at once
             time.sleep(LOOK_S)
-        _send(out, target, Beat(rank, node, step, parent, seq, bye=True))
+        target = target or _resolve(host, port)
+        if target is not None:
+            _send(out, target, Beat(rank, node, step, parent, seq, bye=True))
 
 
-def _send(out: socket.socket, target: tuple[str, int], one: Beat) -> None:
+def _resolve(host: str, port: int) -> tuple[str, int] | None:
+    """The watcher's IPv4 address (it listens on IPv4); None while the name does not resolve."""
+    try:
+        found = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    return (str(found[0][4][0]), port) if found else None
+
+
+def _send(out: socket.socket, target: tuple[str, int], one: Beat) -> bool:
     try:
         out.sendto(one.encode(), target)
-    except OSError:  # the network is down or the name does not resolve now: beat again later
-        pass
+    except OSError:  # the network is down for a moment: beat again later
+        return False
+    return True
 
 
 def main(argv: list[str]) -> int:

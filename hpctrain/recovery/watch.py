@@ -37,10 +37,10 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.recovery.control import slurm_settings
+from hpctrain.recovery.hearing import StepHearing
 from hpctrain.run.events import Journal, Silent
 from hpctrain.run.heartbeats import BEAT_S, PING, PONG, Beat
 from hpctrain.run.life import LifeStamp
@@ -50,32 +50,14 @@ from hpctrain.slurm.client import Purpose
 
 # How long one wait for a datagram lasts: the watcher judges at least this often.
 TICK_S = 0.25
+# Beats are read in a batch (as many as wait, for at most a tick), then the step is judged once:
+# the work of a beat is constant, that of a judgement proportional to the nodes (recovery/hearing.py).
+# The socket's buffer holds a few seconds of beats of a large job (the kernel may cap it lower,
+# net.core.rmem_max): a burst while the watcher is descheduled is read late, not dropped.
+RECEIVE_BUFFER_BYTES = 8 << 20
 ADDR_FILE, SRUN_PID_FILE = "addr", "srun.pid"
 # The scancel's head start before srun is killed: the request leaves before the shell moves on.
 SCANCEL_LEAD_S = 0.5
-
-
-@dataclass
-class Heard:
-    """What the watcher knows of one rank: its node, its newest beat, whether it said bye."""
-
-    node: str
-    last: float  # time.monotonic() of its newest beat
-    gone: bool = False
-
-
-def silent_nodes(heard: Mapping[int, Heard], now: float, timeout_s: float) -> dict[str, list[int]]:
-    """The nodes whose every rank heard from (none that said bye) has sent nothing for over
-    `timeout_s`, while some other rank still beats: node -> its silent ranks. Every rank silent
-    at once is the step ending (Slurm killed its tasks) or this node cut off: nothing to act on."""
-    live = {rank: h for rank, h in heard.items() if not h.gone}
-    silent = {rank for rank, h in live.items() if now - h.last > timeout_s}
-    if not silent or len(silent) == len(live):
-        return {}
-    by_node: dict[str, list[int]] = {}
-    for rank, h in sorted(live.items()):
-        by_node.setdefault(h.node, []).append(rank)
-    return {node: ranks for node, ranks in by_node.items() if all(rank in silent for rank in ranks)}
 
 
 def paused(previous_tick: float, now: float, timeout_s: float) -> bool:
@@ -93,7 +75,7 @@ class Watcher:
         self.journal = Journal(run_dir / "events.jsonl")
         life = LifeStamp.from_env(self.env)
         self.job_id, self.restart = life.job_id or "", life.restart
-        self.heard: dict[int, Heard] = {}  # the current step's ranks
+        self.heard = StepHearing()  # the current step's ranks
         self.step = ""  # the current step's SLURM_STEP_ID (each relaunch is a new step)
         # The srun running when the current step was first heard: a relaunch's srun replaces it
         # before the relaunched ranks' first beats (seconds under load), and the old step's
@@ -104,6 +86,8 @@ class Watcher:
     def listen(self) -> socket.socket:
         """The UDP socket, and FOLDER/addr naming it (written whole: the shell may read it at once)."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
         sock.bind(("0.0.0.0", 0))
         node = self.env.get("SLURMD_NODENAME", "")
         host = rank0_address(node, self.network.master_addr_suffix, self.network.master_addr_ifname)
@@ -115,31 +99,43 @@ class Watcher:
     def run(self) -> int:
         shell = os.getppid()
         sock = self.listen()
-        sock.settimeout(TICK_S)
         tick = time.monotonic()
         while os.getppid() == shell:  # the batch shell gone: nothing left to watch for
-            self._receive(sock)
+            self._receive(sock, until=time.monotonic() + TICK_S)
             now = time.monotonic()
             if paused(tick, now, self.timeout_s):
-                for heard in self.heard.values():
-                    heard.last = now
+                self.heard.afresh(now)
             tick = now
             # Only while the step's srun runs: once it has returned (the shell removes its pid file),
             # ranks that left without a word are the step's end, not a dead node.
-            running = self.timeout_s > 0 and self._step_srun() is not None
-            silent = silent_nodes(self.heard, now, self.timeout_s) if running else {}
+            running = self.timeout_s > 0 and len(self.heard) > 0 and self._step_srun() is not None
+            silent = self.heard.silent(now, self.timeout_s) if running else {}
             if silent:
                 self._end_step(silent, now)
                 # This step is over: its beats are ignored from now on; the next step's are heard.
                 self.ended.add(self.step)
-                self.heard, self.step = {}, ""
+                self.heard, self.step = StepHearing(), ""
         return 0
 
-    def _receive(self, sock: socket.socket) -> None:
+    def _receive(self, sock: socket.socket, until: float) -> None:
+        """Every datagram that arrives before `until`: the first waited for, the rest read while
+        they wait in the socket (a keeper's ping answered as it comes)."""
+        sock.settimeout(max(until - time.monotonic(), 0.001))
         try:
             data, sender = sock.recvfrom(4096)
         except TimeoutError:
             return
+        sock.setblocking(False)
+        while True:
+            self._take(sock, data, sender)
+            if time.monotonic() >= until:
+                return
+            try:
+                data, sender = sock.recvfrom(4096)
+            except BlockingIOError:
+                return
+
+    def _take(self, sock: socket.socket, data: bytes, sender: tuple[str, int]) -> None:
         if data == PING:
             with contextlib.suppress(OSError):
                 sock.sendto(PONG, sender)
@@ -150,13 +146,12 @@ class Watcher:
         if beat.step != self.step:
             if self.step and _older(beat.step, self.step):
                 return  # a late beat of the step before
-            self.heard, self.step = {}, beat.step  # a new step (a relaunch): its ranks only
+            self.heard, self.step = StepHearing(), beat.step  # a new step (a relaunch): its ranks only
             self.step_srun = self._srun()
-        heard = self.heard.setdefault(beat.rank, Heard(beat.node, time.monotonic()))
-        heard.node, heard.last, heard.gone = beat.node, time.monotonic(), heard.gone or beat.bye
+        self.heard.hear(beat.rank, beat.node, time.monotonic(), bye=beat.bye)
 
     def _end_step(self, silent: dict[str, list[int]], now: float) -> None:
-        longest = max(now - self.heard[rank].last for ranks in silent.values() for rank in ranks)
+        longest = max(now - self.heard.ranks[rank].last for ranks in silent.values() for rank in ranks)
         nodes = sorted(silent)
         self.journal.write_event(
             Silent(
