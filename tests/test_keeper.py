@@ -10,8 +10,10 @@ watcher process answering over UDP, then SIGSTOPs it as a silent node would be.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +26,7 @@ import pytest
 from hpctrain.recovery.decide import History, decide_host_lost, decide_keeper
 from hpctrain.recovery.decision import Shape
 from hpctrain.recovery.facts import Budgets, ClusterView, JobSeen, Outcome, Requested, parse_sinfo_nodes
-from hpctrain.recovery.keeper import listen_for_silence
+from hpctrain.recovery.keeper import Ear, listen_for_silence
 from hpctrain.run import exitcodes
 from hpctrain.run.causes import Action, Cause, CheckpointReason
 from hpctrain.run.events import (
@@ -38,6 +40,7 @@ from hpctrain.run.events import (
     Requeue,
     Start,
 )
+from hpctrain.run.heartbeats import PING, PONG
 from hpctrain.run.protocol import KEEPER_EXITS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
@@ -307,7 +310,54 @@ def test_an_answering_watcher_is_never_taken_for_silent(answerer) -> None:
     assert 3.0 - 1.1 <= heard_until - stopped_at[0] < 5.5  # the last answer came up to one ask before
 
 
-def test_a_watcher_that_never_answers_is_silent_after_the_timeout() -> None:
-    began = time.monotonic()
-    silent_s = listen_for_silence(("127.0.0.1", 9), timeout_s=3.0)  # the discard port: no answer
-    assert 3.0 < silent_s < 4.0 and time.monotonic() - began < 5.0
+def test_a_keeper_arms_at_the_first_answer_and_never_before() -> None:
+    """A watcher that does not answer for 5 s (UDP blocked, not started yet: longer than the 3 s
+    timeout) is no lost host; its first answer arms the keeper, and its silence after that is."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as late:
+        late.bind(("127.0.0.1", 0))
+        late.settimeout(0.2)
+
+        def answer_from_5_to_7_s() -> None:
+            began = time.monotonic()
+            while time.monotonic() - began < 7.0:
+                with contextlib.suppress(TimeoutError):
+                    data, sender = late.recvfrom(64)
+                    if data == PING and time.monotonic() - began >= 5.0:
+                        late.sendto(PONG, sender)
+
+        threading.Thread(target=answer_from_5_to_7_s, daemon=True).start()
+        began = time.monotonic()
+        silent_s = listen_for_silence(late.getsockname(), timeout_s=3.0)
+        took = time.monotonic() - began
+    assert 3.0 < silent_s < 4.5
+    assert 5.0 + 3.0 < took < 7.0 + 4.5, took  # the silence after the last answer, not the first 5 s
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        pytest.param([("look", 100.0)], [None], id="nothing heard, nothing to say"),
+        pytest.param([("look", 100.0), ("look", 200.0)], [None, None], id="never answered: unarmed"),
+        pytest.param([("answer", 1.0), ("look", 3.0), ("look", 4.5)], [None, 3.5], id="silent past the timeout"),
+        pytest.param([("answer", 1.0), ("look", 2.0), ("look", 4.0)], [None, None], id="exactly the timeout: not yet"),
+        pytest.param(
+            [("answer", 1.0), ("look", 1.25), ("look", 30.0), ("look", 32.0)],
+            [None, None, None],
+            id="its own pause restarts the count",
+        ),
+        pytest.param(
+            [("answer", 1.0), ("look", 2.0), ("answer", 3.0), ("look", 5.0), ("look", 6.5)],
+            [None, None, 3.5],
+            id="each answer restarts it",
+        ),
+    ],
+)
+def test_the_ear(steps: list[tuple[str, float]], expected: list[float | None]) -> None:
+    ear = Ear(timeout_s=3.0, tick=0.0)
+    said = []
+    for what, now in steps:
+        if what == "answer":
+            ear.answered(now)
+        else:
+            said.append(ear.silent_for(now))
+    assert said == expected

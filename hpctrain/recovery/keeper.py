@@ -15,7 +15,9 @@ host, started by the batch shell with the first launch (and again when its node 
         python -m hpctrain.recovery.keeper RUN_DIR WATCHER_ADDR BATCH_HOST
 
 Once a second it asks the batch script's heartbeat watcher (hpctrain.recovery.watch, a process of
-the batch step) for an answer over UDP. When none has come for `slurm.silent_node_timeout_s`,
+the batch step) for an answer over UDP. Once it has had a first answer (never before: a site that
+blocks UDP between nodes leaves the keeper unarmed, and it says so after a minute), when none has
+come for `slurm.silent_node_timeout_s`,
 the control step's `batch_host_lost` looks at Slurm's record: a life still RUNNING (not ended,
 not requeued) is requeued without the batch host (hpctrain.recovery.decide.decide_keeper: a
 `failure` with by=keeper, detected_by=heartbeat, and a `requeue`), or cancelled when its
@@ -33,19 +35,51 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from hpctrain.recovery.watch import TICK_S, paused
 from hpctrain.run.heartbeats import BEAT_S, PING, PONG, parse_addr
 from hpctrain.run.protocol import Keeper
 
+# A keeper that has had no answer at all this long says so once (and stays unarmed).
+UNARMED_NOTE_S = 60.0
 
-def listen_for_silence(addr: tuple[str, int], timeout_s: float, clock=time.monotonic) -> float:
+
+@dataclass
+class Ear:
+    """What the keeper has heard from the watcher, as a decision over times (tested as a table).
+
+    Armed only by a first answer: a keeper that never heard one (UDP blocked between the nodes, a
+    firewall, a watcher that never started) cannot tell a lost batch host from a closed port, and a
+    site that blocks UDP would otherwise have every job of 2 nodes or more cancel itself a few
+    seconds in. Its own pause (a suspended job) restarts the count, as the watcher's does."""
+
+    timeout_s: float
+    tick: float  # when it last looked
+    last: float | None = None  # the newest answer; None: none yet (unarmed)
+
+    def answered(self, now: float) -> None:
+        self.last = now
+
+    def silent_for(self, now: float) -> float | None:
+        """How long the watcher has not answered, once that passes the timeout; else None."""
+        if self.last is not None and paused(self.tick, now, self.timeout_s):
+            self.last = now
+        self.tick = now
+        if self.last is None or now - self.last <= self.timeout_s:
+            return None
+        return now - self.last
+
+
+def listen_for_silence(addr: tuple[str, int], timeout_s: float, clock: Callable[[], float] = time.monotonic) -> float:
     """Ask the watcher at ADDR once every BEAT_S; return how long it has not answered once that
-    passes timeout_s. A pause of this process itself (the job suspended) restarts the count."""
+    passes timeout_s, counted from its first answer (Ear)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.settimeout(TICK_S)
-        last = tick = clock()
-        next_ask = 0.0
+        began = clock()
+        ear = Ear(timeout_s, tick=began)
+        next_ask, noted = 0.0, False
         while True:
             now = clock()
             if now >= next_ask:
@@ -54,13 +88,19 @@ def listen_for_silence(addr: tuple[str, int], timeout_s: float, clock=time.monot
                 next_ask = now + BEAT_S
             with contextlib.suppress(TimeoutError, OSError):
                 if sock.recv(64) == PONG:
-                    last = clock()
+                    ear.answered(clock())
             now = clock()
-            if paused(tick, now, timeout_s):
-                last = now
-            tick = now
-            if now - last > timeout_s:
-                return now - last
+            silent_s = ear.silent_for(now)
+            if silent_s is not None:
+                return silent_s
+            if ear.last is None and not noted and now - began > UNARMED_NOTE_S:
+                noted = True
+                print(
+                    f"hpctrain keeper: no answer from the batch host's watcher at {addr[0]}:{addr[1]} in "
+                    f"{now - began:.0f} s (UDP between the nodes blocked?): the batch host is not watched",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
 
 def main(argv: list[str]) -> int:
