@@ -3,7 +3,7 @@
 # cluster can run: root on Debian/Ubuntu). Extra arguments go to pytest.
 #
 # The tests run in two lanes side by side, each on pytest-xdist workers: the main lane on
-# HPCTRAIN_TEST_WORKERS (default 4), and the waiting lane on HPCTRAIN_TEST_WAITING_WORKERS (default
+# HPCTRAIN_TEST_WORKERS (default 3), and the waiting lane on HPCTRAIN_TEST_WAITING_WORKERS (default
 # 2): the modules that mostly wait on Slurm's own clocks (SlurmdTimeout 300 s, MinJobAge, time
 # limits) at half a core or less (tests/suite_order.py WAITING_LANE). Their waiting then
 # overlaps the main lane's work instead of holding one of its workers. HPCTRAIN_TEST_WORKERS=0 runs
@@ -24,7 +24,7 @@ check .venv/bin/ruff format --check hpctrain hydra_plugins scripts tests
 mypy_log="$(mktemp)"
 .venv/bin/mypy hpctrain hydra_plugins scripts >"${mypy_log}" 2>&1 &
 mypy_pid=$!
-workers="${HPCTRAIN_TEST_WORKERS:-4}"
+workers="${HPCTRAIN_TEST_WORKERS:-3}"
 waiting_workers="${HPCTRAIN_TEST_WAITING_WORKERS:-2}"
 # The suite stops the dev clusters it starts (tests/conftest.py). Clusters already up before the run
 # are reused and left up, so the check below only holds when none was.

@@ -356,7 +356,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if per_core == 0:
         return
     bar = load_gate.max_load(len(os.sched_getaffinity(0)), per_core)
-    waited = load_gate.wait_for_room(bar)
+    waited = load_gate.take_turn(bar)
     if waited >= load_gate.POLL_S:
         # In the report, which pytest-xdist carries to the process that writes the summary.
         item.user_properties.append((GATE_WAIT_PROPERTY, round(waited, 1)))

@@ -7,21 +7,29 @@ of it runs at once on saturated cores, but every wall-clock limit in a test (a h
 step within 180 s", a subprocess timeout) is then met by a process that barely ran. So a test
 marked `slurm` or `slow` waits to start until the one-minute load average is below a few
 processes a core: the tests already running finish sooner, and the total is the same CPU work.
-The wait is capped, so a machine that stays loaded only loses the gate, never the test; it is
-left out of the test's measured seconds (tests/test_seconds.json).
+Heavy tests also start one at a time, at least STAGGER_S apart machine-wide (a lock file shared
+by every worker of both lanes): the one-minute average lags, and at the start of a run every
+worker would otherwise begin its heaviest module in the same second. The wait is capped, so a
+machine that stays loaded only loses the gate, never the test; it is left out of the test's
+measured seconds (tests/test_seconds.json).
 
 HPCTRAIN_TEST_MAX_LOAD_PER_CORE sets the bar (default 3; 0 turns the gate off).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 MAX_LOAD_PER_CORE = 3.0
 MAX_WAIT_S = 600.0
 POLL_S = 5.0
+STAGGER_S = 20.0
+GATE_FILE = Path(tempfile.gettempdir()) / "hpctrain-test-load-gate"
 HEAVY_MARKERS = frozenset({"slurm", "slow"})
 
 
@@ -43,16 +51,37 @@ def per_core_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -
     return value
 
 
-def wait_for_room(
+def take_turn(
     bar: float,
+    gate: Path = GATE_FILE,
     load: Callable[[], float] = lambda: os.getloadavg()[0],
     sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = time.time,
+    stagger_s: float = STAGGER_S,
     max_wait_s: float = MAX_WAIT_S,
     poll_s: float = POLL_S,
 ) -> float:
-    """Sleep until the load is under the bar, at most max_wait_s; the seconds waited."""
+    """This worker's turn to start a heavy test: the gate's lock held (one worker at a time), then
+    wait until STAGGER_S after the last heavy start and the load under the bar, at most
+    max_wait_s from the call (time blocked on the lock included); the start is written for the
+    next. The seconds waited."""
     start = clock()
-    while load() >= bar and clock() - start < max_wait_s:
-        sleep(poll_s)
+    with open(gate, "a+") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        try:
+            while clock() - start < max_wait_s:
+                file.seek(0)
+                try:
+                    last = float(file.read().strip() or 0.0)
+                except ValueError:
+                    last = 0.0
+                if clock() - last >= stagger_s and load() < bar:
+                    break
+                sleep(poll_s)
+            file.seek(0)
+            file.truncate()
+            file.write(f"{clock()}\n")
+            file.flush()
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
     return clock() - start

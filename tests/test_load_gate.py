@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import load_gate
 import pytest
 
@@ -43,15 +45,26 @@ class FakeClock:
 
 
 @pytest.mark.parametrize(
-    ("loads", "waited"),
+    ("last_start", "loads", "waited"),
     [
-        ([1.0], 0.0),  # room at once
-        ([9.0, 7.0, 5.9], 10.0),  # two polls over the bar of 6, then room
-        ([6.0, 5.0], 5.0),  # the bar itself is over it
-        ([50.0] * 1000, 600.0),  # never room: the cap, then the test runs anyway
+        (None, [1.0], 0.0),  # the first heavy start, room at once
+        (None, [9.0, 7.0, 5.9], 10.0),  # two polls over the bar of 6, then room
+        (None, [6.0, 5.0], 5.0),  # the bar itself is over it
+        (990.0, [1.0], 10.0),  # another worker started 10 s ago: 20 s apart
+        (995.0, [1.0], 15.0),
+        (980.0, [1.0], 0.0),  # 20 s ago: its turn at once
+        (None, [50.0] * 1000, 600.0),  # never room: the cap, then the test runs anyway
     ],
 )
-def test_a_test_waits_while_the_load_is_at_or_over_the_bar(loads: list[float], waited: float) -> None:
+def test_a_heavy_test_waits_for_its_turn(
+    tmp_path: Path, last_start: float | None, loads: list[float], waited: float
+) -> None:
+    gate = tmp_path / "gate"
+    if last_start is not None:
+        gate.write_text(f"{last_start}\n")
     clock = FakeClock()
+    clock.now = 1000.0
     seen = iter(loads)
-    assert load_gate.wait_for_room(6.0, load=lambda: next(seen), sleep=clock.sleep, clock=clock) == waited
+    took = load_gate.take_turn(6.0, gate, load=lambda: next(seen), sleep=clock.sleep, clock=clock)
+    assert took == waited
+    assert float(gate.read_text()) == 1000.0 + waited  # the next worker counts from this start
