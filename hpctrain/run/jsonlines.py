@@ -12,6 +12,9 @@ import errno
 import fcntl
 import json
 import math
+import os
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,20 +72,58 @@ def read_jsonl(path: Path, offset: int = 0) -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on `path` (created if missing) while reading and then
-    appending: two writers that each check "is it recorded already?" (the batch shell's
-    SIGTERM trap and hpctrain-cancel) then never both write. Writers that take no lock are not
-    held up. On a filesystem without flock (some NFS and Lustre mounts) it goes unlocked, as the
-    run dir's own lock does (hpctrain.run.lock): a control step must still requeue its job there."""
+    """Hold an exclusive lock on `path` (created if missing) while reading and then appending: two
+    writers that each check "is it recorded already?" (the batch shell's SIGTERM trap, the control
+    step, the guardian and hpctrain-cancel, on different nodes) then never both write. Writers
+    that take no lock are not held up. An flock where the filesystem has one; where it has none
+    (Lustre mounted `noflock`, some NFS mounts: ENOSYS, ENOLCK), a lock file made by an exclusive
+    create, which every POSIX filesystem does atomically (exclusive_file)."""
     with open(path, "a") as file:
         try:
             fcntl.flock(file.fileno(), fcntl.LOCK_EX)
         except OSError as error:
             if error.errno not in _NO_LOCKS:
                 raise
-            yield
+            with exclusive_file(path.with_name(path.name + LOCK_SUFFIX)):
+                yield
             return
         try:
             yield
         finally:
             fcntl.flock(file.fileno(), fcntl.LOCK_UN)
+
+
+# The lock file beside a JSON-lines file on a filesystem without flock.
+LOCK_SUFFIX = ".lock"
+# A lock file older than this is a holder that died while holding it (a write under the lock
+# takes milliseconds; a SIGKILL or a lost node leaves the file): it is taken over.
+STALE_LOCK_S = 30.0
+LOCK_POLL_S = 0.02
+
+
+@contextlib.contextmanager
+def exclusive_file(lock: Path, stale_s: float = STALE_LOCK_S, poll_s: float = LOCK_POLL_S) -> Iterator[None]:
+    """Hold `lock` by creating it exclusively (O_CREAT | O_EXCL), removed after; wait while
+    another holds it, and take over one older than `stale_s` (its holder died holding it)."""
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                age = time.time() - lock.stat().st_mtime
+            except FileNotFoundError:
+                continue  # let go of just now: try again at once
+            if age > stale_s:
+                with contextlib.suppress(FileNotFoundError):
+                    lock.unlink()
+                continue
+            time.sleep(poll_s)
+            continue
+        with os.fdopen(fd, "w") as holder:
+            holder.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        break
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
