@@ -323,6 +323,23 @@ def test_prune_keeps_the_newest_n(tmp_path: Path) -> None:
     assert found is not None and found[0].step == 50
 
 
+def test_a_torn_checkpoint_is_not_counted_among_those_prune_keeps(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    for step in (10, 20, 30, 40):
+        write(folder, step)
+    torn = folder / "step_00000040.pt"
+    torn.write_bytes(torn.read_bytes()[:100])  # cut short, its .json whole: a torn write
+
+    store.prune(folder, keep=2)
+
+    # Two whole ones kept (30 and 20), not the torn 40 and 30 alone; the torn one is deleted (no
+    # load could use it).
+    assert [e.step for e in store.entries(folder)] == [30, 20]
+    assert sorted(p.name for p in folder.iterdir())[0] == "step_00000020.json" and not torn.exists()
+    found = store.load_newest(folder)
+    assert found is not None and found[0].step == 30
+
+
 def test_a_data_file_without_its_json_is_not_counted_by_prune_but_is_loaded(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoints"
     for step in (10, 20, 30):

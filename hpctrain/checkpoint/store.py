@@ -242,15 +242,36 @@ def _unusable(problems: list[str], entry: Entry, error: Exception) -> None:
     log.warning("checkpoint %s is not usable (%s); trying the one before", entry.data.name, error)
 
 
+def looks_whole(entry: Entry) -> bool:
+    """The cheap half of `verify`: the .json reads and the .pt has the size it records. A torn
+    write (a node lost mid-write, a full disk) fails it; a checksum is left to the load."""
+    try:
+        size = json.loads(entry.meta.read_text()).get("size")
+        return entry.data.stat().st_size == size
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def prune(folder: Path, keep: int) -> None:
-    """Delete all but the newest `keep` complete checkpoints, the unpublished .pt files older than
-    the ones kept, and stray temporary files. Called by the one writer after its write: no other
-    write is under way (one would be newer than every published checkpoint)."""
+    """Delete all but the newest `keep` whole checkpoints, the unpublished .pt files older than
+    the ones kept, and stray temporary files. A torn checkpoint (its .json published, its .pt not
+    the size it records) is never counted among those kept, which would leave fewer to resume
+    from (none, were every kept one torn), and is deleted: no load can use it, and no write is
+    under way on a published one. Called by the one writer after its write: no other write is
+    under way (one would be newer than every published checkpoint)."""
     published = entries(folder)
-    for entry in published[keep:]:
+    kept: list[Entry] = []
+    for entry in published:
+        whole = len(kept) < keep and looks_whole(entry)
+        if whole:
+            kept.append(entry)
+            continue
+        if len(kept) < keep:
+            log.warning(
+                "checkpoint %s is torn (not the size its %s records): deleted", entry.data.name, entry.meta.name
+            )
         entry.meta.unlink(missing_ok=True)  # the marker first: a half-deleted checkpoint never counts
         entry.data.unlink(missing_ok=True)
-    kept = published[:keep]
     if kept:
         for entry in unpublished_checkpoints_in(folder):
             if entry.step < kept[-1].step:
