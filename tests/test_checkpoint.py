@@ -6,6 +6,7 @@ real training run, then a bit-identical resume) are in test_signals.py.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -665,3 +666,51 @@ def test_checkpointer_load_reports_unusable_checkpoints(tmp_path: Path) -> None:
     _flip_a_byte(store.paths_for(folder, 3))
     with pytest.raises(NoUsableCheckpoint, match="Refusing to start over"):
         checkpointer.load()
+
+
+# ---- store: a filesystem that fails for a moment ------------------------------------------------
+
+
+def _flaky(monkeypatch: pytest.MonkeyPatch, failures: int) -> list[float]:
+    """sha256_of fails `failures` times with EIO (an NFS server rebooting, a Lustre OST failing
+    over), then reads; the retry delays are recorded instead of slept."""
+    slept: list[float] = []
+    real = store.sha256_of
+    left = [failures]
+
+    def flaky_sha256(path: Path) -> str:
+        if left[0] > 0:
+            left[0] -= 1
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real(path)
+
+    monkeypatch.setattr(store, "sha256_of", flaky_sha256)
+    monkeypatch.setattr(store.time, "sleep", slept.append)
+    return slept
+
+
+def test_a_read_that_fails_for_a_moment_is_tried_again_and_the_newest_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "checkpoints"
+    for step in (10, 20):
+        write(folder, step)
+    slept = _flaky(monkeypatch, failures=2)
+    found = store.load_newest(folder)
+    # Not the older checkpoint: the newest, after two tries again.
+    assert found is not None and found[0].step == 20
+    assert slept == list(store.RETRY_DELAYS_S[:2])
+
+
+def test_a_filesystem_that_keeps_failing_is_an_error_of_its_own_not_an_unusable_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "checkpoints"
+    for step in (10, 20):
+        write(folder, step)
+    slept = _flaky(monkeypatch, failures=100)
+    with pytest.raises(OSError) as raised:
+        store.load_newest(folder)
+    assert raised.value.errno == errno.EIO and not isinstance(raised.value, store.NoUsableCheckpoint)
+    assert slept == list(store.RETRY_DELAYS_S)  # tried for 15.5 s, then the error
+    assert [e.step for e in store.entries(folder)] == [20, 10]  # nothing dropped or renamed

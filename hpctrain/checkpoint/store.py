@@ -11,17 +11,25 @@ A .pt without its .json is a write cut between its two renames (a kill, a node l
 prune cut between its two unlinks. Either way the .pt is whole: it is renamed into place only
 after it was written and fsynced. When no published checkpoint is newer and usable, it is
 loaded (said in the log) rather than failing the run or starting it over.
+
+A read that fails for the filesystem's own reasons (EIO, ESTALE on NFS, a timeout on a parallel
+filesystem) says nothing about the checkpoint: it is tried again (RETRY_DELAYS_S), and still
+failing it is raised as the OSError it is, never taken for an unusable checkpoint. The process
+then fails as a crash (the job is requeued and tries again later, its checkpoints untouched)
+instead of falling back to an older checkpoint or refusing the run as a user's mistake.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -43,6 +51,43 @@ Check = Callable[[Mapping[str, Any], str], None]
 
 class NoUsableCheckpoint(RuntimeError):
     """Checkpoints exist but none can be loaded: the run must not silently start over."""
+
+
+# Errors of the filesystem, not of the file: a moment later the same read may succeed.
+TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EIO,
+        errno.ESTALE,
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.EBUSY,
+        errno.ETIMEDOUT,
+        errno.ENETDOWN,
+        errno.ENETUNREACH,
+        errno.EHOSTUNREACH,
+        errno.ECONNRESET,
+        errno.ENOLCK,
+    }
+)
+RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # 15.5 s in all before the error is raised
+
+
+def transient(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in TRANSIENT_ERRNOS
+
+
+def with_retries(what: str, read: Callable[[], Any]) -> Any:
+    """read(), tried again after each of RETRY_DELAYS_S while it fails with a transient OSError;
+    the last such error raised. Any other error at once."""
+    for delay in (*RETRY_DELAYS_S, None):
+        try:
+            return read()
+        except OSError as error:
+            if not transient(error) or delay is None:
+                raise
+            log.warning("reading %s: %s; trying again in %.1f s", what, error, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 @contextlib.contextmanager
@@ -183,7 +228,11 @@ def verify(entry: Entry) -> dict[str, Any]:
     """The entry's metadata if its data file is whole and unchanged; raises ValueError if not."""
     try:
         meta = json.loads(entry.meta.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+    except OSError as error:
+        if transient(error):
+            raise
+        raise ValueError(f"{entry.meta.name}: unreadable ({error})") from None
+    except json.JSONDecodeError as error:
         raise ValueError(f"{entry.meta.name}: unreadable ({error})") from None
     if not entry.data.is_file():
         raise ValueError(f"{entry.data.name}: missing")
@@ -206,8 +255,10 @@ def load_newest(folder: Path, check: Check | None = None) -> tuple[Entry, dict[s
     for entry in sorted([*published, *unpublished], key=lambda e: e.step, reverse=True):
         if entry in published:
             try:
-                meta = verify(entry)
+                meta = with_retries(entry.data.name, lambda: verify(entry))  # noqa: B023 (called here)
             except Exception as error:  # a bad file of any kind: try the one before
+                if transient(error):
+                    raise  # the filesystem, not the checkpoint: fail as a crash, try again later
                 _unusable(problems, entry, error)
                 continue
             # Another format is refused, not skipped: falling back would silently drop its steps.
@@ -221,8 +272,10 @@ def load_newest(folder: Path, check: Check | None = None) -> tuple[Entry, dict[s
                 entry.meta.name,
             )
         try:
-            state = torch.load(entry.data, map_location="cpu", weights_only=True)
+            state = with_retries(entry.data.name, lambda: _read_state(entry.data))  # noqa: B023 (called here)
         except Exception as error:
+            if transient(error):
+                raise
             _unusable(problems, entry, error)
             continue
         if check is not None:
@@ -235,6 +288,10 @@ def load_newest(folder: Path, check: Check | None = None) -> tuple[Entry, dict[s
             + "\nRefusing to start over; move the folder away to train from scratch."
         )
     return None
+
+
+def _read_state(data: Path) -> dict[str, Any]:
+    return torch.load(data, map_location="cpu", weights_only=True)
 
 
 def _unusable(problems: list[str], entry: Entry, error: Exception) -> None:
