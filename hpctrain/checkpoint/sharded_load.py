@@ -50,12 +50,17 @@ def load_newest(
             return _load(folder, ctx, entry.step, model, optimizer)
         problems.append(f"{entry.meta.name}: {problem}")
         log.warning("checkpoint %s is not usable (%s); trying the one before", entry.meta.name, problem)
-    if problems or any(folder.glob("step_*.dcp")):
+    if problems:
         raise NoUsableCheckpoint(
             f"{folder} has checkpoints but none is usable:\n  "
-            + "\n  ".join(problems or ["no complete checkpoint (shards without their .json)"])
+            + "\n  ".join(problems)
             + "\nRefusing to start over; move the folder away to train from scratch."
         )
+    # Shards without their .json and nothing published: the first write was cut before it was
+    # published (its .json comes last, once every rank's shards are whole). Nothing was ever saved,
+    # so the run starts from step 0, as it would have had the cut come a moment sooner.
+    for torn in sorted(folder.glob("step_*.dcp")):
+        log.warning("%s has no %s.json (its write was cut before it was published): not a checkpoint", torn, torn.stem)
     return None
 
 
