@@ -21,7 +21,7 @@ from torch import nn
 from hpctrain.checkpoint.base import CheckpointMismatch
 from hpctrain.checkpoint.format import check_readable
 from hpctrain.checkpoint.shard_files import file_problem, shards_dir
-from hpctrain.checkpoint.store import NoUsableCheckpoint
+from hpctrain.checkpoint.store import NoUsableCheckpoint, transient
 from hpctrain.config import differences
 from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError
@@ -98,6 +98,26 @@ def _refuse_another_config(
     )
 
 
+def not_the_checkpoint(error: BaseException) -> bool:
+    """An error of the job, not of the checkpoint or the model: a collective failing (a peer lost
+    or killed while loading: torch.distributed's DistError), or the filesystem failing for a
+    moment (store.transient), here or, through DCP's CheckpointException, on any rank."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [error]
+    while todo:
+        one = todo.pop()
+        if id(one) in seen:
+            continue
+        seen.add(id(one))
+        if isinstance(one, dist.DistError) or transient(one):
+            return True
+        failures = getattr(one, "failures", None)  # DCP's CheckpointException: rank -> (error, stack)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values() if f is not None]
+        todo += [e for e in (one.__cause__, one.__context__) if e is not None]
+    return False
+
+
 def _load(
     folder: Path, ctx: DistContext, step: int, model: nn.Module, optimizer: torch.optim.Optimizer
 ) -> dict[str, Any]:
@@ -111,7 +131,11 @@ def _load(
     try:
         reader = FileSystemReader(str(shards_dir(folder, step)))
         dcp.load(tree, storage_reader=reader, no_dist=not ctx.distributed)
-    except Exception as error:  # the model's code changed: other names or shapes
+    except Exception as error:
+        if not_the_checkpoint(error):
+            raise  # a peer lost, a filesystem failing for a moment: a crash, tried again later
+        # The files were checked whole before: what is left is the model's code changed
+        # (other names or shapes), the user's to fix.
         raise UserError(
             f"{folder}: the checkpoint at step {step} does not fit this model ({str(error).splitlines()[0]}); "
             f"was the model's code changed? Refusing to resume it: train this config in a new run dir "
