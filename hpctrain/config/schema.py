@@ -110,12 +110,18 @@ class TrainerConfig:
     # (a peer that never joins is a hang too) and the first step (torch.compile included). Must
     # be below collective_timeout_s.
     hang_timeout_s: int = 900
+    # In steady state, the wait for the next step is learned from the life's steps: max(this,
+    # 10 x the recent steps' 90th percentile), never above hang_timeout_s; after the start, an
+    # evaluation or a save, hang_timeout_s again (hpctrain.process.step_timeout). A rank stuck in
+    # a deadlock or a kernel call on a live node is then a hang in about a minute, not 15. 0: off
+    # (hang_timeout_s for every step); off by default until the suite has run with it on.
+    step_hang_timeout_s: int = 0
     # A progress bar on rank 0's stderr: auto shows it only when stderr is a terminal (never in
     # a Slurm .out file), on always, off never. The log lines are written either way.
     progress_bar: str = "auto"
 
     def __post_init__(self) -> None:
-        for key in ("max_steps", "epochs", "eval_every", "ckpt_every", "hang_timeout_s"):
+        for key in ("max_steps", "epochs", "eval_every", "ckpt_every", "hang_timeout_s", "step_hang_timeout_s"):
             value = getattr(self, key)
             require(value >= 0, f"trainer.{key}", f"must be >= 0 (got {value})")
         for key in ("log_every", "nprocs", "threads", "grad_accum", "collective_timeout_s"):

@@ -1,9 +1,10 @@
 """End a training process that stopped making progress, so recovery can take over.
 
 A hung collective or a stuck filesystem would otherwise burn the allocation until the time
-limit. The trainer calls `beat()` after every step (and around evaluation and saving, and as each
-stage of a start ends: the rendezvous, the resume); if no
-beat comes for `timeout_s`, every thread's stack is dumped to stderr (the Slurm .out file) and
+limit. The trainer calls `stepped()` after every step and `beat()` around evaluation and saving
+and as each stage of a start ends (the rendezvous, the resume); if none comes for the timeout
+(hpctrain.process.step_timeout: learned from the life's steps right after a step, else
+`trainer.hang_timeout_s`), every thread's stack is dumped to stderr (the Slurm .out file) and
 a `failure` event (cause `hang`, the rank) is written to the journal, and the process exits
 with WORKER_HUNG. The batch script counts the event against the `hang` budget: srun passes a
 task's exit code on as another when --kill-on-bad-exit ends the other tasks.
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.process import heartbeat
+from hpctrain.process.step_timeout import StepTimeout
 from hpctrain.run.causes import Cause
 from hpctrain.run.events import Failure, Journal
 from hpctrain.run.exitcodes import WORKER_HUNG
@@ -36,10 +38,15 @@ log = logging.getLogger(__name__)
 
 
 class Watchdog:
-    def __init__(self, timeout_s: float, on_hang: Callable[[float], None] | None = None) -> None:
-        self.timeout_s = timeout_s
+    def __init__(
+        self, timeout_s: float, on_hang: Callable[[float], None] | None = None, step_floor_s: float = 0.0
+    ) -> None:
+        self.timeout_s = timeout_s  # trainer.hang_timeout_s: 0 turns the watchdog off
         self.on_hang = on_hang  # called with the idle seconds before the process ends
+        self.steps = StepTimeout(cap_s=timeout_s, floor_s=step_floor_s)
         self._last = time.monotonic()
+        self.steps.other(self._last)
+        self._lock = threading.Lock()  # a beat and the watcher's look see one state
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="hpctrain-watchdog", daemon=True)
 
@@ -49,21 +56,33 @@ class Watchdog:
         return self
 
     def beat(self) -> None:
-        self._last = time.monotonic()
+        """Progress that is not a step: a stage of the start, an evaluation, a save."""
+        with self._lock:
+            self._last = time.monotonic()
+            self.steps.other(self._last)
+
+    def stepped(self) -> None:
+        """A training step done: its time teaches the steady-state timeout."""
+        with self._lock:
+            self._last = time.monotonic()
+            self.steps.stepped(self._last)
 
     def stop(self) -> None:
         self._stop.set()
 
     def _watch(self) -> None:
-        period = min(1.0, self.timeout_s / 4)
-        while not self._stop.wait(period):
-            idle = time.monotonic() - self._last
-            if idle > self.timeout_s:
+        while not self._stop.wait(min(1.0, self.timeout_s / 4)):
+            with self._lock:
+                idle, limit = time.monotonic() - self._last, self.steps.timeout_s()
+            if idle > limit:
+                learned = limit < self.timeout_s
                 log.error(
-                    "no training step finished for %.0f s (trainer.hang_timeout_s=%s): ending this "
-                    "process so the job can recover; stacks follow",
+                    "no training step finished for %.0f s (%s): ending this process so the job can recover; "
+                    "stacks follow",
                     idle,
-                    self.timeout_s,
+                    f"{limit:.0f} s learned from this life's steps, trainer.step_hang_timeout_s={self.steps.floor_s:g}"
+                    if learned
+                    else f"trainer.hang_timeout_s={self.timeout_s:g}",
                 )
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 sys.stderr.flush()
@@ -98,7 +117,8 @@ def hang_reporter(events: Path, rank: int, life: LifeStamp) -> Callable[[float],
 
 
 def start_watchdog(config: Config, ctx: DistContext, run_dir: Path) -> Watchdog:
-    """This process's watchdog, started: trainer.hang_timeout_s without a beat ends it as a hang,
+    """This process's watchdog, started: no progress within its timeout ends it as a hang,
     written to the run dir's journal by this rank."""
     on_hang = hang_reporter(RunDir(run_dir).events, ctx.rank, ctx.life)
-    return Watchdog(config.trainer.hang_timeout_s, on_hang).start()
+    trainer = config.trainer
+    return Watchdog(trainer.hang_timeout_s, on_hang, trainer.step_hang_timeout_s).start()

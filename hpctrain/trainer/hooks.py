@@ -23,7 +23,11 @@ class Heartbeat(Protocol):
     """The watchdog (hpctrain.process.watchdog): a process that stops beating is a hang."""
 
     def beat(self) -> None:
-        """Progress: a step, an evaluation, a save, a stage of the start done."""
+        """Progress that is not a step: an evaluation, a save, a stage of the start done."""
+        ...
+
+    def stepped(self) -> None:
+        """A training step done (its time teaches the watchdog how long a step may take)."""
         ...
 
     def stop(self) -> None:

@@ -72,6 +72,7 @@ class Stopping:
                 since_signal_s=round(since_signal_s, 3),
             )
         )
+        self.hooks.watchdog.beat()  # a save is no step: trainer.hang_timeout_s, not a step's timeout
         self.checkpointer.forced_save(step, state, reason, deadline)
         self.hooks.watchdog.beat()
         raise StopTraining(reason, step)

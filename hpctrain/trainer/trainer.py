@@ -99,7 +99,7 @@ class Trainer:
             progress.add(self.stepper.step(batches, self.course.layout.grad_accum))
             self.state.step += 1
             faults.point("trainer.step")
-            self.watchdog.beat()
+            self.watchdog.stepped()
             step, final = self.state.step, self.state.step == self.course.total_steps
             evaluate_now = final or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
             if evaluate_now or step % cfg.log_every == 0:
@@ -140,6 +140,7 @@ class Trainer:
     def _log(self, progress: Progress, evaluate_now: bool) -> dict[str, Any]:
         record: dict[str, Any] = progress.collect(self.state.step, self.parts.optimizer.param_groups[0]["lr"])
         if evaluate_now:
+            self.watchdog.beat()  # what follows is no step: trainer.hang_timeout_s, not a step's timeout
             started = time.perf_counter()
             record.update(self.evaluate())
             progress.pause(time.perf_counter() - started)
@@ -173,6 +174,7 @@ class Trainer:
         }
 
     def _save(self, reason: CheckpointReason, background: bool) -> float:
+        self.watchdog.beat()  # a save is no step: trainer.hang_timeout_s, not a step's timeout
         # A stop signal ends the wait for a previous write: the forced save handles that write.
         blocked = self.checkpointer.save(
             self.state.step, self._state_tree(), reason, background, stop_requested=self.stopping.requested

@@ -1,0 +1,64 @@
+"""How long the hang watchdog waits for the next step: learned from the steps a life has taken.
+
+One timeout for every phase (`trainer.hang_timeout_s`, 900 s by default) has to fit the longest
+of them: a start-up on a slow filesystem, a first step that compiles, a whole evaluation, a
+checkpoint write. In steady state a step takes seconds, and a rank stuck in a deadlock or a
+kernel call (its node alive, its heartbeat beater beating on) kept the job idle for those 900 s.
+So once a life has taken enough ordinary steps, the wait for the next one is
+max(`trainer.step_hang_timeout_s`, FACTOR x the recent steps' 90th percentile), never more than
+`trainer.hang_timeout_s`; after anything that is not a step (the start, an evaluation, a save)
+the whole `trainer.hang_timeout_s` again. NVIDIA's resiliency extension learns its timeouts from
+observed step times the same way; its default step section is 60 s.
+
+A pure decision over times, tested as a table (tests/test_step_timeout.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+WARMUP_STEPS = 10  # a life's first steps (compiling, caches warming, a resumed loader) are not counted
+MIN_SAMPLES = 20  # ordinary steps seen before a timeout is learned
+WINDOW = 200  # the recent steps the percentile is taken over
+FACTOR = 10.0  # a step this many times longer than the recent slow ones is no longer a slow step
+
+
+def p90(times: list[float]) -> float:
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+
+@dataclass
+class StepTimeout:
+    """The watchdog's timeout, from the beats it was given: `stepped` after a training step,
+    `other` after anything else that counts as progress (a stage of the start, an evaluation, a save)."""
+
+    cap_s: float  # trainer.hang_timeout_s
+    floor_s: float  # trainer.step_hang_timeout_s; 0: never learned, always cap_s
+    _steps: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    _stepped: int = 0  # step-to-step intervals seen this life, the warm-up's included
+    _last_was_step: bool = False
+    _last_at: float | None = None
+
+    def stepped(self, now: float) -> None:
+        if self._last_was_step and self._last_at is not None:
+            self._stepped += 1
+            if self._stepped > WARMUP_STEPS:
+                self._steps.append(now - self._last_at)
+        self._last_was_step, self._last_at = True, now
+
+    def other(self, now: float) -> None:
+        self._last_was_step, self._last_at = False, now
+
+    def learned_s(self) -> float | None:
+        """The steady-state timeout, once enough ordinary steps were seen; else None."""
+        if self.floor_s <= 0 or len(self._steps) < MIN_SAMPLES:
+            return None
+        return min(self.cap_s, max(self.floor_s, FACTOR * p90(list(self._steps))))
+
+    def timeout_s(self) -> float:
+        """How long the next step may be waited for: the learned timeout right after a step,
+        trainer.hang_timeout_s after anything else."""
+        learned = self.learned_s()
+        return learned if self._last_was_step and learned is not None else self.cap_s

@@ -1,0 +1,104 @@
+"""The hang watchdog's wait for the next step, learned from the life's steps
+(hpctrain/process/step_timeout.py): a table over beats, then a real process whose steps stop."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hpctrain.process.step_timeout import FACTOR, MIN_SAMPLES, WARMUP_STEPS, StepTimeout
+from hpctrain.run.exitcodes import WORKER_HUNG
+
+CAP, FLOOR = 900.0, 60.0
+ENOUGH = WARMUP_STEPS + MIN_SAMPLES + 1  # steps (beats) before a timeout is learned
+
+
+def stepped(timeout: StepTimeout, count: int, every_s: float, start: float = 0.0) -> float:
+    now = start
+    for _ in range(count):
+        now += every_s
+        timeout.stepped(now)
+    return now
+
+
+@pytest.mark.parametrize(
+    ("beats", "expected"),
+    [
+        pytest.param([("steps", ENOUGH - 1, 1.0)], CAP, id="too few steps yet: the whole hang timeout"),
+        pytest.param([("steps", ENOUGH, 1.0)], FLOOR, id="1 s steps: the floor (60 s)"),
+        pytest.param([("steps", ENOUGH, 12.0)], FACTOR * 12.0, id="12 s steps: 10 x their p90"),
+        pytest.param([("steps", ENOUGH, 200.0)], CAP, id="never above trainer.hang_timeout_s"),
+        pytest.param([("steps", ENOUGH, 1.0), ("other", 1, 0.0)], CAP, id="after an evaluation or a save: the cap"),
+        pytest.param(
+            [("steps", ENOUGH, 1.0), ("other", 1, 0.0), ("steps", 1, 1.0)], FLOOR, id="the next step: learned again"
+        ),
+        pytest.param(
+            [("steps", 2, 1.0), ("other", 1, 300.0), ("steps", ENOUGH - 2, 1.0)],
+            CAP,
+            id="an evaluation between steps is not a step: one sample short",
+        ),
+        pytest.param(
+            [("steps", WARMUP_STEPS + 1, 50.0), ("steps", MIN_SAMPLES, 1.0)],
+            FLOOR,
+            id="a life's first steps (a compile) are not counted",
+        ),
+    ],
+)
+def test_the_wait_for_the_next_step(beats: list[tuple[str, int, float]], expected: float) -> None:
+    timeout, now = StepTimeout(cap_s=CAP, floor_s=FLOOR), 0.0
+    timeout.other(now)  # ready to train
+    for kind, count, every_s in beats:
+        if kind == "steps":
+            now = stepped(timeout, count, every_s, now)
+        else:
+            now += every_s
+            timeout.other(now)
+    assert timeout.timeout_s() == pytest.approx(expected)
+
+
+def test_off_is_always_the_hang_timeout() -> None:
+    timeout = StepTimeout(cap_s=CAP, floor_s=0.0)
+    stepped(timeout, 100, 1.0)
+    assert timeout.timeout_s() == CAP and timeout.learned_s() is None
+
+
+def test_an_occasional_slow_step_raises_the_learned_timeout() -> None:
+    """The 90th percentile: one slow step in ten (a loader refilling) sets the bar."""
+    timeout = StepTimeout(cap_s=CAP, floor_s=FLOOR)
+    now = stepped(timeout, WARMUP_STEPS + 1, 1.0)
+    for i in range(40):
+        now = stepped(timeout, 1, 9.0 if i % 5 == 0 else 1.0, now)
+    assert timeout.timeout_s() == pytest.approx(FACTOR * 9.0)
+
+
+# A process whose steps stop after 40 of 20 ms: its watchdog (trainer.hang_timeout_s 60) ends it
+# after the learned 1 s floor, not after the 60 s.
+STOPS_STEPPING = """
+import sys, time
+from hpctrain.process.watchdog import Watchdog
+dog = Watchdog(60.0, on_hang=lambda idle: print(f"hang after {idle:.1f} s", flush=True), step_floor_s=1.0).start()
+for _ in range(40):
+    time.sleep(0.02)
+    dog.stepped()
+time.sleep(30)
+"""
+
+
+@pytest.mark.slow
+def test_a_process_whose_steps_stop_is_a_hang_after_the_learned_timeout() -> None:
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", STOPS_STEPPING],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    took = time.monotonic() - began
+    assert done.returncode == WORKER_HUNG, done.stderr
+    assert "learned from this life's steps, trainer.step_hang_timeout_s=1" in done.stderr
+    assert done.stdout.startswith("hang after 1.") and took < 20, (took, done.stdout)
