@@ -126,6 +126,10 @@ class Shape:
     # 10 s by default here (tests of announced failures need no more); Slurm's own default, 300 s,
     # for the tests of nodes that die silently, which must not lean on a short one.
     slurmd_timeout_s: int = 10
+    # Each task bound to its CPUs (TaskPlugin=task/affinity), as sites do. Off (task/none), tasks
+    # run unbound: several fake nodes share this machine's CPUs, every node's first CPU is the
+    # machine's CPU 0, and bound one-task-a-node jobs all ran on that one core, the others idle.
+    pin_cpus: bool = True
 
 
 @dataclass(frozen=True)
@@ -213,8 +217,10 @@ def render_slurm_conf(shape: Shape, paths: Paths, hostname: str) -> str:
         "CredType=cred/munge",
         # No cgroups: works in containers and VMs alike; tasks are tracked by process group.
         "ProctrackType=proctrack/pgid",
-        # Pin each task to its CPUs, as sites do: a task sees only --cpus-per-task CPUs.
-        "TaskPlugin=task/affinity",
+        # Pin each task to its CPUs, as sites do: a task sees only --cpus-per-task CPUs (Shape.pin_cpus;
+        # task/none leaves tasks unbound: task/affinity binds a step to the CPUs it was allocated
+        # even under --cpu-bind=none, and those are every fake node's first, the machine's CPU 0).
+        f"TaskPlugin={'task/affinity' if shape.pin_cpus else 'task/none'}",
         "MpiDefault=none",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
@@ -871,6 +877,7 @@ def ensure_cluster(
     max_array_size: int | None = None,
     enforce_limits: bool = False,
     slurmd_timeout_s: int = 10,
+    pin_cpus: bool = True,
 ) -> dict[str, str]:
     """Start (or reuse) a cluster and return the environment that points at it.
 
@@ -889,6 +896,7 @@ def ensure_cluster(
         max_array_size,
         enforce_limits,
         slurmd_timeout_s,
+        pin_cpus,
     )
     return up(shape, directory)
 

@@ -49,6 +49,8 @@ GPUS_PER_NODE = 2
 DEVCLUSTER_DIR, DEVCLUSTER_PORT_BASE = f"{CLUSTER_DIR}-devcluster", PORT_BASE + 5
 LENIENT_DIR, LENIENT_PORT_BASE = f"{CLUSTER_DIR}-lenient", PORT_BASE + 50
 FORGETFUL_DIR, FORGETFUL_PORT_BASE = f"{CLUSTER_DIR}-forgetful", PORT_BASE + 60
+# Tasks bound to their CPUs, as sites do (the others leave them unbound): base+30, no accounting.
+PINNED_DIR, PINNED_PORT_BASE = f"{CLUSTER_DIR}-pinned", PORT_BASE + 30
 # A site's limits: MaxArraySize 3 (sweeps split into several arrays) and association limits enforced.
 LIMITED_DIR, LIMITED_PORT_BASE, LIMITED_MAX_ARRAY_SIZE = f"{CLUSTER_DIR}-limited", PORT_BASE + 70, 3
 # Slurm's own SlurmdTimeout (300 s): a node that dies silently is marked DOWN only after five minutes,
@@ -114,17 +116,33 @@ def stop_started_clusters() -> list[str]:
     return stopped
 
 
+# The suite's clusters leave tasks unbound (devcluster's pin_cpus): their fake nodes share this
+# machine's CPUs, every node's first CPU is the machine's CPU 0, and bound one-task-a-node jobs all
+# ran on that one core (a full run: 8 ranks at 12% of a CPU each, the other CPU 38% idle). CPU
+# binding, as sites do it, is proven on a cluster of its own (start_pinned_cluster).
+UNBOUND = {"pin_cpus": False}
+
+
 def start_cluster(*, accounting: bool = True) -> dict[str, str]:
-    """The suite's cluster, strict like a site (accounting, CPU pinning); accounting=False gives the
-    lenient one-node cluster without accounting."""
+    """The suite's cluster, strict like a site (accounting); accounting=False gives the lenient
+    one-node cluster without accounting."""
     reason = why_no_slurm()
     if reason:
         pytest.skip(reason)
     if accounting:
-        slurm = ensure_cluster(CLUSTER_DIR, NODES, GPUS_PER_NODE, PORT_BASE)
+        slurm = ensure_cluster(CLUSTER_DIR, NODES, GPUS_PER_NODE, PORT_BASE, **UNBOUND)
     else:
-        slurm = ensure_cluster(LENIENT_DIR, 1, 0, LENIENT_PORT_BASE, with_accounting=False)
+        slurm = ensure_cluster(LENIENT_DIR, 1, 0, LENIENT_PORT_BASE, with_accounting=False, **UNBOUND)
     return cluster_env(slurm)
+
+
+def start_pinned_cluster() -> dict[str, str]:
+    """3 nodes of 2 CPUs whose tasks are bound to their CPUs (TaskPlugin=task/affinity), as sites
+    do; no accounting."""
+    reason = why_no_slurm()
+    if reason:
+        pytest.skip(reason)
+    return cluster_env(ensure_cluster(PINNED_DIR, NODES, 0, PINNED_PORT_BASE, with_accounting=False))
 
 
 def start_forgetful_cluster() -> dict[str, str]:
@@ -132,7 +150,7 @@ def start_forgetful_cluster() -> dict[str, str]:
     reason = why_no_slurm()
     if reason:
         pytest.skip(reason)
-    return cluster_env(ensure_cluster(FORGETFUL_DIR, 2, 0, FORGETFUL_PORT_BASE, min_job_age_s=2))
+    return cluster_env(ensure_cluster(FORGETFUL_DIR, 2, 0, FORGETFUL_PORT_BASE, min_job_age_s=2, **UNBOUND))
 
 
 def start_limited_cluster() -> dict[str, str]:
@@ -141,7 +159,7 @@ def start_limited_cluster() -> dict[str, str]:
     if reason:
         pytest.skip(reason)
     slurm = ensure_cluster(
-        LIMITED_DIR, 2, 0, LIMITED_PORT_BASE, max_array_size=LIMITED_MAX_ARRAY_SIZE, enforce_limits=True
+        LIMITED_DIR, 2, 0, LIMITED_PORT_BASE, max_array_size=LIMITED_MAX_ARRAY_SIZE, enforce_limits=True, **UNBOUND
     )
     return cluster_env(slurm)
 
@@ -159,6 +177,7 @@ def start_site_timeouts_cluster() -> dict[str, str]:
         SITE_TIMEOUTS_PORT_BASE,
         with_accounting=False,
         slurmd_timeout_s=SITE_SLURMD_TIMEOUT_S,
+        **UNBOUND,
     )
     return cluster_env(slurm)
 
@@ -339,7 +358,7 @@ def train_locally(env: dict[str, str], run_dir: Path, *overrides: str) -> None:
 
 
 # The suffixes of a worker's cluster folders (CLUSTER_DIR and the shapes above).
-CLUSTER_KINDS = ("", "-devcluster", "-lenient", "-forgetful", "-limited", "-site")
+CLUSTER_KINDS = ("", "-devcluster", "-lenient", "-forgetful", "-limited", "-site", "-pinned")
 
 
 def suite_cluster_dirs() -> list[str]:

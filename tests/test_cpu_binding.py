@@ -17,9 +17,9 @@ LAYOUTS = {"two-tasks-a-node": (2, 2, 1), "one-task-two-cpus": (1, 1, 2)}
 
 
 def test_each_task_gets_its_cpus_and_no_other_tasks(tmp_path: Path) -> None:
-    from slurmtools import events, job_output, start_cluster, submit, wait_finished
+    from slurmtools import events, job_output, start_pinned_cluster, submit, wait_finished
 
-    env = start_cluster()
+    env = start_pinned_cluster()
     jobs = {}
     for name, (nodes, tasks, cpus) in LAYOUTS.items():
         (job_id,), _ = submit(
