@@ -355,8 +355,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     per_core = load_gate.per_core_from_env()
     if per_core == 0:
         return
-    bar = load_gate.max_load(len(os.sched_getaffinity(0)), per_core)
-    waited = load_gate.take_turn(bar)
+    cores = len(os.sched_getaffinity(0))
+    waited = load_gate.take_turn(load_gate.max_load(cores, per_core), calm_load=float(cores))
     if waited >= load_gate.POLL_S:
         # In the report, which pytest-xdist carries to the process that writes the summary.
         item.user_properties.append((GATE_WAIT_PROPERTY, round(waited, 1)))

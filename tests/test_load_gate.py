@@ -45,26 +45,33 @@ class FakeClock:
 
 
 @pytest.mark.parametrize(
-    ("last_start", "loads", "waited"),
+    ("last_start", "loads", "calm_load", "waited"),
     [
-        (None, [1.0], 0.0),  # the first heavy start, room at once
-        (None, [9.0, 7.0, 5.9], 10.0),  # two polls over the bar of 6, then room
-        (None, [6.0, 5.0], 5.0),  # the bar itself is over it
-        (990.0, [1.0], 10.0),  # another worker started 10 s ago: 20 s apart
-        (995.0, [1.0], 15.0),
-        (980.0, [1.0], 0.0),  # 20 s ago: its turn at once
-        (None, [50.0] * 1000, 600.0),  # never room: the cap, then the test runs anyway
+        (None, [1.0], None, 0.0),  # the first heavy start, room at once
+        (None, [9.0, 7.0, 5.9], None, 10.0),  # two polls over the bar of 6, then room
+        (None, [6.0, 5.0], None, 5.0),  # the bar itself is over it
+        (990.0, [3.0], None, 10.0),  # another worker started 10 s ago: 20 s apart
+        (995.0, [3.0], None, 15.0),
+        (980.0, [3.0], None, 0.0),  # 20 s ago: its turn at once
+        (997.0, [1.0], 2.0, 2.0),  # a calm machine (load under 2): 5 s apart
+        (997.0, [3.0], 2.0, 17.0),  # a busy one: 20 s
+        (None, [50.0], None, 600.0),  # never room: the cap, then the test runs anyway
     ],
 )
 def test_a_heavy_test_waits_for_its_turn(
-    tmp_path: Path, last_start: float | None, loads: list[float], waited: float
+    tmp_path: Path, last_start: float | None, loads: list[float], calm_load: float | None, waited: float
 ) -> None:
     gate = tmp_path / "gate"
     if last_start is not None:
         gate.write_text(f"{last_start}\n")
     clock = FakeClock()
     clock.now = 1000.0
-    seen = iter(loads)
-    took = load_gate.take_turn(6.0, gate, load=lambda: next(seen), sleep=clock.sleep, clock=clock)
+    calls = [0]
+
+    def load() -> float:  # the loads in turn, the last one from then on
+        calls[0] += 1
+        return loads[min(calls[0], len(loads)) - 1]
+
+    took = load_gate.take_turn(6.0, gate, load=load, sleep=clock.sleep, clock=clock, calm_load=calm_load)
     assert took == waited
     assert float(gate.read_text()) == 1000.0 + waited  # the next worker counts from this start
