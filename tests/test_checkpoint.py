@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from hpctrain import faults
-from hpctrain.checkpoint import NoUsableCheckpoint, PlainCheckpointer, rng, store
+from hpctrain.checkpoint import NoUsableCheckpoint, PlainCheckpointer, rng, store, transient
 from hpctrain.checkpoint.snapshot import Snapshotter
 from hpctrain.checkpoint.writer import BackgroundWriter
 from hpctrain.dist.context import DistContext
@@ -671,6 +671,13 @@ def test_checkpointer_load_reports_unusable_checkpoints(tmp_path: Path) -> None:
 # ---- store: a filesystem that fails for a moment ------------------------------------------------
 
 
+def _two_checkpoints(tmp_path: Path) -> Path:
+    folder = tmp_path / "checkpoints"
+    for step in (10, 20):
+        write(folder, step)
+    return folder
+
+
 def _flaky(monkeypatch: pytest.MonkeyPatch, failures: int) -> list[float]:
     """sha256_of fails `failures` times with EIO (an NFS server rebooting, a Lustre OST failing
     over), then reads; the retry delays are recorded instead of slept."""
@@ -685,32 +692,28 @@ def _flaky(monkeypatch: pytest.MonkeyPatch, failures: int) -> list[float]:
         return real(path)
 
     monkeypatch.setattr(store, "sha256_of", flaky_sha256)
-    monkeypatch.setattr(store.time, "sleep", slept.append)
+    monkeypatch.setattr(transient.time, "sleep", slept.append)
     return slept
 
 
 def test_a_read_that_fails_for_a_moment_is_tried_again_and_the_newest_loads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = tmp_path / "checkpoints"
-    for step in (10, 20):
-        write(folder, step)
+    folder = _two_checkpoints(tmp_path)
     slept = _flaky(monkeypatch, failures=2)
     found = store.load_newest(folder)
     # Not the older checkpoint: the newest, after two tries again.
     assert found is not None and found[0].step == 20
-    assert slept == list(store.RETRY_DELAYS_S[:2])
+    assert slept == list(transient.RETRY_DELAYS_S[:2])
 
 
 def test_a_filesystem_that_keeps_failing_is_an_error_of_its_own_not_an_unusable_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = tmp_path / "checkpoints"
-    for step in (10, 20):
-        write(folder, step)
+    folder = _two_checkpoints(tmp_path)
     slept = _flaky(monkeypatch, failures=100)
     with pytest.raises(OSError) as raised:
         store.load_newest(folder)
     assert raised.value.errno == errno.EIO and not isinstance(raised.value, store.NoUsableCheckpoint)
-    assert slept == list(store.RETRY_DELAYS_S)  # tried for 15.5 s, then the error
+    assert slept == list(transient.RETRY_DELAYS_S)  # tried for 15.5 s, then the error
     assert [e.step for e in store.entries(folder)] == [20, 10]  # nothing dropped or renamed

@@ -21,7 +21,8 @@ from torch import nn
 from hpctrain.checkpoint.base import CheckpointMismatch
 from hpctrain.checkpoint.format import check_readable
 from hpctrain.checkpoint.shard_files import file_problem, shards_dir
-from hpctrain.checkpoint.store import NoUsableCheckpoint, transient
+from hpctrain.checkpoint.store import NoUsableCheckpoint
+from hpctrain.checkpoint.transient import transient
 from hpctrain.config import differences
 from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError

@@ -12,24 +12,19 @@ prune cut between its two unlinks. Either way the .pt is whole: it is renamed in
 after it was written and fsynced. When no published checkpoint is newer and usable, it is
 loaded (said in the log) rather than failing the run or starting it over.
 
-A read that fails for the filesystem's own reasons (EIO, ESTALE on NFS, a timeout on a parallel
-filesystem) says nothing about the checkpoint: it is tried again (RETRY_DELAYS_S), and still
-failing it is raised as the OSError it is, never taken for an unusable checkpoint. The process
-then fails as a crash (the job is requeued and tries again later, its checkpoints untouched)
-instead of falling back to an older checkpoint or refusing the run as a user's mistake.
+A read that fails for the filesystem's own reasons is tried again and then raised as the OSError
+it is, never taken for an unusable checkpoint (hpctrain.checkpoint.transient).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import io
 import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -37,6 +32,7 @@ from typing import Any, BinaryIO
 import torch
 
 from hpctrain import faults
+from hpctrain.checkpoint.transient import transient, with_retries
 from hpctrain.run.paths import CheckpointFiles as Entry
 from hpctrain.run.paths import checkpoint_files as paths_for
 from hpctrain.run.paths import checkpoints_in as entries
@@ -51,43 +47,6 @@ Check = Callable[[Mapping[str, Any], str], None]
 
 class NoUsableCheckpoint(RuntimeError):
     """Checkpoints exist but none can be loaded: the run must not silently start over."""
-
-
-# Errors of the filesystem, not of the file: a moment later the same read may succeed.
-TRANSIENT_ERRNOS = frozenset(
-    {
-        errno.EIO,
-        errno.ESTALE,
-        errno.EAGAIN,
-        errno.EINTR,
-        errno.EBUSY,
-        errno.ETIMEDOUT,
-        errno.ENETDOWN,
-        errno.ENETUNREACH,
-        errno.EHOSTUNREACH,
-        errno.ECONNRESET,
-        errno.ENOLCK,
-    }
-)
-RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # 15.5 s in all before the error is raised
-
-
-def transient(error: BaseException) -> bool:
-    return isinstance(error, OSError) and error.errno in TRANSIENT_ERRNOS
-
-
-def with_retries(what: str, read: Callable[[], Any]) -> Any:
-    """read(), tried again after each of RETRY_DELAYS_S while it fails with a transient OSError;
-    the last such error raised. Any other error at once."""
-    for delay in (*RETRY_DELAYS_S, None):
-        try:
-            return read()
-        except OSError as error:
-            if not transient(error) or delay is None:
-                raise
-            log.warning("reading %s: %s; trying again in %.1f s", what, error, delay)
-            time.sleep(delay)
-    raise AssertionError("unreachable")
 
 
 @contextlib.contextmanager
