@@ -1,13 +1,13 @@
 """The checkpoint filesystem full in a Slurm job: the newest complete checkpoint stays usable.
 
-The run dir lies on a tmpfs of 3.3 MB (mounted for the test; the dev cluster's nodes are this
-machine): the code snapshot (0.7 MB) and the step-50 checkpoint (1.8 MB) fit, the step-100 one
-does not. The write fails with ENOSPC; the job says so in its journal (a `failure`, cause
-`user_error`: retrying on the same full disk would fail alike) and ends FAILED, with the step-50
-checkpoint whole and the partial file removed. Its guardian leaves it (a user's mistake). Once
-there is room again (the tmpfs grown, as a user clears their quota),
-`hpctrain-submit --retry RUN_DIR` resumes it from step 50 and it ends bit-identical to an
-uninterrupted run.
+The run dir lies on a tmpfs of its own (mounted for the test; the dev cluster's nodes are this
+machine), shrunk once the submission wrote its code snapshot to what it holds and room for one
+checkpoint (1.8 MB) and the logs: the step-50 checkpoint fits, the step-100 one does not. The
+write fails with ENOSPC; the job says so in its journal (a `failure`, cause `user_error`:
+retrying on the same full disk would fail alike) and ends FAILED, with the step-50 checkpoint
+whole and the partial file removed. Its guardian leaves it (a user's mistake). Once there is room
+again (the tmpfs grown, as a user clears their quota), `hpctrain-submit --retry RUN_DIR` resumes
+it from step 50 and it ends bit-identical to an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -54,8 +54,19 @@ TRAIN = [
     "slurm.nodes=1",
     "slurm.ntasks_per_node=1",
 ]
-DISK = "3300k"  # the code snapshot, one checkpoint and the logs; not a second checkpoint
 ROOMY = "64m"
+# Room for one checkpoint of TRAIN's model (1,839,933 bytes and its 0.6 kB manifest, each in
+# whole 4 KiB pages) and 0.8 MB of logs and journal, not for a second checkpoint. Measured from
+# what the disk holds once the code snapshot is written, not a fixed size: the snapshot grows
+# with the code (a fixed 3.3 MB left no room for the first checkpoint once it passed 1.5 MB).
+ONE_CHECKPOINT_AND_LOGS = 1_843_200 + 4096 + 800 * 1024
+
+
+def room_for_one_checkpoint(disk: Path) -> None:
+    """Shrink the tmpfs at `disk` to what it holds now and room for one checkpoint and the logs."""
+    stat = os.statvfs(disk)
+    used = (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+    subprocess.run(["mount", "-o", f"remount,size={used + ONE_CHECKPOINT_AND_LOGS}", str(disk)], check=True)
 
 
 def jobs_since(env: dict[str, str], started: str, first: str, until_listed: set[str]) -> tuple[list[str], str]:
@@ -119,7 +130,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Path]:
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    with small_tmpfs(tmp_path / "disk", DISK) as mount:
+    with small_tmpfs(tmp_path / "disk", ROOMY) as mount:
         yield mount
 
 
@@ -135,6 +146,7 @@ def test_a_full_checkpoint_disk_keeps_the_newest_checkpoint_and_the_retry_resume
         # there (the suite lets it, tests/conftest.py), and the disk is sized for the checkpoints.
         (job,), _ = submit({**env, PAUSE_ENV: "0.1", "PYTHONDONTWRITEBYTECODE": "1"}, run_dir, *TRAIN)
         jobs.append(job)
+        room_for_one_checkpoint(small_disk)  # seconds before its first checkpoint (torch still imports)
         assert wait_finished(slurm_env, job, timeout_s=300) == "FAILED", job_output(run_dir)
 
         # The step-100 write failed for want of room; step 50 is whole and nothing partial is left.
