@@ -50,6 +50,8 @@ TIMEOUT = captured("timeout")
 # (tests/fixtures/slurm/squeue_job_state_codes.txt): "Job terminated due to preemption"
 # (PreemptMode=CANCEL; the dev cluster requeues).
 PREEMPTED = JobEnd(state="PREEMPTED")
+# `scontrol show job` of a requeued job on the dev cluster: PENDING (BeginTime), Restarts=1.
+REQUEUED_PENDING = captured("../scontrol/requeued_pending")
 GONE = JobEnd(state=None)  # Slurm dropped the record (MinJobAge) before the guardian looked
 
 TRAINING = (
@@ -151,6 +153,8 @@ ROWS = {
         Action.STOP,
         [],
     ),
+    # ---- the job came back after afternotok fired: it goes on by itself, no second job ----
+    "the ended job requeued, PENDING again (scontrol's record)": Row(TRAINING, REQUEUED_PENDING, Action.STOP, []),
 }
 
 

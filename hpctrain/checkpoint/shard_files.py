@@ -17,6 +17,7 @@ import torch
 
 from hpctrain.checkpoint.format import check_readable
 from hpctrain.checkpoint.store import sha256_of
+from hpctrain.run import fencing
 from hpctrain.run.paths import checkpoint_files
 
 
@@ -25,7 +26,9 @@ def shards_dir(folder: Path, step: int) -> Path:
 
 
 def write_json(path: Path, value: Any) -> None:
-    """Written whole or not at all: to a temporary name, synced, renamed."""
+    """Written whole or not at all: to a temporary name, synced, renamed (not by a replaced life:
+    its checkpoint folder is the one beside the run dir's generations)."""
+    fencing.check(path.parent.parent.parent if path.parent.suffix == ".dcp" else path.parent.parent)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as file:
         json.dump(value, file)

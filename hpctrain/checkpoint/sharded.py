@@ -41,6 +41,7 @@ from hpctrain.checkpoint.format import FORMAT_VERSION
 from hpctrain.checkpoint.shard_files import shards_dir, write_json
 from hpctrain.checkpoint.store import fsync_dir, sha256_of
 from hpctrain.dist.context import DistContext
+from hpctrain.run import fencing
 from hpctrain.run.causes import CheckpointReason, StopReason
 from hpctrain.run.events import Checkpoint, ForcedSave
 from hpctrain.run.paths import checkpoint_files, checkpoints_in
@@ -121,6 +122,7 @@ class ShardedCheckpointer(Checkpointer):
         """Collective. The step's folder, empty: a torn or corrupt write of the same step (a life
         that redoes steps) must leave no file, and no sums, that could pass for this write's."""
         target = shards_dir(self.folder, step)
+        fencing.check(self.folder.parent)  # a replaced life clears no folder (hpctrain.run.generations)
         if self.ctx.is_main:
             checkpoint_files(self.folder, step).meta.unlink(missing_ok=True)
             shutil.rmtree(target, ignore_errors=True)
@@ -194,6 +196,7 @@ class ShardedCheckpointer(Checkpointer):
             raise error
 
     def _prune(self) -> None:
+        fencing.check(self.folder.parent)
         published = checkpoints_in(self.folder)
         for entry in published[self.keep :]:
             entry.meta.unlink(missing_ok=True)  # the marker first: a half-deleted one never counts

@@ -33,6 +33,7 @@ import torch
 
 from hpctrain import faults
 from hpctrain.checkpoint.transient import transient, with_retries
+from hpctrain.run import fencing
 from hpctrain.run.paths import CheckpointFiles as Entry
 from hpctrain.run.paths import checkpoint_files as paths_for
 from hpctrain.run.paths import checkpoints_in as entries
@@ -137,6 +138,8 @@ def write(
 ) -> Entry:
     """Write one checkpoint atomically. On any error (a full disk, a cancel through `control`)
     the temporary files are removed and the earlier checkpoints are untouched."""
+    run_root = folder.parent
+    fencing.check(run_root)  # a replaced life writes no checkpoint (hpctrain.run.generations)
     folder.mkdir(parents=True, exist_ok=True)
     entry = paths_for(folder, step)
     tmp_data = entry.data.with_name(entry.data.name + ".tmp")
@@ -156,6 +159,7 @@ def write(
                 raise WriteAbandoned(f"cancelled after all {writer.size} bytes")
             file.flush()
             os.fsync(file.fileno())
+        fencing.check(run_root)  # replaced while writing: publish nothing
         os.replace(tmp_data, entry.data)
         faults.point("checkpoint.between_renames")
         meta = {"step": step, "size": writer.size, "sha256": writer.digest.hexdigest(), **info}
@@ -163,6 +167,8 @@ def write(
         os.replace(tmp_meta, entry.meta)
         published = True
         fsync_dir(folder)
+    except fencing.Fenced:
+        raise  # touch nothing more: the step's names may be the new life's by now
     except BaseException:
         leftovers = (tmp_data, tmp_meta) if published else (tmp_data, tmp_meta, entry.data)
         for path in leftovers:
@@ -274,7 +280,9 @@ def prune(folder: Path, keep: int) -> None:
     the size it records) is never counted among those kept, which would leave fewer to resume
     from (none, were every kept one torn), and is deleted: no load can use it, and no write is
     under way on a published one. Called by the one writer after its write: no other write is
-    under way (one would be newer than every published checkpoint)."""
+    under way (one would be newer than every published checkpoint). A replaced life prunes
+    nothing: the files may be the new life's."""
+    fencing.check(folder.parent)
     published = entries(folder)
     kept: list[Entry] = []
     for entry in published:

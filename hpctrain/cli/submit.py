@@ -37,7 +37,8 @@ from hpctrain.cli.common import (
 )
 from hpctrain.cli.overrides import before_hydra
 from hpctrain.config import to_typed
-from hpctrain.run.exitcodes import CLI_REFUSED
+from hpctrain.errors import UserError
+from hpctrain.run.exitcodes import CLI_REFUSED, CLI_USER_ERROR
 from hpctrain.run.paths import restrict_umask
 from hpctrain.slurm.jobid import split as split_job_id
 from hpctrain.submit import sbatch
@@ -129,6 +130,9 @@ def submit_or_exit(points: list[Point]) -> list[str]:
                 file=sys.stderr,
             )
         sys.exit(CLI_REFUSED)  # sbatch refused
+    except UserError as error:  # another actor submits into a run dir right now (its generation)
+        print(f"error: {error}; nothing was queued", file=sys.stderr)
+        sys.exit(CLI_USER_ERROR)
     announce(points, job_ids)
     return job_ids
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,9 +28,10 @@ from hpctrain.process import ending, startup_clock
 from hpctrain.process.early_signals import EarlySignals
 from hpctrain.process.signals import StopFlag
 from hpctrain.process.watchdog import start_watchdog
+from hpctrain.run import fencing
 from hpctrain.run.causes import STOP_TABLE, Cause, StopReason
 from hpctrain.run.events import Failure, Journal, Stop
-from hpctrain.run.exitcodes import WORKER_FINISHED, WORKER_USER_ERROR
+from hpctrain.run.exitcodes import WORKER_FENCED, WORKER_FINISHED, WORKER_USER_ERROR
 from hpctrain.run.paths import RunDir, checkpoints_in, no_room, no_room_message
 from hpctrain.slurm.env import SlurmEnvError
 from hpctrain.trainer.hooks import ProcessHooks
@@ -165,6 +167,8 @@ def spawned(local_rank: int, nprocs: int, store_path: str, run_dir: str, early: 
         run(Path(run_dir), DistContext.for_spawn(local_rank, nprocs, store_path), early)
     except UserError:  # told already; the exit code says so to the launcher
         sys.exit(WORKER_USER_ERROR)
+    except fencing.Fenced as fenced:
+        _leave_fenced(fenced)
 
 
 def main(run_dir: Path, early: EarlySignals) -> None:
@@ -178,4 +182,14 @@ def main(run_dir: Path, early: EarlySignals) -> None:
         reason = run(run_dir, ctx, early)
     except UserError:
         sys.exit(WORKER_USER_ERROR)
+    except fencing.Fenced as fenced:
+        _leave_fenced(fenced)
     sys.exit(STOP_TABLE[reason].exit_code if reason else WORKER_FINISHED)
+
+
+def _leave_fenced(fenced: fencing.Fenced) -> None:
+    """A newer life owns the run dir: say so in the job's output and leave at once, running no
+    cleanup that could write (a sink's close, a last metrics line)."""
+    fencing.say(fenced, "error")
+    sys.stdout.flush()
+    os._exit(WORKER_FENCED)

@@ -16,7 +16,9 @@ from dataclasses import replace
 from hpctrain.recovery.decision import Decision, Shape
 from hpctrain.recovery.gather import Within, heard
 from hpctrain.recovery.requeue import ask_requeue, exclude_nodes, lower_node_count
+from hpctrain.run import fencing, generations
 from hpctrain.run.events import Event, Journal, Relaunch
+from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm import client
 from hpctrain.slurm.client import Purpose
@@ -35,6 +37,7 @@ class Applier:
         self.tasks_per_node = tasks_per_node
         self.within = within
         self.journal = Journal(run.events)
+        self.claim: generations.Generation | None = None  # this step's submission, once taken
 
     # ---- the journal and the job's output --------------------------------------------------------
 
@@ -53,6 +56,21 @@ class Applier:
             print(f"{speaker}: {line}", file=sys.stderr)
 
     # ---- Slurm's requeue of this job -------------------------------------------------------------
+
+    def claim_requeue(self) -> None:
+        """A `requeue` generation after this process's own, before Slurm is asked: the requeued
+        job's next life begins after it. Raises Fenced when a newer act owns the run (a keeper's
+        resubmission while this shell was frozen): nothing is asked."""
+        own = fencing.own(self.run.root, self.env)
+        if own is None:  # a life that took no generation (a run dir from before them)
+            return
+        aliases = LifeStamp.from_env(self.env).aliases
+        requeue = generations.Generation(0, generations.REQUEUE, "hpctrain", job_id=self.job_id, names=aliases)
+        try:
+            taken = generations.take(self.run.root, own, requeue)
+        except generations.Superseded:
+            raise fencing.Fenced(self.run.root, own) from None
+        fencing.adopt(self.run.root, taken)
 
     def ask_requeue(self) -> client.Reply:
         """`scontrol requeue` of this job; an unsure reply is looked at before anything else."""
@@ -83,16 +101,28 @@ class Applier:
 
     def resubmit(self, shape: Shape) -> tuple[str | None, str]:
         """job.sbatch again (same run dir, it resumes there) with the shape decided: (the new
-        job's id, "") or (None, why not)."""
+        job's id, "") or (None, why not). A `submit` generation is taken after this process's own
+        first (raises Fenced when a newer act owns the run): the new job carries its token and
+        begins only once `goes_on_in` named it, after this step's records."""
+        token = generations.new_token()
+        own = fencing.own(self.run.root, self.env)
+        if own is not None:
+            try:
+                self.claim = generations.take(self.run.root, own, generations.submission("hpctrain", token))
+            except generations.Superseded:
+                raise fencing.Fenced(self.run.root, own) from None
+            fencing.adopt(self.run.root, self.claim)
         submitted = client.submit(
             self.run.job_script,
             purpose=Purpose.RESUBMIT,
             exclude=",".join(shape.excluded) or None,
             nodes=shape.nodes,
-            env=outside_job_env(self.env),
+            env={**outside_job_env(self.env), generations.TOKEN_ENV: token},
             until=self.within.until,
         )
         done = heard(submitted.reply, "the run cannot go on in a new job")
+        if submitted.value is None and self.claim is not None:
+            self.claim = generations.name_job(self.run.root, self.claim, None)  # abandoned
         if done.unsure:
             return None, f"{done.why()}: a new job may have been queued all the same (see squeue)"
         if submitted.value is None:
@@ -100,9 +130,12 @@ class Applier:
         return submitted.value, ""
 
     def goes_on_in(self, job_id: str) -> None:
-        """The run goes on in `job_id`: submission.json follows it, and it gets a guardian."""
+        """The run goes on in `job_id`: submission.json follows it, it gets a guardian, and last its
+        generation names it (the new job's first life begins after that)."""
         self.run.record_resubmission(job_id)
         submit_guardian(self.run, job_id, outside_job_env(self.env))
+        if self.claim is not None:
+            self.claim = generations.name_job(self.run.root, self.claim, job_id)
 
     def kill_training_steps(self) -> None:
         """SIGKILL to this job's training steps (not the keeper's own) before the run is submitted

@@ -55,9 +55,10 @@ from hpctrain.recovery.decide import (
 )
 from hpctrain.recovery.decision import Decision
 from hpctrain.recovery.gather import Gatherer, Within
-from hpctrain.run import protocol
+from hpctrain.run import fencing, generations, protocol
 from hpctrain.run.causes import Action
 from hpctrain.run.jsonlines import locked
+from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir, no_room, no_room_message
 from hpctrain.run.protocol import BEGIN_EXITS, KEEPER_EXITS, REQUEUE_EXITS, Answer, Exit
 from hpctrain.slurm import client
@@ -104,6 +105,15 @@ class Controller:
         self.apply = Applier(self.run, self.env, self.gather.job_id, self.slurm.tasks_per_node, self.within)
 
     def begin(self) -> int:
+        try:
+            self._take_life()
+        except generations.Superseded as lost:
+            print(
+                f"hpctrain: job {self.gather.job_id} restart {self.restart} does not start: {lost}; "
+                "it launches nothing and writes nothing in the run dir",
+                file=sys.stderr,
+            )
+            return Exit.FENCED
         cluster = self.gather.cluster()
         decision = decide_start(self.gather.history(), cluster, self.gather.budgets())
         self.apply.record(decision)
@@ -115,6 +125,13 @@ class Controller:
         if decision.action is Action.REQUEUE:
             print("hpctrain: preempted before the step started (a preemption's grace runs): no launch", flush=True)
         return BEGIN_EXITS[decision.action]
+
+    def _take_life(self) -> None:
+        """This life's generation of the run dir, before it writes anything (hpctrain.run.generations):
+        refused (Superseded) when a newer act than its job's owns the run."""
+        aliases, token = LifeStamp.from_env(self.env).aliases, self.env.get(generations.TOKEN_ENV) or None
+        life = generations.LifeClaim(self.gather.job_id, self.restart, aliases, token)
+        fencing.adopt(self.run.root, generations.begin_life(self.run.root, life))
 
     def after_step(
         self,
@@ -155,6 +172,7 @@ class Controller:
             self.apply.record(decision)
         if not decision.ask:
             return REQUEUE_EXITS[decision.action]
+        self.apply.claim_requeue()  # raises Fenced: another act owns the run, ask nothing
         self.within.renew(REQUEUE_WAIT_S)
         asked = self.apply.ask_requeue()
         if asked.ok:
@@ -212,6 +230,7 @@ class Controller:
             decision = decision.because(why)  # Slurm's own requeue of this job instead
             self.within.renew(REQUEUE_WAIT_S)
             self.apply.say(decision.message, "hpctrain keeper")
+            self.apply.claim_requeue()
             asked = self.apply.ask_requeue()
             if asked.ok:
                 self.apply.write(decision.events)
@@ -231,9 +250,9 @@ class Controller:
         assert decision.shape is not None  # decide's RESUBMIT always shapes the new job
         job_id, why = self.apply.resubmit(decision.shape)
         if job_id:
-            self.apply.goes_on_in(job_id)
             done = decision.resubmitted(job_id)
             self.apply.write(done.events)
+            self.apply.goes_on_in(job_id)  # submission.json, its guardian; the new job may begin after
             self.apply.say(done.message, speaker)
         return job_id, why
 
@@ -269,6 +288,21 @@ def _dispatch(args: list[str]) -> None:
     if call is None:
         sys.exit(protocol.USAGE)
     controller = _controller(call.run_dir)
+    try:
+        _call(controller, call)
+    except (fencing.Fenced, generations.Superseded) as replaced:
+        # A newer generation owns the run dir (this life's node was frozen while the keeper or
+        # the guardian submitted the run again): nothing is decided, asked or written.
+        print(f"hpctrain: {replaced}", file=sys.stderr, flush=True)
+        if isinstance(call, protocol.AfterStep):
+            print(Answer(Action.STOP).line())
+            return
+        sys.exit(Exit.FENCED)
+
+
+def _call(controller: Controller, call: protocol.Call) -> None:
+    if not isinstance(call, protocol.Begin):
+        fencing.check(call.run_dir)  # before any Slurm call: a replaced life asks nothing either
     if isinstance(call, protocol.AfterStep):
         code, excluded = call.exit_code, call.excluded
         print(controller.after_step(code, call.terminated, excluded, call.warned, call.launched_at))

@@ -32,6 +32,7 @@ from pathlib import Path
 from hpctrain.recovery.decide import History, decide_guard, lineage
 from hpctrain.recovery.decision import Decision
 from hpctrain.recovery.facts import Budgets, JobEnd
+from hpctrain.run import fencing, generations
 from hpctrain.run.causes import Action
 from hpctrain.run.events import Journal, read_events
 from hpctrain.run.jsonlines import locked
@@ -79,7 +80,13 @@ class Guardian:
                     print(f"hpctrain guardian: {no_room_message(self.run.root, full)}", file=sys.stderr)
                     self._run_ended("fail")
                     return 1
-                return self._resubmit(decision)
+                try:
+                    claim = self._claim((self.job_id, *aliases))
+                except generations.Superseded as lost:
+                    # A user's --retry, the keeper or the job's own control step acted first.
+                    print(f"hpctrain guardian: job {self.job_id}: {lost}: nothing to do", file=sys.stderr)
+                    return 0
+                return self._resubmit(decision, claim)
             for event in decision.events:
                 self.journal.write_event(event)
         if decision.action is Action.FAIL:
@@ -87,13 +94,31 @@ class Guardian:
             return 1
         return 0
 
-    def _resubmit(self, decision: Decision) -> int:
-        """job.sbatch again, into the same run dir; then the events (with the new job's id), the
-        new job in submission.json, and its own guardian. sbatch failing: what the decision says
-        comes instead (`otherwise`)."""
-        done = client.submit(self.run.job_script, purpose=Purpose.GUARDIAN_SUBMIT, env=outside_job_env(os.environ))
+    def _claim(self, job_ids: tuple[str, ...]) -> generations.Generation | None:
+        """The guardian's `submit` generation, taken on the generation of the job it guards
+        (exactly one of the guardian, the keeper and a --retry wins); raises Superseded when the
+        run's newest act is not that job's. None: a run dir from before generations."""
+        based_on = generations.basis(self.run.root, job_ids)
+        if based_on is None and generations.numbers(self.run.root):
+            raise generations.Superseded(0, generations.newest(self.run.root))
+        after = based_on.number if based_on else 0
+        claim = generations.take(self.run.root, after, generations.submission("guardian", generations.new_token()))
+        fencing.adopt(self.run.root, claim)
+        return claim
+
+    def _resubmit(self, decision: Decision, claim: generations.Generation | None) -> int:
+        """job.sbatch again, into the same run dir (its generation taken first, its token in the
+        new job's environment); then the events (with the new job's id), the new job in
+        submission.json, its own guardian, and last the generation naming the new job (its first
+        life begins after that). sbatch failing: what the decision says comes instead (`otherwise`)."""
+        env = outside_job_env(os.environ)
+        if claim is not None:
+            env[generations.TOKEN_ENV] = claim.token or ""
+        done = client.submit(self.run.job_script, purpose=Purpose.GUARDIAN_SUBMIT, env=env)
         new_job = done.value
         if new_job is None:
+            if claim is not None:
+                generations.name_job(self.run.root, claim, None)
             why = done.why()
             if done.unsure:
                 why += ": a new job may have been queued all the same (see squeue)"
@@ -108,6 +133,8 @@ class Guardian:
         self.run.record_resubmission(new_job)
         print(f"hpctrain guardian: the run goes on in job {new_job} (same run dir)", file=sys.stderr)
         submit_guardian(self.run, new_job)
+        if claim is not None:
+            generations.name_job(self.run.root, claim, new_job)
         return 0
 
     def _run_ended(self, action: str) -> None:

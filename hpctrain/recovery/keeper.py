@@ -123,7 +123,15 @@ def main(argv: list[str]) -> int:
         file=sys.stderr,
         flush=True,
     )
-    return Controller(run_dir, dict(os.environ)).batch_host_lost(host, silent_s)
+    from hpctrain.run import fencing
+    from hpctrain.run.protocol import Exit
+
+    try:
+        fencing.check(run_dir)  # the run went on elsewhere meanwhile (a --retry, the guardian)
+        return Controller(run_dir, dict(os.environ)).batch_host_lost(host, silent_s)
+    except fencing.Fenced as fenced:
+        fencing.say(fenced, "hpctrain keeper")
+        return Exit.FENCED
 
 
 if __name__ == "__main__":

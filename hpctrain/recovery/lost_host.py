@@ -23,6 +23,7 @@ from hpctrain.run.events import (
     Finish,
     Requeue,
 )
+from hpctrain.slurm.states import ALLOCATED_STATES, HELD_STATES, WAITING_STATES
 
 # Slurm's end state -> the restart budget a guardian's resubmission is charged to. Any other
 # state (FAILED, NODE_FAIL, BOOT_FAIL, or a record Slurm no longer has): the batch node was lost.
@@ -32,6 +33,11 @@ _GUARDED_CAUSES = {
     "DEADLINE": Cause.TIMELIMIT,
     "OUT_OF_MEMORY": Cause.CRASH,
 }
+
+
+# Slurm's states of a job that has not ended, or will run again by itself (a requeued job is
+# PENDING); COMPLETING is a job ending, judged by what it ended as.
+_NOT_ENDED = (WAITING_STATES | HELD_STATES | ALLOCATED_STATES) - {"COMPLETING"}
 
 
 def decide_guard(history: History, ended: JobEnd, budgets: Budgets) -> Decision:
@@ -52,6 +58,10 @@ def decide_guard(history: History, ended: JobEnd, budgets: Budgets) -> Decision:
     ]
     if ended.state == "COMPLETED" or any(isinstance(e, Finish) for e in history.events):
         return Decision(Action.FINISH, message="the run finished: nothing to do")
+    if ended.state in _NOT_ENDED:
+        # afternotok fired, then the job came back (a requeue of the ended job, a held job
+        # released): it goes on by itself; a second job would train beside it.
+        return Decision(Action.STOP, message=f"job {history.job_id} is {ended.state} again: it goes on by itself")
     for event in reversed(mine):
         if isinstance(event, Failure) and event.new_job_id:
             return Decision(Action.STOP, message=f"the run already goes on in job {event.new_job_id}")

@@ -18,6 +18,9 @@ WORKER_SAVED_FOR_TIMELIMIT = 75  # the time limit is near: saved; requeue me and
 WORKER_SAVED_AND_STOPPED = 76  # SIGTERM (preemption, scancel) or Ctrl-C: saved; the batch script decides
 WORKER_HUNG = 77  # no step finished within trainer.hang_timeout_s: the watchdog ended the process
 WORKER_USER_ERROR = 78  # a bad value or file (sysexits EX_CONFIG), already told: do not retry, fix it
+# A newer generation of the run dir exists (hpctrain.run.generations): this life was replaced
+# (the keeper or the guardian submitted the run again, a user's --retry); it wrote nothing more.
+WORKER_FENCED = 79
 
 # ---- the batch script and its control step -----------------------------------------------------
 BATCH_FINISHED = 0
@@ -35,6 +38,10 @@ BATCH_CANCELLED = 6
 # batch shell launches nothing, and after-step requeues it as the preemption it is. A step started
 # now would be warned by nobody, and SIGTERMed as it starts at the grace's end.
 CONTROL_PREEMPTING = 7
+# A control step found its life replaced by a newer generation of the run dir (a frozen batch
+# host that came back after the keeper submitted the run again, a stale requeue): it launched,
+# requeued and wrote nothing; the job ends FAILED and its guardian finds the run gone on.
+CONTROL_FENCED = 8
 
 # ---- console scripts ----------------------------------------------------------------------------
 CLI_OK = 0

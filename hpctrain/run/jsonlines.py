@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hpctrain.run import fencing
+
 # What flock raises on a filesystem that has no locks.
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
@@ -42,6 +44,7 @@ class JsonLines:
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        fencing.check(self.path.parent)  # a replaced life writes no line (hpctrain.run.generations)
         line = json.dumps(_finite(record), allow_nan=False)
         with open(self.path, "a+b") as file:
             # A process killed mid-write leaves a torn last line: start on a fresh line so this

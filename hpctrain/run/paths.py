@@ -127,6 +127,14 @@ class RunDir:
         return self.root / "trial.json"
 
     @property
+    def generations(self) -> Path:
+        """One numbered file per act on the run: the fencing tokens of its lives and submissions
+        (hpctrain.run.generations owns their format)."""
+        from hpctrain.run.generations import folder
+
+        return folder(self.root)
+
+    @property
     def listeners(self) -> Path:
         """The programs told when the run has ended (hpctrain.run.listeners): a trial of hpctrain-tune
         names the study's report."""
@@ -142,6 +150,9 @@ class RunDir:
 
     def write_submission(self, record: dict[str, Any]) -> None:
         """submission.json replaced whole (a reader sees the old record or the new, never half)."""
+        from hpctrain.run import fencing  # paths is imported by fencing's own imports' users
+
+        fencing.check(self.root)
         tmp = self.submission.with_name(self.submission.name + ".tmp")
         tmp.write_text(json.dumps(record, indent=2) + "\n")
         os.replace(tmp, self.submission)

@@ -52,6 +52,7 @@ class Exit(IntEnum):
     NO_SLURM = exitcodes.CONTROL_NO_SLURM  # requeue: no scontrol here, the shell asks on the node
     CANCELLED = exitcodes.BATCH_CANCELLED
     PREEMPTING = exitcodes.CONTROL_PREEMPTING
+    FENCED = exitcodes.CONTROL_FENCED  # this life was replaced: nothing launched, written or asked
 
 
 # Each entry point's exit for the action decided (and carried out).

@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator, Mapping
 
 from hpctrain.faults import ENV as FAULTS_ENV
+from hpctrain.run.generations import TOKEN_ENV
 from hpctrain.run.heartbeats import ADDR_ENV as HEARTBEAT_ADDR_ENV
 
 # This life's warm standbys' token (hpctrain.process.standby.STANDBY_ENV, which imports torch; a
@@ -15,8 +16,9 @@ from hpctrain.run.heartbeats import ADDR_ENV as HEARTBEAT_ADDR_ENV
 STANDBY_ENV = "HPCTRAIN_STANDBY"
 # hpctrain's own variables a job must not pass on: a test's armed fault points (hpctrain.faults)
 # were meant for the job that had them; this job's heartbeat watcher's address (the new job's
-# ranks would beat to a watcher that is gone); this job's standby token.
-LEFT_OUT = frozenset({FAULTS_ENV, HEARTBEAT_ADDR_ENV, STANDBY_ENV})
+# ranks would beat to a watcher that is gone); this job's standby token; the token of the
+# submission that queued this job (hpctrain.run.generations: a new job carries its own).
+LEFT_OUT = frozenset({FAULTS_ENV, HEARTBEAT_ADDR_ENV, STANDBY_ENV, TOKEN_ENV})
 
 
 def outside_job_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -8,6 +8,7 @@ send/recv operation" and its job was queued once slurmctld went on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from hpctrain.slurm import client
@@ -33,10 +34,10 @@ def require_sbatch() -> None:
         )
 
 
-def submit(script: Path) -> str:
-    """Queue `script`; returns the job id."""
+def submit(script: Path, env: Mapping[str, str] | None = None) -> str:
+    """Queue `script` (sbatch given `env`, else this process's environment); returns the job id."""
     require_sbatch()
-    done = client.submit(script, purpose=Purpose.SUBMIT)
+    done = client.submit(script, purpose=Purpose.SUBMIT, env=env)
     if done.unsure:
         raise SbatchError(
             f"sbatch: no answer from the Slurm controller ({done.why()}); the job of {script} may have been "

@@ -15,12 +15,15 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain import __version__
 from hpctrain.config import Config
+from hpctrain.errors import UserError
+from hpctrain.run import generations
 from hpctrain.run.paths import RunDir, SweepArrays, remove_empty_parents
 from hpctrain.slurm import client
 from hpctrain.slurm.client import Purpose
@@ -39,6 +42,7 @@ log = logging.getLogger(__name__)
 _NAMES = RunDir(Path("."))
 _OURS = {
     ".hydra",
+    generations.FOLDER,  # this submission's own generation
     *(p.name for p in (_NAMES.config, _NAMES.job_script, _NAMES.guardian_script, _NAMES.submission, _NAMES.code)),
     _NAMES.lock.name,  # this command's own lock (hpctrain.run.lock)
 }
@@ -57,6 +61,11 @@ class Point:
     fresh: bool = True
     # The code the job imports first (slurm.code_snapshot), shared by a sweep's points.
     code: CodeSnapshot | None = None
+    # Who submits (its run dir's generation says so: hpctrain.run.generations), and the
+    # generation the submission is based on (a --retry: the ended job's); None: the newest,
+    # refused while another actor's submission waits for its sbatch.
+    by: str = "hpctrain-submit"
+    after: int | None = None
 
     @property
     def script(self) -> Path:
@@ -90,7 +99,7 @@ def live_job(run: RunDir) -> str | None:
     return f"{job_id} ({state})" if state in LIVE_STATES else None
 
 
-def submit_all(points: list[Point], parallelism: int) -> list[str]:
+def submit_all(points: list[Point], parallelism: int, records: Callable[[list[str]], None] | None = None) -> list[str]:
     """sbatch every point; the first script alone (a wrong partition or account fails there,
     before any other job is queued), the rest `parallelism` at a time. A sweep (several points)
     is checked against the site's limits first and, with slurm.array, queued as job arrays
@@ -100,13 +109,14 @@ def submit_all(points: list[Point], parallelism: int) -> list[str]:
         return []
     batches: list[_Batch] = []
     job_ids: list[str | None] = []
+    claims: dict[int, generations.Generation] = {}  # point index -> its generation, before its sbatch
     try:
         sbatch.require_sbatch()  # say "no sbatch" once, before anything else happens
         batches = _plan(points)
         job_ids = [None] * len(batches)
-        job_ids[0] = sbatch.submit(batches[0].script)
+        job_ids[0] = _queue(batches[0], points, claims)
         with ThreadPoolExecutor(max_workers=parallelism) as pool:
-            futures = [pool.submit(sbatch.submit, b.script) for b in batches[1:]]
+            futures = [pool.submit(_queue, b, points, claims) for b in batches[1:]]
             try:
                 for index, future in enumerate(futures, start=1):
                     job_ids[index] = future.result()
@@ -118,6 +128,9 @@ def submit_all(points: list[Point], parallelism: int) -> list[str]:
         kept_points = {i for b in kept for i in b.points}
         _undo([j for j in job_ids if j], [p for i, p in enumerate(points) if i not in kept_points])
         _remove_arrays([b for b in batches if b not in kept])
+        for index, claim in claims.items():  # a run dir kept: its generation queued nothing
+            if index not in kept_points and points[index].run.generations.is_dir():
+                generations.name_job(points[index].run.root, claim, None)
         raise
     ids = [""] * len(points)
     for batch, job_id in zip(batches, job_ids):
@@ -128,7 +141,30 @@ def submit_all(points: list[Point], parallelism: int) -> list[str]:
     # cannot be queued is said and the run goes on unguarded: its training job is in the queue.
     with ThreadPoolExecutor(max_workers=parallelism) as pool:
         list(pool.map(submit_guardian, [p.run for p in points], ids))
+    if records is not None:  # the caller's own records of the new jobs (a --retry's events)
+        records(ids)
+    # Last, each generation names its job: the job's first life begins only after that, so
+    # nothing written here comes after it began.
+    for index, claim in claims.items():
+        generations.name_job(points[index].run.root, claim, ids[index])
     return ids
+
+
+def _queue(batch: _Batch, points: list[Point], claims: dict[int, generations.Generation]) -> str:
+    """One sbatch call: each of its points' run dirs takes its generation first (raises UserError
+    naming the run dir when another actor acted on it meanwhile), then sbatch with their token."""
+    token = generations.new_token()
+    for index in batch.points:
+        point = points[index]
+        try:
+            if point.after is None:
+                claim = generations.claim_submission(point.run.root, point.by, token)
+            else:
+                claim = generations.take(point.run.root, point.after, generations.submission(point.by, token))
+        except generations.Superseded as lost:
+            raise UserError(f"{point.run.root}: {lost}") from None
+        claims[index] = claim
+    return sbatch.submit(batch.script, env={**os.environ, generations.TOKEN_ENV: token})
 
 
 @dataclass(frozen=True)

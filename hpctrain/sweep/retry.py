@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config import load_run_config
+from hpctrain.run import generations
 from hpctrain.run.events import Journal, Retry
 from hpctrain.run.paths import RunDir, checkpoints_in
 from hpctrain.submit.code_snapshot import MANIFEST, CodeSnapshot
@@ -48,6 +49,10 @@ def prepare(verdicts: list[Verdict]) -> list[Point]:
         if not run.job_script.is_file():
             raise PointError(f"{run.root}: no {run.job_script.name} to submit again; submit this point anew")
         record = run.read_submission()
+        try:  # this retry acts on the ended job's generation: a newer act (the guardian's) wins
+            based_on = generations.basis(run.root, _job_names(verdict.point.job_id, record))
+        except generations.Superseded as lost:
+            raise PointError(f"{run.root}: {lost}; see hpctrain-status") from None
         points.append(
             Point(
                 config=load_run_config(run.root),
@@ -55,26 +60,36 @@ def prepare(verdicts: list[Verdict]) -> list[Point]:
                 overrides=list(record.get("overrides") or []),
                 fresh=False,  # a failed submission must never remove what the run holds
                 code=_snapshot(record),
+                by="retry",
+                after=based_on.number if based_on else None,
             )
         )
     return points
+
+
+def _job_names(job_id: str | None, record: dict[str, Any]) -> tuple[str, ...]:
+    """The ended job's names: the one the verdict is about, and submission.json's."""
+    return tuple(str(j) for j in (job_id, record.get("job_id")) if j)
 
 
 def resubmit(verdicts: list[Verdict], parallelism: int | None = None) -> list[Retried]:
     """Queue every chosen point (raises sbatch.SbatchError: nothing then stays queued)."""
     points = prepare(verdicts)
     before = [point.run.read_submission() for point in points]
-    job_ids = submit_all(points, parallelism or points[0].config.slurm.submit_parallelism)
-    for verdict, point, earlier, job_id in zip(verdicts, points, before, job_ids):
-        _note(point.run, earlier, job_id)
-        Journal(point.run.events).write_event(
-            Retry(
-                job_id=job_id,
-                previous_job_id=verdict.point.job_id,
-                previous_state=verdict.point.state or verdict.point.ending,
-                reason=verdict.why,
+
+    def records(job_ids: list[str]) -> None:  # before the new jobs' generations name them
+        for verdict, point, earlier, job_id in zip(verdicts, points, before, job_ids):
+            _note(point.run, earlier, job_id)
+            Journal(point.run.events).write_event(
+                Retry(
+                    job_id=job_id,
+                    previous_job_id=verdict.point.job_id,
+                    previous_state=verdict.point.state or verdict.point.ending,
+                    reason=verdict.why,
+                )
             )
-        )
+
+    job_ids = submit_all(points, parallelism or points[0].config.slurm.submit_parallelism, records)
     return [Retried(v, j) for v, j in zip(verdicts, job_ids)]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from hpctrain.dist.context import DistContext
+from hpctrain.run import fencing
 from hpctrain.trainer import sharding
 from hpctrain.trainer.components import Components
 
@@ -21,6 +22,8 @@ def write_model_pt(path: Path, parts: Components, ctx: DistContext) -> None:
         weights = {k: v.detach().cpu() for k, v in parts.raw_model.state_dict().items()}
     if not ctx.is_main:
         return
+    fencing.check(path.parent)  # a replaced life leaves model.pt to the new one
     tmp = path.with_name(path.name + ".tmp")
     torch.save(weights, tmp)
+    fencing.check(path.parent)
     os.replace(tmp, path)

@@ -1,0 +1,85 @@
+"""A process's own generation of a run dir, and the check before each of its writes.
+
+Every process of a life (the control step, the watcher, the keeper, each rank) knows its life
+from Slurm's environment; the generation that life took at its `control begin` is found once in
+the run dir (hpctrain.run.generations.life_of) and kept. An act that takes a generation of its
+own (a submission, a requeue) adopts it: from then on the process writes under that one. Before
+each write (a journal line, metrics, a checkpoint's publication, a prune, model.pt,
+submission.json) `check` stats the next generation's name; when it exists, this process is
+fenced: `Fenced` is raised, and the process leaves without writing anything
+(hpctrain.process.life exits WORKER_FENCED, the control step CONTROL_FENCED).
+
+A process outside Slurm (hpctrain-train on a workstation, hpctrain-status, hpctrain-cancel on a
+login node) and a life that took no generation (a user's own batch script, a run dir from
+before generations) are not fenced: the run dir's lock (hpctrain.run.lock) and Slurm's record
+keep those apart, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from hpctrain.run import generations
+from hpctrain.run.generations import Generation
+from hpctrain.run.life import LifeStamp
+
+# run dir (resolved) -> the generation this process writes under
+_own: dict[str, int] = {}
+
+
+class Fenced(Exception):
+    """A newer generation than this process's exists: it must write nothing more."""
+
+    def __init__(self, run_root: Path, own: int) -> None:
+        self.run_root = run_root
+        self.own = own
+        newer = generations.read(run_root, own + 1)
+        who = newer.describe() if newer else f"generation {own + 1}"
+        super().__init__(
+            f"this life (generation {own}) was replaced ({who}): it stops here and writes nothing more in {run_root}"
+        )
+
+
+def _key(run_root: Path) -> str:
+    return os.path.abspath(run_root)
+
+
+def adopt(run_root: Path, generation: Generation) -> None:
+    """From now on this process writes in `run_root` under `generation` (one it took)."""
+    _own[_key(run_root)] = generation.number
+
+
+def forget(run_root: Path) -> None:
+    """For tests: this process knows no generation of `run_root` again."""
+    _own.pop(_key(run_root), None)
+
+
+def own(run_root: Path, env: Mapping[str, str] | None = None) -> int | None:
+    """The generation this process writes `run_root` under: adopted, or its life's (looked up
+    once found); None when it has none (not fenced)."""
+    key = _key(run_root)
+    if key in _own:
+        return _own[key]
+    life = LifeStamp.from_env(os.environ if env is None else env)
+    if life.job_id is None or not os.path.isdir(generations.folder(run_root)):
+        return None
+    found = generations.life_of(run_root, (life.job_id, *life.aliases), life.restart)
+    if found is None:
+        return None
+    _own[key] = found.number
+    return found.number
+
+
+def check(run_root: Path) -> None:
+    """Raise Fenced when a newer generation than this process's exists in `run_root`."""
+    number = own(run_root)
+    if number is not None and generations.superseded(run_root, number):
+        raise Fenced(run_root, number)
+
+
+def say(fenced: Fenced, speaker: str = "hpctrain") -> None:
+    """One line on stderr (the job's output, not the run dir's journal): why this process stops."""
+    print(f"{speaker}: {fenced}", file=sys.stderr, flush=True)

@@ -1,0 +1,305 @@
+"""One authority per run dir: generations, the fencing tokens of its lives and submissions.
+
+Seven actors can act on one run (the batch shell, its control step, the heartbeat watcher, the
+keeper, the guardian, a warm standby, a user's `hpctrain-submit --retry`), on different machines,
+each deciding from what it sees. What keeps two of them from both going on is a numbered file
+per act in the run dir's `generations/` folder:
+
+    generations/00000001.json   {"kind": "submit", "by": "hpctrain-submit", "job_id": "36", "token": ...}
+    generations/00000002.json   {"kind": "life", "job_id": "36", "restart": 0, ...}
+    generations/00000003.json   {"kind": "submit", "by": "keeper", "job_id": "41", "token": ...}
+    generations/00000004.json   {"kind": "life", "job_id": "41", "restart": 0, ...}
+
+Taking generation N+1 is the compare-and-swap: it is created by a hard link of a finished
+temporary file to its name, which fails when the name exists, atomically on every POSIX
+filesystem and on NFS, Lustre and GPFS across machines (where flock may be missing). So of the
+guardian, the keeper and a `--retry` that each saw generation N and each try N+1, exactly one
+wins; the others are told who did and stop.
+
+- A submission (hpctrain-submit, `--retry`, the guardian, the keeper, the control step's
+  resubmission after a refused requeue) takes a `submit` generation *before* its sbatch, and
+  hands the new job a token (TOKEN_ENV); once sbatch answered it names the job in its record.
+- Each life of a job (`control begin`) takes a `life` generation, allowed only when the newest
+  is its own job's (a submission whose token it carries, or its own job's earlier life or
+  requeue). A life that finds a newer act than its job's is fenced: it launches nothing.
+- The control step's requeue takes a `requeue` generation after its own life's.
+- Every write a life makes (journal, metrics, checkpoints, prune, model.pt) asks `superseded`
+  first: one stat() of the next generation's name. A fenced process exits at once, writing
+  nothing (hpctrain.run.fencing).
+
+A process frozen between that stat and its write (a SIGSTOP, a hung kernel, microseconds wide)
+can still land that one write after a newer life began: a file of its own is all a filesystem
+can fence without storage-side support. A job submitted by hand (`sbatch RUN_DIR/job.sbatch`,
+no token) is a user's explicit act: its first life takes the run over from whoever held it.
+Run dirs written before generations existed have none: their first act starts at 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+# The folder of a run dir (hpctrain.run.paths.RunDir.generations spells it for everyone else).
+FOLDER = "generations"
+# The token a submission hands the job it queues, in sbatch's environment; Slurm keeps a job's
+# environment across requeues, so every life of that job carries it.
+TOKEN_ENV = "HPCTRAIN_CLAIM"
+
+SUBMIT, LIFE, REQUEUE = "submit", "life", "requeue"
+KINDS = (SUBMIT, LIFE, REQUEUE)
+# A submission's generation whose sbatch has not answered yet: another actor that finds it
+# newest waits for its job (or for this long: an sbatch that hung, a submitter that died).
+PENDING_SUBMIT_S = 300.0
+
+_NAME = re.compile(r"^(\d{8,})\.json$")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One act on the run: who took it, for which job."""
+
+    number: int
+    kind: str  # SUBMIT, LIFE or REQUEUE
+    by: str  # hpctrain-submit, retry, guardian, keeper, hpctrain (the control step), slurm
+    job_id: str | None = None  # the job: a submission's once sbatch answered (None before)
+    restart: int | None = None  # a life's SLURM_RESTART_COUNT
+    token: str | None = None  # a submission's: the job it queued carries it (TOKEN_ENV)
+    names: tuple[str, ...] = ()  # a life's other names (an array task's own number)
+    abandoned: bool = False  # a submission whose sbatch queued nothing
+    host: str = ""
+    pid: int = 0
+    time: float = 0.0
+
+    def names_job(self, job_ids: Iterable[str]) -> bool:
+        ids = set(job_ids)
+        return bool(ids & {self.job_id, *self.names})
+
+    def describe(self) -> str:
+        what = {SUBMIT: "submission", LIFE: "life", REQUEUE: "requeue"}.get(self.kind, self.kind)
+        job = f" of job {self.job_id}" if self.job_id else " (its sbatch not answered yet)"
+        restart = f" restart {self.restart}" if self.kind == LIFE and self.restart is not None else ""
+        return f"generation {self.number}: {what}{job}{restart} by {self.by} on {self.host or '?'}"
+
+    def to_record(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["names"] = list(self.names)
+        return record
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Generation:
+        fields = {k: record[k] for k in cls.__dataclass_fields__ if k in record}
+        fields["names"] = tuple(fields.get("names") or ())
+        return cls(**fields)
+
+
+class Superseded(Exception):
+    """A newer generation than the one an act was based on exists: the act loses. `newer` is it
+    (None when it could not be read)."""
+
+    def __init__(self, based_on: int, newer: Generation | None) -> None:
+        self.based_on = based_on
+        self.newer = newer
+        who = newer.describe() if newer else f"generation {based_on + 1}"
+        super().__init__(f"the run was taken over ({who})")
+
+
+def folder(run_root: Path) -> Path:
+    return run_root / FOLDER
+
+
+def path_of(run_root: Path, number: int) -> Path:
+    return folder(run_root) / f"{number:08d}.json"
+
+
+def numbers(run_root: Path) -> list[int]:
+    """Every generation's number, ascending ([] for a run dir without any)."""
+    try:
+        names = os.listdir(folder(run_root))
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in map(_NAME.match, names) if m)
+
+
+def read(run_root: Path, number: int) -> Generation | None:
+    try:
+        return Generation.from_record(json.loads(path_of(run_root, number).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def newest(run_root: Path) -> Generation | None:
+    """The run's newest generation (None: none taken yet, or a run dir from before them). A
+    newest that cannot be read (a name without its text yet cannot exist: the link is of a
+    finished file) counts as absent only when it does not exist."""
+    found = numbers(run_root)
+    if not found:
+        return None
+    return read(run_root, found[-1]) or Generation(found[-1], "unknown", "unknown")
+
+
+def superseded(run_root: Path, number: int) -> bool:
+    """A newer generation than `number` exists: one stat(), the check before every write."""
+    return os.path.lexists(path_of(run_root, number + 1))
+
+
+def take(run_root: Path, after: int, generation: Generation) -> Generation:
+    """Generation `after + 1` taken for `generation` (its number, host, pid and time set here),
+    exactly once among every process that tries it on any machine; raises Superseded (naming
+    the winner) when another took it first, or took a later one already."""
+    taken = replace(generation, number=after + 1, host=socket.gethostname(), pid=os.getpid(), time=time.time())
+    target = path_of(run_root, taken.number)
+    folder(run_root).mkdir(parents=True, exist_ok=True)
+    if superseded(run_root, after + 1):  # a later one exists already: `after` is long gone
+        raise Superseded(after, read(run_root, after + 1))
+    tmp = folder(run_root) / f".{taken.number:08d}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}"
+    tmp.write_text(json.dumps(taken.to_record()) + "\n")
+    try:
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            # NFS may answer EEXIST to a retransmitted LINK that did succeed: the link count of
+            # our own file says whether the name is ours.
+            if os.stat(tmp).st_nlink < 2:
+                raise Superseded(after, read(run_root, taken.number)) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return taken
+
+
+def name_job(run_root: Path, generation: Generation, job_id: str | None) -> Generation:
+    """A submission's generation once its sbatch answered: the job it queued (None: nothing was
+    queued, the generation abandoned). Only its taker writes it, replaced whole."""
+    named = replace(generation, job_id=job_id, abandoned=job_id is None)
+    target = path_of(run_root, generation.number)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.named")
+    tmp.write_text(json.dumps(named.to_record()) + "\n")
+    os.replace(tmp, target)
+    return named
+
+
+def new_token() -> str:
+    return secrets.token_hex(8)
+
+
+def submission(by: str, token: str) -> Generation:
+    """A submission's generation, before its sbatch (`take` numbers it)."""
+    return Generation(0, SUBMIT, by, token=token)
+
+
+def claim_submission(run_root: Path, by: str, token: str, after: int | None = None) -> Generation:
+    """A submission's generation taken on the run's newest (or `after`, the one the caller based
+    its decision on). Raises Superseded when another act came first, and when the newest is a
+    submission still waiting for its sbatch's answer (another actor submitting right now)."""
+    if after is None:
+        current = newest(run_root)
+        if current is not None and current.kind == SUBMIT and pending(current):
+            raise Superseded(current.number - 1, current)
+        after = current.number if current else 0
+    return take(run_root, after, submission(by, token))
+
+
+def pending(generation: Generation, now: float | None = None) -> bool:
+    """A submission whose sbatch has not answered yet (and not for so long that its submitter
+    must have died)."""
+    now = time.time() if now is None else now
+    return (
+        generation.kind == SUBMIT
+        and generation.job_id is None
+        and not generation.abandoned
+        and now - generation.time < PENDING_SUBMIT_S
+    )
+
+
+@dataclass(frozen=True)
+class LifeClaim:
+    """What a life knows of itself when it begins (from hpctrain.run.life.LifeStamp and its token)."""
+
+    job_id: str
+    restart: int
+    names: tuple[str, ...] = ()  # its other names (an array task's own number)
+    token: str | None = None  # TOKEN_ENV: the submission that queued its job (None: sbatch by hand)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return (self.job_id, *self.names)
+
+
+def may_begin(current: Generation | None, life: LifeClaim) -> tuple[bool, str]:
+    """Whether `life` may take the generation after `current`, and why (a pure rule, the table of
+    tests/test_generations.py). It may after: nothing (a run dir's first act, or one from before
+    generations); the submission that queued its job (its token, or its job named); its own job's
+    requeue; its own job's earlier life. Not after: its own job's same or later life (a stale
+    shell's second start); any act for another job, unless it carries no token (its job was
+    submitted by hand: the user's word takes the run over)."""
+    if current is None:
+        return True, "the run's first generation"
+    if current.kind == SUBMIT and life.token is not None and current.token == life.token:
+        return True, f"after the submission that queued job {life.job_id}"
+    if current.names_job(life.ids):
+        if current.kind == LIFE and current.restart is not None and current.restart >= life.restart:
+            return False, f"job {life.job_id} restart {current.restart} began already"
+        return True, f"after job {life.job_id}'s own {current.kind}"
+    if life.token is None:
+        return True, "a job submitted by hand (no token): it takes the run over"
+    return False, "a newer act than this job's"
+
+
+# How long a life waits for the submission that queued it to finish its records (its journal
+# lines, submission.json, its guardian) before it takes its own generation; a submitter that
+# died after sbatch answered is waited for this long, then the token alone counts.
+SUBMITTER_WAIT_S = 120.0
+_POLL_S = 0.1
+
+
+def begin_life(run_root: Path, life: LifeClaim, by: str = "slurm", wait_s: float = SUBMITTER_WAIT_S) -> Generation:
+    """This life's generation: taken after the newest when `may_begin` allows it, else raises
+    Superseded. sbatch answers once Slurm queued the job, so a job can start before its
+    submitter wrote what it decided: while the submission that queued this job (its token)
+    names no job yet, the life waits (up to `wait_s`), so that nothing its submitter writes
+    comes after this life began (the submitter's own writes are fenced by this generation)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        current = newest(run_root)
+        ours = current is not None and current.kind == SUBMIT and life.token is not None and current.token == life.token
+        if not (ours and current is not None and pending(current)) or time.monotonic() > deadline:
+            break
+        time.sleep(_POLL_S)
+    allowed, _why = may_begin(current, life)
+    after = current.number if current else 0
+    if not allowed or (ours and current is not None and current.abandoned):
+        raise Superseded(after - 1 if current else 0, current)
+    return take(run_root, after, Generation(0, LIFE, by, job_id=life.job_id, restart=life.restart, names=life.names))
+
+
+def basis(run_root: Path, job_ids: Iterable[str]) -> Generation | None:
+    """The generation an act on the job (any of `job_ids`) is based on: the newest, when it is
+    that job's (its life, its requeue, the submission that queued it); None for a run dir without
+    generations. Raises Superseded when the newest is another job's, or a submission whose sbatch
+    has not answered yet (another actor submitting right now)."""
+    current = newest(run_root)
+    if current is None:
+        return None
+    if pending(current) or not current.names_job(job_ids):
+        raise Superseded(current.number - 1, current)
+    return current
+
+
+def life_of(run_root: Path, job_ids: Iterable[str], restart: int) -> Generation | None:
+    """The generation life `restart` of the job (any of `job_ids`) took at its begin, newest
+    first; None when it took none (a job without hpctrain's batch script, a run dir from before)."""
+    ids = tuple(job_ids)
+    for number in reversed(numbers(run_root)):
+        found = read(run_root, number)
+        if found is not None and found.kind == LIFE and found.restart == restart and found.names_job(ids):
+            return found
+    return None
