@@ -35,6 +35,7 @@ from slurmtools import (
     Reference,
     current_job,
     devcluster,
+    events,
     first_step_after,
     job_field,
     job_output,
@@ -47,6 +48,8 @@ from slurmtools import (
     wait_for_step,
     with_test_helpers,
 )
+
+from hpctrain.run.jsonlines import read_jsonl
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -97,6 +100,10 @@ def test_a_silent_batch_host_is_left_behind_by_the_keeper(tmp_path: Path) -> Non
             f"silent batch host: heard {failure['time'] - frozen_at:.1f} s after the freeze, the new job "
             f"{new_job} trained step {again['step']} {again['time'] - frozen_at:.1f} s after it"
         )
+        # The node comes back while the new job trains (a hung kernel, a healed partition): its
+        # batch shell, watcher and rank go on where they stopped, and must write nothing.
+        devcluster().thaw_node(SITE_TIMEOUTS_DIR, frozen)
+        thawed, frozen = frozen, None
         assert wait_finished(slurm_env, new_job, timeout_s=400) == "COMPLETED", job_output(run_dir)
         peers = [n for n in of("start", run_dir)[0]["nodes"] if n != frozen]
         shown = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T %E"], env=env, capture_output=True, text=True)
@@ -108,9 +115,18 @@ def test_a_silent_batch_host_is_left_behind_by_the_keeper(tmp_path: Path) -> Non
             devcluster().thaw_node(SITE_TIMEOUTS_DIR, frozen)
     starts = [(s["job_id"], s["restart"]) for s in of("start", run_dir)]
     assert starts == [(job, 0), (new_job, 0)], starts
-    # Charged once, to node_failure; the old job's guardian never submitted a third job.
+    # Charged once, to node_failure; the old job's guardian never submitted a third job, and the
+    # thawed life charged nothing to the new job's budgets.
     assert [f["by"] for f in of("failure", run_dir)] == ["keeper"]
     assert len(of("finish", run_dir)) == 1
+    # Nothing of the old life after the new life's start: every record since names the new job
+    # (where a record names one), and every step is in metrics.jsonl once.
+    journal = events(run_dir)
+    since = journal[[i for i, e in enumerate(journal) if e["event"] == "start"][-1] :]
+    assert {e["job_id"] for e in since if e.get("job_id")} == {new_job}, since
+    steps = [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if "loss" in m]
+    assert len(steps) == len(set(steps)), steps
+    print(f"the thawed node {thawed}: {job_output(run_dir)[-1500:]}")
     assert same_weights(run_dir, trained.trained())
 
 

@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from hpctrain import faults
 from hpctrain.recovery.decide import History, decide_guard, lineage
 from hpctrain.recovery.decision import Decision
 from hpctrain.recovery.facts import Budgets, JobEnd
@@ -80,6 +81,7 @@ class Guardian:
                     print(f"hpctrain guardian: {no_room_message(self.run.root, full)}", file=sys.stderr)
                     self._run_ended("fail")
                     return 1
+                faults.point("guardian.before_claim")
                 try:
                     claim = self._claim((self.job_id, *aliases))
                 except generations.Superseded as lost:
@@ -111,6 +113,7 @@ class Guardian:
         new job's environment); then the events (with the new job's id), the new job in
         submission.json, its own guardian, and last the generation naming the new job (its first
         life begins after that). sbatch failing: what the decision says comes instead (`otherwise`)."""
+        faults.point("guardian.before_sbatch")
         env = outside_job_env(os.environ)
         if claim is not None:
             env[generations.TOKEN_ENV] = claim.token or ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+from hpctrain.faults import ENV as FAULTS_ENV
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm import client
 from hpctrain.slurm.client import Purpose
@@ -23,7 +24,7 @@ def submit_guardian(run: RunDir, job_id: str, env: dict[str, str] | None = None)
         job_id,
         purpose=Purpose.GUARDIAN_SUBMIT,
         dependency=f"afternotok:{job_id}",
-        env=outside_job_env(os.environ if env is None else env),
+        env=_guardian_env(env),
     )
     guardian = done.value
     if guardian is None:
@@ -35,3 +36,13 @@ def submit_guardian(run: RunDir, job_id: str, env: dict[str, str] | None = None)
         return None
     run.update_submission(guardian_job_id=guardian)
     return guardian
+
+
+def _guardian_env(env: dict[str, str] | None) -> dict[str, str]:
+    """Inside a job (`env` given): the job's own settings left out. At submission (hpctrain-submit,
+    `env` None): the submitter's environment, armed fault points included, so a test can hold
+    the guardian at its own points (guardian.*); the jobs it submits get none."""
+    if env is not None:
+        return outside_job_env(env)
+    armed = {FAULTS_ENV: os.environ[FAULTS_ENV]} if FAULTS_ENV in os.environ else {}
+    return {**outside_job_env(os.environ), **armed}
