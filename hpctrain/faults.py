@@ -71,6 +71,7 @@ POINTS = {
     "checkpoint.forced_in_flight": "a stop's forced save: its first bytes written, its .pt.tmp incomplete",
     "checkpoint.between_renames": "a checkpoint's .pt renamed into place, its .json not yet",
     "batch.after_requeue": "`scontrol requeue` accepted and ExcNodeList set; the shell not yet exited",
+    "guardian.before_look": "the guardian started (its job ended not ok), Slurm's record not read yet",
     "guardian.before_claim": "the guardian decided to submit the run again; its generation not taken yet",
     "guardian.before_sbatch": "the guardian's generation taken; its sbatch not run yet",
 }

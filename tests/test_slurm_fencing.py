@@ -12,6 +12,10 @@ exactly:
 - the guardian first (held after it took its generation, before its sbatch): the retry is
   refused, saying the guardian is submitting, and queues nothing; the guardian's job trains.
 Either way Slurm's own accounting lists one new training job, and the journal one `start`.
+
+And the guardian against a job that came back: the ended job requeued (`scontrol requeue` of a
+FAILED batch job, as an administrator or a script does) before the guardian looked at it. Slurm
+shows it PENDING again; the guardian leaves it, and the job's next life trains the run alone.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from slurmtools import (
+    ENDED,
     job_output,
     of,
     start_cluster,
@@ -48,7 +53,6 @@ TRAIN = [
     "slurm.nodes=1",
     "slurm.ntasks_per_node=1",
 ]
-ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
 
 
 def retry(env: dict[str, str], run_dir: Path) -> subprocess.CompletedProcess[str]:
@@ -156,3 +160,28 @@ def test_a_retry_while_the_guardian_submits_is_refused_and_the_guardians_job_tra
     assert kinds == [("submit", "hpctrain-submit", job), ("submit", "guardian", new_job), ("life", "slurm", new_job)]
     training = [j for j, name in jobs_named(slurm_env, job) if not name.endswith(".guardian")]
     assert training == [job, new_job], jobs_named(slurm_env, job)
+
+
+def test_the_guardian_leaves_a_job_that_slurm_requeued_after_it_ended(tmp_path: Path) -> None:
+    slurm_env = start_cluster()
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    run_dir, gates = tmp_path / "run", tmp_path / "gates"
+    job, guardian, _ = ended_job(env, run_dir, gates, "guardian.before_look=gate:300")
+    reached, opened = faults.gate_files(gates, "guardian.before_look")
+    wait_at_gate(slurm_env, guardian, reached, 300)
+    try:
+        requeued = subprocess.run(["scontrol", "requeue", job], env=slurm_env, capture_output=True, text=True)
+        assert requeued.returncode == 0, requeued.stderr
+        assert wait_for_state(slurm_env, job, {"PENDING"}, 60) == "PENDING"
+        opened.touch()
+        assert wait_for_state(slurm_env, guardian, ENDED, 300) == "COMPLETED"
+        said = (run_dir / f"guardian-{guardian}.out").read_text()
+        assert f"job {job} is PENDING again: it goes on by itself" in said, said
+        assert wait_finished(slurm_env, job, timeout_s=300, lift_holds=True) == "COMPLETED", job_output(run_dir)
+    finally:
+        subprocess.run(["scancel", job], env=slurm_env, capture_output=True)
+    assert [(s["job_id"], s["restart"]) for s in of("start", run_dir)] == [(job, 1)]
+    assert json.loads((run_dir / "submission.json").read_text())["job_id"] == job
+    assert acts(run_dir) == [("submit", "hpctrain-submit", job), ("life", "slurm", job)]
+    training = [j for j, name in jobs_named(slurm_env, job) if not name.endswith(".guardian")]
+    assert training == [job], jobs_named(slurm_env, job)

@@ -63,6 +63,7 @@ TRAIN = [
     "slurm.ntasks_per_node=1",
 ]
 FREEZE_AT_STEP = 80
+THAW_AFTER_S = 40.0
 HEARD_WITHIN_S = 60.0  # far below Slurm's 300 s; docs/lost-nodes.md reports what was measured
 
 
@@ -100,8 +101,10 @@ def test_a_silent_batch_host_is_left_behind_by_the_keeper(tmp_path: Path) -> Non
             f"silent batch host: heard {failure['time'] - frozen_at:.1f} s after the freeze, the new job "
             f"{new_job} trained step {again['step']} {again['time'] - frozen_at:.1f} s after it"
         )
-        # The node comes back while the new job trains (a hung kernel, a healed partition): its
-        # batch shell, watcher and rank go on where they stopped, and must write nothing.
+        # The node comes back, 40 s after it froze, while the new job trains (a hung kernel, a
+        # healed partition): its batch shell, watcher and rank go on where they stopped, and
+        # must write nothing.
+        time.sleep(max(0.0, frozen_at + THAW_AFTER_S - time.time()))
         devcluster().thaw_node(SITE_TIMEOUTS_DIR, frozen)
         thawed, frozen = frozen, None
         assert wait_finished(slurm_env, new_job, timeout_s=400) == "COMPLETED", job_output(run_dir)
@@ -126,7 +129,10 @@ def test_a_silent_batch_host_is_left_behind_by_the_keeper(tmp_path: Path) -> Non
     assert {e["job_id"] for e in since if e.get("job_id")} == {new_job}, since
     steps = [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if "loss" in m]
     assert len(steps) == len(set(steps)), steps
-    print(f"the thawed node {thawed}: {job_output(run_dir)[-1500:]}")
+    old_output = (run_dir / f"slurm-{job}.out").read_text()
+    print(f"the old job {job} after its node {thawed} thawed:\n{old_output[-1500:]}")
+    # Its batch shell's trap and after-step ran on the thawed node, and stopped at the fence.
+    assert f"was replaced (generation 3: submission of job {new_job} by keeper" in old_output, old_output[-3000:]
     assert same_weights(run_dir, trained.trained())
 
 

@@ -99,7 +99,7 @@ class Applier:
 
     # ---- the run in a new job --------------------------------------------------------------------
 
-    def resubmit(self, shape: Shape) -> tuple[str | None, str]:
+    def resubmit(self, shape: Shape, by: str = "hpctrain") -> tuple[str | None, str]:
         """job.sbatch again (same run dir, it resumes there) with the shape decided: (the new
         job's id, "") or (None, why not). A `submit` generation is taken after this process's own
         first (raises Fenced when a newer act owns the run): the new job carries its token and
@@ -108,7 +108,7 @@ class Applier:
         own = fencing.own(self.run.root, self.env)
         if own is not None:
             try:
-                self.claim = generations.take(self.run.root, own, generations.submission("hpctrain", token))
+                self.claim = generations.take(self.run.root, own, generations.submission(by, token))
             except generations.Superseded:
                 raise fencing.Fenced(self.run.root, own) from None
             fencing.adopt(self.run.root, self.claim)

@@ -223,7 +223,7 @@ class Controller:
             return KEEPER_EXITS[decision.action]
         if decision.action is Action.RESUBMIT:
             self.apply.kill_training_steps()
-            job_id, why = self._resubmit(decision, "hpctrain keeper")
+            job_id, why = self._resubmit(decision, "hpctrain keeper", by="keeper")
             if job_id:
                 self.apply.cancel_this_job()
                 return Exit.RESUBMITTED
@@ -244,11 +244,11 @@ class Controller:
         self.apply.cancel_this_job()
         return KEEPER_EXITS[decision.action]
 
-    def _resubmit(self, decision: Decision, speaker: str = "hpctrain") -> tuple[str | None, str]:
+    def _resubmit(self, decision: Decision, speaker: str = "hpctrain", by: str = "hpctrain") -> tuple[str | None, str]:
         """RESUBMIT carried out: the new job, then its record (submission.json, a guardian, the
         decision's events with its id, the message). (None, why) when sbatch did not queue it."""
         assert decision.shape is not None  # decide's RESUBMIT always shapes the new job
-        job_id, why = self.apply.resubmit(decision.shape)
+        job_id, why = self.apply.resubmit(decision.shape, by)
         if job_id:
             done = decision.resubmitted(job_id)
             self.apply.write(done.events)

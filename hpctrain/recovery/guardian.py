@@ -68,6 +68,7 @@ class Guardian:
         return done.value
 
     def watch(self) -> int:
+        faults.point("guardian.before_look")
         record = self.look()
         ended = job_end(record)
         aliases = tuple(n for n in (record.names if record else []) if n != self.job_id)
