@@ -228,3 +228,21 @@ def test_outside_slurm_nothing_is_fenced(tmp_path: Path, monkeypatch: pytest.Mon
     JsonLines(tmp_path / "metrics.jsonl").write({"step": 1})
     assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 1}
     assert os.path.isdir(generations.folder(tmp_path))
+
+
+def test_a_refused_submission_leaves_no_generation(tmp_path: Path) -> None:
+    """sbatch refused (nothing queued): the run dir is as it was before the submission, the
+    earlier generations kept; after another act, the refused one is only marked abandoned."""
+    first = generations.take(tmp_path, 0, generations.submission("hpctrain-submit", T1))
+    generations.withdraw(tmp_path, first)
+    assert not generations.folder(tmp_path).exists()
+    generations.take(tmp_path, 0, life(0, "36", 0))
+    refused = generations.take(tmp_path, 1, generations.submission("retry", T1))
+    generations.withdraw(tmp_path, refused)
+    assert generations.numbers(tmp_path) == [1]
+    refused = generations.take(tmp_path, 1, generations.submission("retry", T1))
+    generations.take(tmp_path, 2, life(0, "36", 1))  # someone acted after it meanwhile
+    generations.withdraw(tmp_path, refused)
+    assert generations.numbers(tmp_path) == [1, 2, 3]
+    marked = generations.read(tmp_path, 2)
+    assert marked is not None and marked.abandoned

@@ -55,6 +55,7 @@ TESTS = Path(__file__).parent
 STEPS = 240
 BATCH = 12  # per process at three: a global batch of 36, 18 a process at two (2 micro-batches of 9)
 COMMON = [
+    "trainer.step_hang_timeout_s=0",  # its ranks are held at a step gate for minutes: no hang
     f"trainer.max_steps={STEPS}",
     "trainer.log_every=10",
     "trainer.eval_every=0",

@@ -73,6 +73,7 @@ TRAIN = [
     "trainer.ckpt_every=50",
     "slurm.nodes=1",
     "slurm.ntasks_per_node=1",
+    "trainer.step_hang_timeout_s=0",  # its ranks are held at a step gate for minutes: no hang
 ]
 OUTAGE_S = 30.0
 # The requeue waits this long at its fault point: the test stops slurmctld meanwhile.

@@ -83,7 +83,8 @@ from hpctrain import faults
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-TRAIN = [*gated.TRAIN, *gated.ONE_TASK]
+# Its ranks are held at a step gate for minutes in the write cells: no hang.
+TRAIN = [*gated.TRAIN, *gated.ONE_TASK, "trainer.step_hang_timeout_s=0"]
 HELD_STEP = 52  # the write cells' training held here, the step-50 write still in flight
 PHASES = {
     "rendezvous": ("worker.before_rendezvous", f"worker.before_rendezvous=gate:{GATE_S}"),

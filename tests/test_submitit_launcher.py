@@ -38,6 +38,7 @@ CONFIG = [
     "trainer.log_every=50",
     "trainer.eval_every=0",
     "trainer.ckpt_every=100",
+    "trainer.step_hang_timeout_s=0",  # its ranks are held at a step gate for minutes: no hang
 ]
 TIMEOUT_MIN = 3  # Slurm's time limit of each point's job
 SIGNAL_DELAY_S = 60  # submitit's warning before it: Slurm sends it 60 s early at the most

@@ -113,9 +113,9 @@ class TrainerConfig:
     # In steady state, the wait for the next step is learned from the life's steps: max(this,
     # 10 x the recent steps' 90th percentile), never above hang_timeout_s; after the start, an
     # evaluation or a save, hang_timeout_s again (hpctrain.process.step_timeout). A rank stuck in
-    # a deadlock or a kernel call on a live node is then a hang in about a minute, not 15. 0: off
-    # (hang_timeout_s for every step); off by default until the suite has run with it on.
-    step_hang_timeout_s: int = 0
+    # a deadlock or a kernel call on a live node is then a hang in about a minute, not 15, as in
+    # NVIDIA's resiliency extension (60 s). 0: off (hang_timeout_s for every step).
+    step_hang_timeout_s: int = 60
     # A progress bar on rank 0's stderr: auto shows it only when stderr is a terminal (never in
     # a Slurm .out file), on always, off never. The log lines are written either way.
     progress_bar: str = "auto"

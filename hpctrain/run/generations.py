@@ -187,6 +187,19 @@ def name_job(run_root: Path, generation: Generation, job_id: str | None) -> Gene
     return named
 
 
+def withdraw(run_root: Path, generation: Generation) -> None:
+    """A submission whose sbatch surely queued nothing (refused) leaves no trace: its file is
+    removed while it is still the newest (nobody acted after it), else marked abandoned. A run
+    dir it was the first generation of is left as it was (no `generations/` either)."""
+    if superseded(run_root, generation.number):
+        name_job(run_root, generation, None)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        path_of(run_root, generation.number).unlink()
+    with contextlib.suppress(OSError):  # not empty: earlier generations stay
+        folder(run_root).rmdir()
+
+
 def new_token() -> str:
     return secrets.token_hex(8)
 

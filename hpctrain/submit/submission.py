@@ -130,7 +130,7 @@ def submit_all(points: list[Point], parallelism: int, records: Callable[[list[st
         _remove_arrays([b for b in batches if b not in kept])
         for index, claim in claims.items():  # a run dir kept: its generation queued nothing
             if index not in kept_points and points[index].run.generations.is_dir():
-                generations.name_job(points[index].run.root, claim, None)
+                generations.withdraw(points[index].run.root, claim)
         raise
     ids = [""] * len(points)
     for batch, job_id in zip(batches, job_ids):
