@@ -313,3 +313,20 @@ def _holds_sleep(pid: int) -> bool:
     """The shell's foreground child is a stand-in control step, asleep."""
     children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
     return any(Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"sleep") for child in children)
+
+
+def test_the_guardian_carries_the_jobs_site_options_and_its_gpus_when_asked() -> None:
+    """A site's job_submit policy sees the guardian as it sees the job: partition, account, qos,
+    constraint and exclude as the job has them, and `--gpus` where slurm.guardian_gpus asks."""
+    from hpctrain.submit.render import render_guardian
+
+    site = ("slurm.partition=gpu", "slurm.account=proj7", "slurm.qos=high", "slurm.constraint='a100&ib'")
+    config = make_config("slurm.python=/opt/venv/bin/python", "slurm.exclude=node9", *site)
+    script = render_guardian(config, Path("/scratch/me/runs/exp1"), Path("/home/me/project"))
+    directives = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    for wanted in ("--partition=gpu", "--account=proj7", "--qos=high", '--constraint="a100&ib"', "--exclude=node9"):
+        assert f"#SBATCH {wanted}" in directives, directives
+    assert not [d for d in directives if d.startswith("#SBATCH --gpus")], directives
+    asked = make_config("slurm.python=/opt/venv/bin/python", "slurm.guardian_gpus=1", *site)
+    script = render_guardian(asked, Path("/scratch/me/runs/exp1"), Path("/home/me/project"))
+    assert "#SBATCH --gpus=1" in script.splitlines()

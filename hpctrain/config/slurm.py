@@ -127,6 +127,10 @@ class SlurmConfig:
     # node running the batch script dies, Slurm ends the job FAILED without a requeue, and the
     # guardian submits the run again (hpctrain.recovery.guardian). false: one job per run, unguarded.
     guardian: bool = True
+    # GPUs the guardian job asks for (--gpus), for a site that refuses a job without one on its
+    # GPU partitions (a job_submit plugin); it holds them only the seconds it runs. 0: none. The
+    # guardian always carries the job's partition, account, qos, constraint and exclude.
+    guardian_gpus: int = 0
     # Requeues and relaunches of the job in all, whatever the cause; null: the sum of the
     # per-cause budgets (108 by default), so every budget below can be reached.
     max_restarts: Optional[int] = None
@@ -185,6 +189,7 @@ class SlurmConfig:
             value = getattr(self, key)
             require(value is None or value >= 1, f"slurm.{key}", f"must be >= 1 or null (got {value})")
         require(self.gpus_per_node >= 0, "slurm.gpus_per_node", f"must be >= 0 (got {self.gpus_per_node})")
+        require(self.guardian_gpus >= 0, "slurm.guardian_gpus", f"must be >= 0 (got {self.guardian_gpus})")
         require(self.signal_delay_s >= 0, "slurm.signal_delay_s", f"must be >= 0 (got {self.signal_delay_s})")
         require(
             self.silent_node_timeout_s == 0 or self.silent_node_timeout_s >= MIN_SILENT_NODE_TIMEOUT_S,
