@@ -156,8 +156,8 @@ def test_a_silent_controller_costs_the_step_its_budget_not_more(
 NO_ANSWER = captured("stopped_scontrol_requeue").err  # "Unexpected message received for job 7"
 
 
-def refused(root: Path, message: str) -> int:
-    env = {**os.environ, "SLURM_JOB_ID": "1", "SLURM_RESTART_COUNT": "0"}  # the job's own, as in a job
+def refused(root: Path, message: str, **env_vars: str) -> int:
+    env = {**os.environ, "SLURM_JOB_ID": "1", "SLURM_RESTART_COUNT": "0", **env_vars}  # the job's own, as in a job
     return Controller(root, env=env).requeue_refused(("node2",), message)
 
 
@@ -178,17 +178,43 @@ def test_a_requeue_not_carried_out_is_asked_again_once_slurm_answers(tmp_path: P
     assert [c[1] for c in slurm.calls("scontrol")] == ["show", "show", "requeue", "update"]
 
 
-def test_no_answer_at_all_fails_without_a_second_job(
+def test_no_answer_at_all_ends_the_job_undecided_without_a_second_job(
     tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """No answer, and nothing known of the job's time limit: waited REQUEUE_WAIT_S, then the job
+    ends undecided (no `fail`: its guardian submits the run again once Slurm is back)."""
     monkeypatch.setattr(control, "REQUEUE_WAIT_S", 1.5)
     slurm.says("scontrol", captured("stopped_scontrol_show_job")).says("sbatch", Said(out="99\n"))
     root = run_dir(tmp_path / "run")
-    assert refused(root, NO_ANSWER) == exitcodes.BATCH_FAILED
+    assert refused(root, NO_ANSWER) == exitcodes.BATCH_UNDECIDED
     assert slurm.calls("sbatch") == []  # Slurm may still requeue this job into the same run dir
     (failure,) = events(root)
-    assert failure["cause"] == "requeue_refused" and failure["action"] == "fail"
+    assert failure["cause"] == "requeue_refused" and failure.get("action") is None
     assert "did not answer the requeue" in failure["reason"] and "may still requeue" in failure["reason"]
+    assert "guardian" in failure["reason"]
+
+
+def test_an_outage_is_waited_out_until_the_jobs_time_limit(
+    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's time limit (slurm.time 01:00:00, started 3,548 s ago) leaves 22 s: slurmctld,
+    still away, is asked again with growing pauses for all of it (minus the 30 s margin's
+    share), not only REQUEUE_WAIT_S; then the job ends undecided."""
+    from hpctrain.recovery import gather
+
+    monkeypatch.setattr(control, "REQUEUE_WAIT_S", 1.0)
+    monkeypatch.setattr(gather, "OUTAGE_FIRST_PAUSE_S", 0.5)
+    monkeypatch.setattr(gather, "OUTAGE_END_MARGIN_S", 18.0)  # 4 s of waiting left: a test's share
+    slurm.says("scontrol", captured("stopped_scontrol_show_job")).says("sbatch", Said(out="99\n"))
+    root = run_dir(tmp_path / "run")
+    started = time.monotonic()
+    code = refused(root, NO_ANSWER, HPCTRAIN_ALLOCATED_AT=str(time.time() - 3600 + 22))
+    waited = time.monotonic() - started
+    assert code == exitcodes.BATCH_UNDECIDED
+    assert 3.0 < waited < 15.0, waited
+    assert len(slurm.calls("scontrol")) >= 3, slurm.calls("scontrol")  # looked again and again, not once
+    (failure,) = events(root)
+    assert failure.get("action") is None and "until the job's time limit" in failure["reason"]
 
 
 def test_a_refusal_once_slurm_answers_goes_on_in_a_new_job(tmp_path: Path, slurm: FakeSlurm) -> None:

@@ -1053,12 +1053,14 @@ REFUSALS = {
         True,
         "got no answer (scontrol: error: Unexpected message received for job 41); the job was requeued",
     ),
-    "no answer at all: fail, never a second job": (
-        Refusal(NO_ANSWER, answered=False, waited_s=60.0),
-        Action.FAIL,
+    # Slurm away until the job's time limit: no second job, and no `fail` (an outage is nobody's
+    # decision to end the run): the guardian submits it again once Slurm is back.
+    "no answer until the time limit: undecided, never a second job, never fail": (
+        Refusal(NO_ANSWER, answered=False, waited_s=3570.0),
+        Action.STOP,
         ["failure:requeue_refused"],
         False,
-        "slurmctld did not answer the requeue within 60 s",
+        "slurmctld did not answer the requeue for 3570 s",
     ),
     "refused, but requeued all the same": (
         Refusal(PENDING, answered=True, requeued_anyway=True),
@@ -1099,9 +1101,11 @@ def test_decide_refused(refusal: Refusal, action: Action, written: list[str], sh
     assert said in decision.message
     assert (decision.shape == Shape(("node2",), 2, "node9")) is shaped
     for event in decision.events:
-        assert isinstance(event, Failure) and event.action == action.value and event.reason in decision.message
-    code = {Action.REQUEUE: 0, Action.RESUBMIT: exitcodes.BATCH_RESUBMITTED, Action.FAIL: exitcodes.BATCH_FAILED}
-    assert REQUEUE_EXITS[decision.action] == code[action]
+        recorded = None if action is Action.STOP else action.value  # undecided: no action at all
+        assert isinstance(event, Failure) and event.action == recorded and event.reason in decision.message
+    if action is not Action.STOP:  # STOP here: the control step exits BATCH_UNDECIDED
+        code = {Action.REQUEUE: 0, Action.RESUBMIT: exitcodes.BATCH_RESUBMITTED, Action.FAIL: exitcodes.BATCH_FAILED}
+        assert REQUEUE_EXITS[decision.action] == code[action]
 
 
 def test_a_resubmission_names_its_new_job_or_fails_saying_why() -> None:
@@ -1134,3 +1138,25 @@ def test_a_resubmission_asks_for_the_nodes_decided(journal: tuple, elastic: bool
     requested = Requested(exclude="node9", elastic=elastic, life_nodes=3)
     decision = decide_refused(History(JOB, 0, (*EARLIER, *journal)), ("node2",), Refusal(PENDING, True), requested)
     assert decision.shape == Shape(("node2",), nodes)
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("30", 1800.0),  # minutes
+        ("30:15", 1815.0),  # minutes:seconds
+        ("01:00:00", 3600.0),  # hours:minutes:seconds
+        ("2-0", 172800.0),  # days-hours
+        ("1-2:30", 95400.0),  # days-hours:minutes
+        ("1-02:00:05", 93605.0),  # days-hours:minutes:seconds
+        ("UNLIMITED", float("inf")),
+        ("infinite", float("inf")),
+        ("soon", None),
+    ],
+)
+def test_time_limit_s_reads_every_form_sbatch_takes(text: str, seconds: float | None) -> None:
+    """sbatch(1) --time: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
+    "days-hours:minutes" and "days-hours:minutes:seconds"."""
+    from hpctrain.recovery.facts import time_limit_s
+
+    assert time_limit_s(text) == seconds

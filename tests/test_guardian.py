@@ -109,6 +109,18 @@ ROWS = {
         Action.REQUEUE,
         ["failure:preempt"],
     ),
+    # slurmctld away until the time limit while the requeue was asked: the job ended undecided
+    # (its `failure` has no action: an outage ends no run on purpose).
+    "requeue decided, slurmctld away until the time limit": Row(
+        (
+            *TRAINING,
+            Requeue(time=31.0, job_id=JOB, restart=0, cause=Cause.CRASH),
+            Failure(time=3590.0, job_id=JOB, restart=0, cause=Cause.REQUEUE_REFUSED, reason="no answer"),
+        ),
+        JobEnd(state="FAILED"),
+        Action.REQUEUE,
+        ["failure:crash"],
+    ),
     "node failure budget spent": Row(
         # Life 0 was requeued for a failed node; life 1 lost its batch host.
         (

@@ -203,6 +203,8 @@ class Controller:
         self.apply.record(decision)
         if decision.action is Action.FAIL:
             self._run_ended(Action.FAIL.value)
+        if decision.action is Action.STOP:  # Slurm away until the time limit: nothing decided
+            return Exit.UNDECIDED
         return REQUEUE_EXITS[decision.action]
 
     def batch_host_lost(self, host: str, silent_s: float) -> int:

@@ -228,11 +228,17 @@ def decide_refused(history: History, excluded: tuple[str, ...], refusal: Refusal
         return Decision(Action.REQUEUE, message=said, shape=_requeued_shape(history, excluded, requested))
     words = refusal.refused
     if words is None:
-        return _refused_fail(
-            history,
-            f"slurmctld did not answer the requeue within {refusal.waited_s:.0f} s ({refusal.message.strip()}); "
-            "not submitted again: Slurm may still requeue this job",
+        # Slurm was away until (almost) the job's time limit: no second job while Slurm may still
+        # requeue this one, and no `fail` either: an outage is nobody's decision to end the run.
+        # The job ends undecided; once Slurm is back, its guardian submits the run again (as the
+        # requeue decided and charged here).
+        why = (
+            f"slurmctld did not answer the requeue for {refusal.waited_s:.0f} s ({refusal.message.strip()}), "
+            "until the job's time limit: not submitted again (Slurm may still requeue this job); its guardian "
+            "submits the run again once Slurm is back"
         )
+        failure = Failure(**marks(history), cause=Cause.REQUEUE_REFUSED, reason=why)
+        return Decision(Action.STOP, (failure,), message=why)
     reason = f"scontrol requeue refused: {words.strip() or 'no message'}"
     if refusal.requeued_anyway:  # only the ExcNodeList update failed: Slurm restarts this job
         return Decision(Action.REQUEUE, message=f"{reason}; the job was requeued all the same")

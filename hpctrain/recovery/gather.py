@@ -25,9 +25,10 @@ from hpctrain.recovery.facts import (
     Requested,
     parse_sinfo_nodes,
     parse_time_left,
+    time_limit_s,
 )
 from hpctrain.recovery.history import History, last_relaunch_excluded, lineage
-from hpctrain.recovery.requeue import requeue_without_answer
+from hpctrain.recovery.requeue import Settled, requeue_without_answer
 from hpctrain.run.events import read_events
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
@@ -58,6 +59,15 @@ def heard(reply: client.Reply, meaning: str) -> client.Reply:
     elif not reply.ok:
         print(f"hpctrain: `{' '.join(reply.command)}` failed ({reply.why()}); {meaning}", file=sys.stderr)
     return reply
+
+
+# A requeue without answer is asked again with pauses growing from the first to the longest,
+# until this long before the job's time limit (slurmctld back by then ends the job itself), and
+# never longer than OUTAGE_LONGEST_S in one control step.
+OUTAGE_FIRST_PAUSE_S = 5.0
+OUTAGE_LONGEST_PAUSE_S = 60.0
+OUTAGE_END_MARGIN_S = 30.0
+OUTAGE_LONGEST_S = 7 * 24 * 3600.0
 
 
 class Gatherer:
@@ -158,9 +168,8 @@ class Gatherer:
         job's record is read, and the run dir looked at, only once the requeue is refused."""
         refusal = Refusal(message, answered, waited_s=wait_s)
         if not answered:
-            self.within.renew(wait_s)
-            settled = requeue_without_answer(self.job_id, self.restart, self.within.until)
-            refusal = Refusal(message, answered, settled.requeued, settled.refusal, wait_s)
+            settled, waited_s = self._wait_out_outage(wait_s)
+            refusal = Refusal(message, answered, settled.requeued, settled.refusal, waited_s)
         if refusal.refused is None:
             return refusal
         record = self.job(meaning="taking the requeue as refused")
@@ -175,6 +184,39 @@ class Gatherer:
             job_script=script,
             job_script_found=script.is_file(),
         )
+
+    def outage_deadline(self, wait_s: float) -> float:
+        """How long (monotonic) a requeue without answer is waited for: until shortly before this
+        job's time limit (when Slurm started it, plus slurm.time), however long slurmctld is away
+        (a failover, an upgrade, a database restart); at least `wait_s`. Unknown start or limit:
+        `wait_s`."""
+        started = LifeStamp.from_env(self.env).allocated_at
+        limit = time_limit_s(self.slurm.time)
+        now = time.monotonic()
+        if started is None or limit is None:
+            return now + wait_s
+        left = started + limit - OUTAGE_END_MARGIN_S - time.time()
+        return now + max(wait_s, min(left, OUTAGE_LONGEST_S))
+
+    def _wait_out_outage(self, wait_s: float) -> tuple[Settled, float]:
+        """Ask again and look, with growing pauses, until Slurm answers (requeued, or refused) or
+        the outage deadline; (what came of it, seconds waited)."""
+        began = time.monotonic()
+        deadline = self.outage_deadline(wait_s)
+        pause = OUTAGE_FIRST_PAUSE_S
+        while True:
+            self.within.renew(min(wait_s, max(1.0, deadline - time.monotonic())))
+            settled = requeue_without_answer(self.job_id, self.restart, self.within.until)
+            if settled.requeued or settled.refusal is not None or time.monotonic() + pause >= deadline:
+                return settled, time.monotonic() - began
+            print(
+                f"hpctrain: slurmctld still gives no answer after {time.monotonic() - began:.0f} s; asking again "
+                f"in {pause:g} s (for up to {deadline - time.monotonic():.0f} s more, until the job's time limit)",
+                file=sys.stderr,
+                flush=True,
+            )
+            time.sleep(pause)
+            pause = min(pause * 2, OUTAGE_LONGEST_PAUSE_S)
 
     def _constraint_nodes(self, record: JobRecord | None) -> frozenset[str] | None:
         if record is None or record.features is None:

@@ -42,6 +42,9 @@ CONTROL_PREEMPTING = 7
 # host that came back after the keeper submitted the run again, a stale requeue): it launched,
 # requeued and wrote nothing; the job ends FAILED and its guardian finds the run gone on.
 CONTROL_FENCED = 8
+# `control requeue` got no answer from slurmctld until (almost) the job's time limit: the job
+# ends without deciding (no second job, no `fail`); its guardian decides once Slurm is back.
+BATCH_UNDECIDED = 9
 
 # ---- console scripts ----------------------------------------------------------------------------
 CLI_OK = 0

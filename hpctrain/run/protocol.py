@@ -52,6 +52,7 @@ class Exit(IntEnum):
     NO_SLURM = exitcodes.CONTROL_NO_SLURM  # requeue: no scontrol here, the shell asks on the node
     CANCELLED = exitcodes.BATCH_CANCELLED
     PREEMPTING = exitcodes.CONTROL_PREEMPTING
+    UNDECIDED = exitcodes.BATCH_UNDECIDED  # requeue: slurmctld away until the time limit
     FENCED = exitcodes.CONTROL_FENCED  # this life was replaced: nothing launched, written or asked
 
 
