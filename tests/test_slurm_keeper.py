@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -194,3 +195,50 @@ def test_a_job_whose_batch_script_vanished_is_submitted_again_by_the_keeper(tmp_
     assert starts == [(job, 0), (new_job, 0)], starts
     assert [f["by"] for f in of("failure", run_dir)] == ["keeper"]
     assert same_weights(run_dir, trained.trained())
+
+
+def _watcher_of(run_dir: Path) -> int:
+    """The pid of the batch script's heartbeat watcher (hpctrain.recovery.watch) of RUN_DIR."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            words = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0") if entry.isdigit() else []
+        except OSError:
+            continue
+        if b"hpctrain.recovery.watch" in words and str(run_dir).encode() in words:
+            found.append(int(entry))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_stalled_watcher_on_a_live_batch_host_is_not_taken_for_a_lost_host(tmp_path: Path) -> None:
+    """The batch host's watcher stopped (SIGSTOP: a process starved, or stuck on a filesystem)
+    for 30 s while its batch script and training run on: the keeper hears nothing for
+    slurm.silent_node_timeout_s, asks on the batch host whether the batch script still lives (a
+    one-task step: `kill -0` of its pid), finds it does, and acts on nothing. Before, it submitted
+    the run again and cancelled a healthy job. The watcher continued, the run ends in its one life."""
+    slurm_env = start_cluster()
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    run_dir = tmp_path / "run"
+    # Long enough that the job still trains when the watcher goes on (600 steps, 0.1 s each).
+    (job,), _ = submit({**env, PAUSE_ENV: "0.1"}, run_dir, *TRAIN, "trainer.max_steps=600")
+    watcher = 0
+    try:
+        wait_for_step(run_dir, FREEZE_AT_STEP, timeout_s=400)
+        watcher = _watcher_of(run_dir)
+        os.kill(watcher, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while "its watcher stalled" not in job_output(run_dir) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        said = job_output(run_dir)
+        assert "its watcher stalled; not acted on, listening again" in said, said[-3000:]
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        assert [f for f in of("failure", run_dir)] == [], of("failure", run_dir)
+        assert job_field(env, job, "JobState") == "RUNNING"
+    finally:
+        if watcher:
+            with contextlib.suppress(ProcessLookupError):  # the job ended (and killed it) meanwhile
+                os.kill(watcher, signal.SIGCONT)
+    assert wait_finished(slurm_env, job, timeout_s=400) == "COMPLETED", job_output(run_dir)
+    assert [(s["job_id"], s["restart"]) for s in of("start", run_dir)] == [(job, 0)]
+    assert of("failure", run_dir) == [] and of("requeue", run_dir) == []

@@ -166,16 +166,20 @@ def node_names(text: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Keeper:
-    """The keeper's call: `python -m hpctrain.recovery.keeper RUN_DIR WATCHER_HOST:PORT BATCH_HOST`."""
+    """The keeper's call: `python -m hpctrain.recovery.keeper RUN_DIR WATCHER_HOST:PORT BATCH_HOST
+    [BATCH_SHELL_PID]`."""
 
     run_dir: Path
     watcher: str  # the batch script's heartbeat watcher, host:port
     batch_host: str  # the node the batch script runs on
+    batch_shell_pid: int | None = None  # the batch shell's pid there: alive means a stalled watcher
 
-    USAGE = f"usage: python -m {KEEPER_MODULE} RUN_DIR WATCHER_HOST:PORT BATCH_HOST"
+    USAGE = f"usage: python -m {KEEPER_MODULE} RUN_DIR WATCHER_HOST:PORT BATCH_HOST [BATCH_SHELL_PID]"
 
     @classmethod
     def parse(cls, args: list[str]) -> Keeper | None:
+        if len(args) == 4 and args[3].isdigit():
+            return cls(Path(args[0]), args[1], args[2], int(args[3]))
         return cls(Path(args[0]), args[1], args[2]) if len(args) == 3 else None
 
 

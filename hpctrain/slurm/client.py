@@ -37,7 +37,8 @@ SACCT = "sacct"
 SINFO = "sinfo"
 SCANCEL = "scancel"
 SACCTMGR = "sacctmgr"
-COMMANDS = frozenset({SBATCH, SCONTROL, SQUEUE, SACCT, SINFO, SCANCEL, SACCTMGR})
+SRUN = "srun"  # only the keeper's probe of the batch host (probe_process)
+COMMANDS = frozenset({SBATCH, SCONTROL, SQUEUE, SACCT, SINFO, SCANCEL, SACCTMGR, SRUN})
 
 
 # How long an in-job program waits out a slurmctld restart (a failover, an upgrade) before it acts
@@ -61,6 +62,7 @@ class Purpose(Enum):
     REQUEUE_LOOK = "requeue look"
     REQUEUE = "requeue"
     UPDATE_PENDING = "update pending"
+    KEEPER_PROBE = "keeper probe"
 
 
 POLICIES: dict[Purpose, Policy] = {
@@ -102,6 +104,9 @@ POLICIES: dict[Purpose, Policy] = {
     # ExcNodeList and NumNodes of a requeued job: one try each, the caller tries again (Slurm
     # refuses the update for a few seconds after it removed a failed node from the job).
     Purpose.UPDATE_PENDING: Policy(timeout_s=15.0),
+    # The keeper's one step on the silent batch host: a node that answers runs it in a second or
+    # two; one that is lost never does (Slurm's MessageTimeout is 10 s). Never retried.
+    Purpose.KEEPER_PROBE: Policy(timeout_s=20.0),
 }
 
 
@@ -304,6 +309,28 @@ def job_steps(job_id: str, purpose: Purpose, *, until: float | None = None) -> A
     Slurm answered."""
     done = _ask([SQUEUE, "-h", "-s", "-j", job_id, "-o", "%i"], purpose, until=until)
     return Answer(done, done.stdout.split() if done.ok else [])
+
+
+def probe_process(job_id: str, node: str, pid: int, purpose: Purpose, *, until: float | None = None) -> Reply:
+    """`srun --overlap --jobid=JOB --nodelist=NODE ... kill -0 PID`: a one-task step of the job on
+    NODE that asks whether process PID lives there. ok: it does (the node and that process are
+    alive); an answer with another exit code: the step ran and the process is gone, or Slurm
+    refused the step; no answer in time: the node did not run it."""
+    command = [
+        SRUN,
+        "--overlap",
+        f"--jobid={job_id}",
+        f"--nodelist={node}",
+        "--nodes=1",
+        "--ntasks=1",
+        "--cpus-per-task=1",
+        "--gres=none",
+        "--kill-on-bad-exit=0",
+        "kill",
+        "-0",
+        str(pid),
+    ]
+    return _ask(command, purpose, until=until)
 
 
 # ---- sinfo, sacct, sacctmgr ------------------------------------------------------------------
