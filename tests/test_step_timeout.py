@@ -10,7 +10,16 @@ import time
 
 import pytest
 
-from hpctrain.process.step_timeout import FACTOR, MIN_SAMPLES, WARMUP_STEPS, StepTimeout
+from hpctrain.config.schema import TrainerConfig
+from hpctrain.process.step_timeout import (
+    EVALUATION,
+    FACTOR,
+    FIRST_STEP,
+    MIN_SAMPLES,
+    WARMUP_STEPS,
+    StepTimeout,
+    phase_timeouts,
+)
 from hpctrain.run.exitcodes import WORKER_HUNG
 
 CAP, FLOOR = 900.0, 60.0
@@ -102,3 +111,58 @@ def test_a_process_whose_steps_stop_is_a_hang_after_the_learned_timeout() -> Non
     assert done.returncode == WORKER_HUNG, done.stderr
     assert "learned from this life's steps, trainer.step_hang_timeout_s=1" in done.stderr
     assert done.stdout.startswith("hang after 1.") and took < 20, (took, done.stdout)
+
+
+@pytest.mark.parametrize(
+    "phase_s, then_steps, expected",
+    [
+        pytest.param(1500.0, 0, 1500.0, id="a life's first step (a compile) has its own timeout"),
+        pytest.param(1200.0, 0, 1200.0, id="an evaluation has its own timeout"),
+        pytest.param(None, 0, CAP, id="a phase without its own: trainer.hang_timeout_s"),
+        pytest.param(1500.0, ENOUGH, FLOOR, id="once steps follow, the learned timeout again"),
+    ],
+)
+def test_a_phase_has_its_own_timeout_until_the_next_step(
+    phase_s: float | None, then_steps: int, expected: float
+) -> None:
+    timeout, now = StepTimeout(cap_s=CAP, floor_s=FLOOR), 0.0
+    now = stepped(timeout, ENOUGH, 1.0, now)
+    assert timeout.timeout_s() == pytest.approx(FLOOR)
+    timeout.other(now, phase_s)  # an evaluation, a save, or a life's start begins
+    assert timeout.timeout_s() == pytest.approx(phase_s or CAP)
+    if then_steps:
+        stepped(timeout, then_steps, 1.0, now)
+    assert timeout.timeout_s() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "keys, expected",
+    [
+        pytest.param({}, {FIRST_STEP: 1500.0}, id="defaults: a compiling first step, the rest hang_timeout_s"),
+        pytest.param({"eval_timeout_s": 1200}, {FIRST_STEP: 1500.0, EVALUATION: 1200.0}, id="an evaluation's own"),
+        pytest.param(
+            {"collective_timeout_s": 600, "hang_timeout_s": 20}, {FIRST_STEP: 540.0}, id="kept below the collectives"
+        ),
+        pytest.param(
+            {"collective_timeout_s": 4000, "hang_timeout_s": 2000},
+            {FIRST_STEP: 2000.0},
+            id="never below hang_timeout_s",
+        ),
+        pytest.param({"first_step_timeout_s": 100}, {FIRST_STEP: 100.0}, id="set: as set"),
+    ],
+)
+def test_the_trainer_keys_set_each_phase(keys: dict[str, int], expected: dict[str, float]) -> None:
+    trainer = TrainerConfig(**keys)
+    timeouts = phase_timeouts(
+        trainer.hang_timeout_s,
+        trainer.collective_timeout_s,
+        trainer.first_step_timeout_s,
+        trainer.eval_timeout_s,
+        trainer.save_timeout_s,
+    )
+    assert timeouts == expected
+
+
+def test_a_phase_timeout_above_the_collective_timeout_is_refused_by_key() -> None:
+    with pytest.raises(ValueError, match="trainer.save_timeout_s"):
+        TrainerConfig(save_timeout_s=3600)

@@ -116,6 +116,14 @@ class TrainerConfig:
     # a deadlock or a kernel call on a live node is then a hang in about a minute, not 15, as in
     # NVIDIA's resiliency extension (60 s). 0: off (hang_timeout_s for every step).
     step_hang_timeout_s: int = 60
+    # A life's first step may compile (torch.compile) and warm caches for many minutes: it may
+    # take this long before it is a hang. null: 1500 s (or hang_timeout_s, if longer), kept below
+    # collective_timeout_s.
+    first_step_timeout_s: Optional[int] = None
+    # An evaluation (a whole eval set) before it is a hang; null: hang_timeout_s.
+    eval_timeout_s: Optional[int] = None
+    # A checkpoint save (a forced one on a stop signal too) before it is a hang; null: hang_timeout_s.
+    save_timeout_s: Optional[int] = None
     # A progress bar on rank 0's stderr: auto shows it only when stderr is a terminal (never in
     # a Slurm .out file), on always, off never. The log lines are written either way.
     progress_bar: str = "auto"
@@ -134,6 +142,15 @@ class TrainerConfig:
             f"{self.collective_timeout_s}): a peer that stops would fail its collectives first, and the "
             "hang would be charged as a crash; lower trainer.hang_timeout_s or raise trainer.collective_timeout_s",
         )
+        for key in ("first_step_timeout_s", "eval_timeout_s", "save_timeout_s"):
+            value = getattr(self, key)
+            require(
+                value is None or 0 < value < self.collective_timeout_s,
+                f"trainer.{key}",
+                f"must be null or between 0 and trainer.collective_timeout_s ({self.collective_timeout_s}), "
+                f"got {value}: a peer that stops would fail its collectives first, and the hang would be "
+                "charged as a crash",
+            )
         require(
             self.max_steps > 0 or self.epochs > 0,
             "trainer.max_steps",

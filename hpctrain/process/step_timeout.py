@@ -18,6 +18,33 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+# The phases a watchdog beat can begin, each with its own timeout (the trainer key that sets it):
+# what comes after a beat of no phase (a stage of the start, the steps after an evaluation or a
+# save) waits trainer.hang_timeout_s.
+FIRST_STEP, EVALUATION, SAVE = "first_step", "evaluation", "save"
+PHASE_KEYS = {
+    FIRST_STEP: "first_step_timeout_s",  # a life's first step: torch.compile, caches warming
+    EVALUATION: "eval_timeout_s",
+    SAVE: "save_timeout_s",
+}
+
+# A life's first step when trainer.first_step_timeout_s is null: long enough for torch.compile of
+# a large model, kept a minute below the collective timeout (a peer stopped in it is a hang).
+FIRST_STEP_DEFAULT_S = 1500.0
+COLLECTIVE_MARGIN_S = 60.0
+
+
+def phase_timeouts(
+    hang_s: float, collective_s: float, first_step_s: float | None, eval_s: float | None, save_s: float | None
+) -> dict[str, float]:
+    """Each phase's timeout from the trainer keys (PHASE_KEYS); a phase left out waits hang_s."""
+    first = first_step_s
+    if first is None:
+        first = max(hang_s, min(FIRST_STEP_DEFAULT_S, collective_s - COLLECTIVE_MARGIN_S))
+    chosen = {FIRST_STEP: first, EVALUATION: eval_s, SAVE: save_s}
+    return {phase: float(seconds) for phase, seconds in chosen.items() if seconds}
+
+
 WARMUP_STEPS = 10  # a life's first steps (compiling, caches warming, a resumed loader) are not counted
 MIN_SAMPLES = 20  # ordinary steps seen before a timeout is learned
 WINDOW = 200  # the recent steps the percentile is taken over
@@ -40,6 +67,7 @@ class StepTimeout:
     _stepped: int = 0  # step-to-step intervals seen this life, the warm-up's included
     _last_was_step: bool = False
     _last_at: float | None = None
+    _phase_s: float | None = None  # the timeout of the phase the last `other` began; None: cap_s
 
     def stepped(self, now: float) -> None:
         if self._last_was_step and self._last_at is not None:
@@ -48,8 +76,10 @@ class StepTimeout:
                 self._steps.append(now - self._last_at)
         self._last_was_step, self._last_at = True, now
 
-    def other(self, now: float) -> None:
-        self._last_was_step, self._last_at = False, now
+    def other(self, now: float, phase_s: float | None = None) -> None:
+        """Progress that is no step; `phase_s`: how long what comes next may take (a first step
+        that compiles, an evaluation, a save: hpctrain.process.watchdog.PHASES), else cap_s."""
+        self._last_was_step, self._last_at, self._phase_s = False, now, phase_s
 
     def learned_s(self) -> float | None:
         """The steady-state timeout, once enough ordinary steps were seen; else None."""
@@ -61,4 +91,6 @@ class StepTimeout:
         """How long the next step may be waited for: the learned timeout right after a step,
         trainer.hang_timeout_s after anything else."""
         learned = self.learned_s()
-        return learned if self._last_was_step and learned is not None else self.cap_s
+        if self._last_was_step:
+            return learned if learned is not None else self.cap_s
+        return self._phase_s if self._phase_s else self.cap_s

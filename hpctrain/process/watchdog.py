@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.process import heartbeat
-from hpctrain.process.step_timeout import StepTimeout
+from hpctrain.process.step_timeout import StepTimeout, phase_timeouts
 from hpctrain.run.causes import Cause
 from hpctrain.run.events import Failure, Journal
 from hpctrain.run.exitcodes import WORKER_HUNG
@@ -39,9 +39,14 @@ log = logging.getLogger(__name__)
 
 class Watchdog:
     def __init__(
-        self, timeout_s: float, on_hang: Callable[[float], None] | None = None, step_floor_s: float = 0.0
+        self,
+        timeout_s: float,
+        on_hang: Callable[[float], None] | None = None,
+        step_floor_s: float = 0.0,
+        phases_s: dict[str, float] | None = None,
     ) -> None:
         self.timeout_s = timeout_s  # trainer.hang_timeout_s: 0 turns the watchdog off
+        self.phases_s = dict(phases_s or {})  # phase -> its timeout (PHASE_KEYS); absent: timeout_s
         self.on_hang = on_hang  # called with the idle seconds before the process ends
         self.steps = StepTimeout(cap_s=timeout_s, floor_s=step_floor_s)
         self._last = time.monotonic()
@@ -55,11 +60,12 @@ class Watchdog:
             self._thread.start()
         return self
 
-    def beat(self) -> None:
-        """Progress that is not a step: a stage of the start, an evaluation, a save."""
+    def beat(self, phase: str | None = None) -> None:
+        """Progress that is not a step (a stage of the start, an evaluation, a save done), and
+        the phase that begins now (FIRST_STEP, EVALUATION, SAVE), which has its own timeout."""
         with self._lock:
             self._last = time.monotonic()
-            self.steps.other(self._last)
+            self.steps.other(self._last, self.phases_s.get(phase) if phase else None)
 
     def stepped(self) -> None:
         """A training step done: its time teaches the steady-state timeout."""
@@ -121,4 +127,11 @@ def start_watchdog(config: Config, ctx: DistContext, run_dir: Path) -> Watchdog:
     written to the run dir's journal by this rank."""
     on_hang = hang_reporter(RunDir(run_dir).events, ctx.rank, ctx.life)
     trainer = config.trainer
-    return Watchdog(trainer.hang_timeout_s, on_hang, trainer.step_hang_timeout_s).start()
+    phases = phase_timeouts(
+        trainer.hang_timeout_s,
+        trainer.collective_timeout_s,
+        trainer.first_step_timeout_s,
+        trainer.eval_timeout_s,
+        trainer.save_timeout_s,
+    )
+    return Watchdog(trainer.hang_timeout_s, on_hang, trainer.step_hang_timeout_s, phases).start()

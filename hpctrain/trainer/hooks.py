@@ -22,8 +22,9 @@ class StopRequests(Protocol):
 class Heartbeat(Protocol):
     """The watchdog (hpctrain.process.watchdog): a process that stops beating is a hang."""
 
-    def beat(self) -> None:
-        """Progress that is not a step: an evaluation, a save, a stage of the start done."""
+    def beat(self, phase: str | None = None) -> None:
+        """Progress that is not a step (an evaluation, a save, a stage of the start done), and
+        the phase that begins (hpctrain.process.watchdog's FIRST_STEP, EVALUATION, SAVE)."""
         ...
 
     def stepped(self) -> None:

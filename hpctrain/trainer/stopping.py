@@ -13,6 +13,7 @@ from hpctrain.checkpoint import Checkpointer
 from hpctrain.checkpoint.deadline import SigtermTimesReading, deadline_s, preempted_now, sigterm_s
 from hpctrain.config import Config
 from hpctrain.dist.context import DistContext
+from hpctrain.process.step_timeout import SAVE
 from hpctrain.run.causes import STOP_TABLE, Grace, StopReason
 from hpctrain.run.events import Journal, Stop
 from hpctrain.trainer.hooks import ProcessHooks
@@ -72,7 +73,7 @@ class Stopping:
                 since_signal_s=round(since_signal_s, 3),
             )
         )
-        self.hooks.watchdog.beat()  # a save is no step: trainer.hang_timeout_s, not a step's timeout
+        self.hooks.watchdog.beat(SAVE)  # a save is no step: trainer.save_timeout_s, not a step's timeout
         self.checkpointer.forced_save(step, state, reason, deadline)
         self.hooks.watchdog.beat()
         raise StopTraining(reason, step)

@@ -20,6 +20,7 @@ from hpctrain.checkpoint.writer import DiskFull
 from hpctrain.config import Config
 from hpctrain.dist.context import DistContext
 from hpctrain.metrics import MetricSinks, open_sinks
+from hpctrain.process.step_timeout import EVALUATION, FIRST_STEP, SAVE
 from hpctrain.run.causes import CheckpointReason
 from hpctrain.run.events import Finish, Journal, Pruned
 from hpctrain.run.paths import RunDir
@@ -69,7 +70,9 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         """Train to the end (returns the final metrics) or raise StopTraining after a save."""
         self.state = resume(self.checkpointer, self.parts, self.course, self.stepper.scaler, self.config, self.ctx)
-        self.watchdog.beat()  # the model built and the checkpoint loaded: progress, however long it took
+        # The model built and the checkpoint loaded: progress, however long it took; the first
+        # step (which may compile) has trainer.first_step_timeout_s.
+        self.watchdog.beat(FIRST_STEP)
         course = self.course
         started = start_record(self.ctx, self.state.step, course.total_steps, course.layout, self.hooks.ready())
         self.journal.write_event(started)
@@ -140,7 +143,7 @@ class Trainer:
     def _log(self, progress: Progress, evaluate_now: bool) -> dict[str, Any]:
         record: dict[str, Any] = progress.collect(self.state.step, self.parts.optimizer.param_groups[0]["lr"])
         if evaluate_now:
-            self.watchdog.beat()  # what follows is no step: trainer.hang_timeout_s, not a step's timeout
+            self.watchdog.beat(EVALUATION)  # no step: trainer.eval_timeout_s, not a step's timeout
             started = time.perf_counter()
             record.update(self.evaluate())
             progress.pause(time.perf_counter() - started)
@@ -174,7 +177,7 @@ class Trainer:
         }
 
     def _save(self, reason: CheckpointReason, background: bool) -> float:
-        self.watchdog.beat()  # a save is no step: trainer.hang_timeout_s, not a step's timeout
+        self.watchdog.beat(SAVE)  # a save is no step: trainer.save_timeout_s, not a step's timeout
         # A stop signal ends the wait for a previous write: the forced save handles that write.
         blocked = self.checkpointer.save(
             self.state.step, self._state_tree(), reason, background, stop_requested=self.stopping.requested
