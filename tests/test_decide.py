@@ -105,6 +105,7 @@ class Row:
     partition_nodes: tuple[str, ...] = ()  # the job's partition's nodes (empty: not known)
     timed_out: bool = False  # the job's record says its time limit ended it (Reason=TimeLimit)
     constraint_nodes: frozenset[str] | None = None  # the nodes that meet the job's --constraint
+    big_enough_nodes: frozenset[str] | None = None  # the nodes with the job's GPUs and memory per node
     # expected:
     action: Action = Action.REQUEUE
     events: list[str] = field(default_factory=list)
@@ -257,6 +258,29 @@ ROWS = {
         allocated=("node1",),
         partition_nodes=("node1", "node2", "node3"),
         constraint_nodes=frozenset({"node1", "node2", "node3"}),
+        events=["failure:node_failure", "requeue:node_failure"],
+        excluded=("node2",),
+    ),
+    # A mixed partition: node3 is up but has fewer GPUs (or less memory) than the job asks per
+    # node. Counted, it let the requeue keep node2 out and wait for ever (Reason=Resources).
+    "node failure, the only other node too small for the job: keep none out": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(137),
+        nodes="node_down_while_held",
+        allocated=("node1",),
+        partition_nodes=("node1", "node2", "node3"),
+        big_enough_nodes=frozenset({"node1", "node2"}),
+        events=["failure:node_failure", "requeue:node_failure"],
+    ),
+    "node failure, another node big enough: keep it out": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(137),
+        nodes="node_down_while_held",
+        allocated=("node1",),
+        partition_nodes=("node1", "node2", "node3"),
+        big_enough_nodes=frozenset({"node1", "node2", "node3"}),
         events=["failure:node_failure", "requeue:node_failure"],
         excluded=("node2",),
     ),
@@ -545,6 +569,7 @@ def test_decide(row: Row) -> None:
         row.partition_nodes,
         row.timed_out,
         row.constraint_nodes,
+        big_enough_nodes=row.big_enough_nodes,
     )
     history = History(JOB, 0, (*row.before, *row.since), row.since)
     decision = decide(history, row.outcome, cluster, Budgets(row.budgets, row.max_restarts))

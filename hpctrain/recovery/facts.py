@@ -138,6 +138,9 @@ class ClusterView:
     # The nodes whose features meet the job's --constraint (hpctrain.recovery.constraints); None:
     # the job has none, or it is not known which (every node counts).
     constraint_nodes: frozenset[str] | None = None
+    # The nodes with the GPUs and memory per node the job asks for (hpctrain.recovery.node_sizes);
+    # None: it asks for neither, or it is not known (every node counts).
+    big_enough_nodes: frozenset[str] | None = None
 
     def service(self, node: str) -> Service:
         """A node sinfo does not list was removed: not in service. Without sinfo's answer at

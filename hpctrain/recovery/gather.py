@@ -28,6 +28,7 @@ from hpctrain.recovery.facts import (
     time_limit_s,
 )
 from hpctrain.recovery.history import History, last_relaunch_excluded, lineage
+from hpctrain.recovery.node_sizes import memory_mb, nodes_big_enough, parse_sinfo_sizes
 from hpctrain.recovery.requeue import Settled, requeue_without_answer
 from hpctrain.run.events import read_events
 from hpctrain.run.life import LifeStamp
@@ -139,6 +140,7 @@ class Gatherer:
             preempting=None if record is None else record.preempt_time is not None,
             partition_nodes=tuple(self._partition_nodes(record)),
             constraint_nodes=self._constraint_nodes(record),
+            big_enough_nodes=self._big_enough_nodes(),
         )
 
     def job(self, meaning: str, purpose: Purpose = Purpose.IN_JOB) -> JobRecord | None:
@@ -217,6 +219,23 @@ class Gatherer:
             )
             time.sleep(pause)
             pause = min(pause * 2, OUTAGE_LONGEST_PAUSE_S)
+
+    def _big_enough_nodes(self) -> frozenset[str] | None:
+        """The nodes with the job's GPUs and memory per node (asked of sinfo only when the job
+        asks for either: one call more)."""
+        mem_mb = memory_mb(self.slurm.mem)
+        if self.slurm.gpus_per_node <= 0 and mem_mb is None:
+            return None
+        meaning = "every node counts for a requeue's exclusion, whatever its GPUs and memory"
+        listed = client.nodes(NodeColumns.SIZES, Purpose.IN_JOB, until=self.within.until)
+        heard(listed.reply, meaning)
+        if not listed.ok:
+            return None
+        try:
+            return nodes_big_enough(parse_sinfo_sizes(listed.value), self.slurm.gpus_per_node, mem_mb)
+        except ValueError as error:
+            print(f"hpctrain: {error}; {meaning}", file=sys.stderr)
+            return None
 
     def _constraint_nodes(self, record: JobRecord | None) -> frozenset[str] | None:
         if record is None or record.features is None:

@@ -98,19 +98,22 @@ def requeue_shape(kept_out: set[str], outcome: Outcome, cluster: ClusterView) ->
     """The requeued job's ExcNodeList, and its node count when it must shrink (None: as it is).
 
     It holds training nodes and spares. Counted are the nodes that could run it now: its
-    partition's (not another partition's), with the features its --constraint asks for, not kept
-    out, and in service (not down, not drained by an administrator). Enough for all it holds: keep
-    the failed nodes out. Fewer, but enough to train: keep them out and give up the spares it
-    cannot have now, rather than wait for a repair or the end of a maintenance. Too few to train:
-    keep only slurm.exclude out, so the job starts once nodes are back (failed ones kept out, it
-    could wait for ever: Reason=BadConstraints), and ask only for its training nodes, so any of
-    them coming back will do. Slurm starts no job on a down node anyway."""
+    partition's (not another partition's), with the features its --constraint asks for and the
+    GPUs and memory per node it asks for (hpctrain.recovery.node_sizes), not kept out, and in
+    service (not down, not drained by an administrator). Enough for all it holds: keep the failed
+    nodes out. Fewer, but enough to train: keep them out and give up the spares it cannot have
+    now, rather than wait for a repair or the end of a maintenance. Too few to train: keep only
+    slurm.exclude out, so the job starts once nodes are back (failed ones kept out, it could wait
+    for ever: Reason=BadConstraints), and ask only for its training nodes, so any of them coming
+    back will do. Slurm starts no job on a down node anyway."""
     needed = len(cluster.original or cluster.allocated)
     if not cluster.nodes:
         return kept_out, None
     pool = set(cluster.partition_nodes or cluster.nodes) - kept_out
     if cluster.constraint_nodes is not None:
         pool &= cluster.constraint_nodes
+    if cluster.big_enough_nodes is not None:  # a mixed partition: too small a node never runs it
+        pool &= cluster.big_enough_nodes
     usable = {n for n in pool if cluster.service(n) is Service.UP}
     if len(usable) >= needed:
         return kept_out, None

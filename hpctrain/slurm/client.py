@@ -115,6 +115,7 @@ class NodeColumns(Enum):
 
     STATES = "%N|%T|%E"  # name, state with sinfo's flags (`down*`), reason (hpctrain.recovery.facts)
     FEATURES = "%N|%f"  # name, available features (hpctrain.recovery.constraints)
+    SIZES = "%N|%G|%m"  # name, generic resources, memory in MB (hpctrain.recovery.node_sizes)
 
 
 def run(
