@@ -1182,6 +1182,6 @@ def test_a_resubmission_asks_for_the_nodes_decided(journal: tuple, elastic: bool
 def test_time_limit_s_reads_every_form_sbatch_takes(text: str, seconds: float | None) -> None:
     """sbatch(1) --time: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
     "days-hours:minutes" and "days-hours:minutes:seconds"."""
-    from hpctrain.recovery.facts import time_limit_s
+    from hpctrain.slurm.times import time_limit_s
 
     assert time_limit_s(text) == seconds

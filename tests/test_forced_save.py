@@ -165,12 +165,14 @@ def test_killwait_and_grace_from_the_environment_then_slurm_then_the_default(
     job = (FIXTURES / "scontrol" / "stop_running.txt").read_text()  # Partition=batch
     config = (FIXTURES / "scontrol" / "show_config.txt").read_text()  # KillWait = 5 sec
     slurm = install(tmp_path, monkeypatch)
-    # In a job: its partition's GraceTime, then KillWait, each as scontrol printed them.
-    slurm.says("scontrol", Said(out=job), Said(out=PARTITION_LINE), Said(out=config))
+    # In a job: its partition's GraceTime (PreemptType=preempt/partition_prio: the partition's,
+    # not its QOS's), then KillWait, each as scontrol printed them.
+    slurm.says("scontrol", Said(out=job), Said(out=config), Said(out=PARTITION_LINE), Said(out=config))
     in_job = {**os.environ, "SLURM_JOB_ID": "25817000"}
     assert sigterm_times(in_job) == SigtermTimes(grace_s=20.0, kill_wait_s=5.0)
     assert [c[:3] for c in slurm.calls("scontrol")] == [
         ["scontrol", "show", "job"],
+        ["scontrol", "show", "config"],
         ["scontrol", "show", "partition"],
         ["scontrol", "show", "config"],
     ]
@@ -178,7 +180,7 @@ def test_killwait_and_grace_from_the_environment_then_slurm_then_the_default(
     overridden = {**in_job, "HPCTRAIN_KILL_WAIT_S": "12", "HPCTRAIN_GRACE_TIME_S": "0"}
     assert sigterm_times(overridden) == SigtermTimes(0.0, 12.0)
     assert sigterm_times({"PATH": os.environ["PATH"]}) == SigtermTimes(0.0, DEFAULT_KILL_WAIT_S)
-    assert len(slurm.calls("scontrol")) == 3
+    assert len(slurm.calls("scontrol")) == 4
     # A config without KillWait (or no scontrol): the default, said with the variable to set.
     with caplog.at_level(logging.WARNING):
         assert sigterm_times({"SLURM_JOB_ID": "7", "PATH": str(tmp_path / "none")}).kill_wait_s == DEFAULT_KILL_WAIT_S
@@ -488,3 +490,25 @@ def test_the_stop_is_journaled_before_its_save_and_outlives_a_killed_save(tmp_pa
     # What after-step reads of this step: the stop, kept with its job, and judged as the stop it was.
     assert [e for e in since if saved_for(e)] == [stop]
     assert classify(since, Outcome(exit_code=137, nodes_wanted=2), []) is Cause.PREEMPT
+
+
+@pytest.mark.parametrize(
+    "preempt_type, source",
+    [("preempt/qos", "qos"), ("preempt/partition_prio", "partition"), ("preempt/none", "partition"), ("", "partition")],
+)
+def test_whose_grace_time_by_the_clusters_preempt_type(preempt_type: str, source: str) -> None:
+    """slurm.conf(5): under PreemptType=preempt/qos a preempted job gets its QOS's GraceTime
+    (sacctmgr), otherwise its partition's."""
+    from hpctrain.checkpoint.deadline import grace_source
+
+    assert grace_source(preempt_type) == source
+
+
+def test_a_jobs_qos_is_read_from_its_record() -> None:
+    """`scontrol show job -o` of a running job on the dev cluster with accounting: QOS=normal."""
+    from hpctrain.slurm.records import parse_job_record
+
+    line = (Path(__file__).parent / "fixtures" / "slurm" / "scontrol" / "running_with_qos.txt").read_text()
+    record = parse_job_record(line)
+    assert record is not None and record.qos == "normal" and record.partition == "batch"
+    assert parse_job_record(line.replace("QOS=normal", "QOS=(null)")).qos is None  # type: ignore[union-attr]

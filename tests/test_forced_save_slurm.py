@@ -133,3 +133,26 @@ def test_a_preempted_multi_gb_save_meets_the_grace_time_and_resumes_from_a_compl
     if forced["resume_step"] in [e.step for e in store.entries(run_dir / "checkpoints")]:
         assert store.verify(resumed)["size"] > 2e9
     assert f"resumed from step {forced['resume_step']}" in job_output(run_dir)
+
+
+def test_a_qos_grace_time_is_read_from_slurms_accounting() -> None:
+    """Under PreemptType=preempt/qos a preempted job's grace is its QOS's GraceTime: read with
+    sacctmgr from the dev cluster's slurmdbd, as it prints it (`00:00:00`; `00:02:00` once the
+    QOS is given 120 s), and set back."""
+    import os
+
+    from hpctrain.checkpoint.deadline import _read_qos_grace
+
+    env = start_cluster()  # the cluster with accounting (slurmdbd on MariaDB)
+    saved = dict(os.environ)
+    os.environ["SLURM_CONF"] = env["SLURM_CONF"]
+    os.environ["PATH"] = env.get("PATH", os.environ.get("PATH", ""))
+    modify = ["sacctmgr", "-i", "modify", "qos", "where", "name=normal", "set"]
+    try:
+        assert _read_qos_grace("normal") == 0.0
+        subprocess.run([*modify, "GraceTime=120"], env=env, check=True, capture_output=True)
+        assert _read_qos_grace("normal") == 120.0
+    finally:
+        subprocess.run([*modify, "GraceTime=0"], env=env, capture_output=True)
+        os.environ.clear()
+        os.environ.update(saved)

@@ -46,7 +46,15 @@ RECORDS = {
     ),
     # sbatch -N 2 --constraint='fast&ib' (node1 and node2 given the features): Features= holds it.
     "running_constrained.txt": JobRecord(
-        "22000006", "RUNNING", None, 0, partition="batch", node_list="node[1-2]", batch_host="node1", features="fast&ib"
+        "22000006",
+        "RUNNING",
+        None,
+        0,
+        partition="batch",
+        node_list="node[1-2]",
+        batch_host="node1",
+        features="fast&ib",
+        qos="normal",
     ),
 }
 

@@ -38,6 +38,7 @@ from hpctrain.run.causes import STOP_TABLE, Grace, StopReason
 from hpctrain.run.life import LifeStamp
 from hpctrain.slurm import client
 from hpctrain.slurm.client import Purpose
+from hpctrain.slurm.times import time_limit_s
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -271,6 +272,16 @@ def grace_time_s(environ: Mapping[str, str] | None = None) -> float:
         return DEFAULT_GRACE_S
 
 
+def _read_qos_grace(name: str) -> float:
+    """The QOS's GraceTime (`sacctmgr -n -P show qos where name=NAME format=GraceTime`, printed as
+    `00:02:00`), in seconds."""
+    text = _answered(client.qos(name, "GraceTime", Purpose.IN_JOB), f"sacctmgr show qos {name}").strip()
+    seconds = time_limit_s(text.splitlines()[0]) if text else None
+    if seconds is None:
+        raise ValueError(f"sacctmgr show qos {name} printed no GraceTime ({text!r})")
+    return seconds
+
+
 def _answered(done: client.Answer[T], asked: str) -> T:
     """What scontrol said; a ValueError that says why when it did not answer."""
     if not done.ok:
@@ -278,8 +289,19 @@ def _answered(done: client.Answer[T], asked: str) -> T:
     return done.value
 
 
+def grace_source(preempt_type: str) -> str:
+    """Whose GraceTime a preempted job gets, by the cluster's PreemptType (slurm.conf(5)):
+    its QOS's under preempt/qos (sacctmgr's GraceTime), its partition's otherwise."""
+    return "qos" if preempt_type.strip() == "preempt/qos" else "partition"
+
+
 def _read_grace(job_id: str, env: Mapping[str, str]) -> float:
     record = _answered(client.show_job(job_id, Purpose.IN_JOB, env=env), f"scontrol show job {job_id}")
+    config = _answered(client.show_config(Purpose.IN_JOB, env=env), "scontrol show config")
+    if grace_source(config.get("PreemptType", "")) == "qos":
+        if record is None or record.qos is None:
+            raise ValueError(f"scontrol show job {job_id} printed no QOS= (PreemptType=preempt/qos)")
+        return _read_qos_grace(record.qos)
     if record is None or record.partition is None:
         raise ValueError(f"scontrol show job {job_id} printed no Partition=")
     partition = client.show_partition(record.partition, Purpose.IN_JOB, env=env)

@@ -90,28 +90,6 @@ def parse_time_left(text: str) -> float | None:
     return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
-_LIMIT = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-
-
-def time_limit_s(text: str) -> float | None:
-    """sbatch --time (slurm.time) in seconds, as sbatch(1) reads it: `minutes`, `minutes:seconds`,
-    `hours:minutes:seconds`, `days-hours`, `days-hours:minutes`, `days-hours:minutes:seconds`;
-    inf for UNLIMITED or INFINITE; None for anything else."""
-    word = text.strip()
-    if word.upper() in ("UNLIMITED", "INFINITE"):
-        return float("inf")
-    match = _LIMIT.match(word)
-    if not match:
-        return None
-    days, first, second, third = match.groups()
-    if days is not None:  # days-hours[:minutes[:seconds]]
-        hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
-        return float(((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds)
-    if third is not None:  # hours:minutes:seconds
-        return float((int(first) * 60 + int(second)) * 60 + int(third))
-    return float(int(first) * 60 + int(second or 0))  # minutes[:seconds]
-
-
 @dataclass(frozen=True)
 class ClusterView:
     """The allocation and every node as Slurm sees them when a step has ended."""

@@ -25,7 +25,6 @@ from hpctrain.recovery.facts import (
     Requested,
     parse_sinfo_nodes,
     parse_time_left,
-    time_limit_s,
 )
 from hpctrain.recovery.history import History, last_relaunch_excluded, lineage
 from hpctrain.recovery.node_sizes import memory_mb, nodes_big_enough, parse_sinfo_sizes
@@ -37,6 +36,7 @@ from hpctrain.slurm import client
 from hpctrain.slurm.client import NodeColumns, Purpose
 from hpctrain.slurm.env import parse_node_list
 from hpctrain.slurm.records import JobRecord
+from hpctrain.slurm.times import time_limit_s
 
 
 @dataclass

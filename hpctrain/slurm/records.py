@@ -58,6 +58,8 @@ class JobRecord:
     preempt_time: str | None = None
     # The job's --constraint as Slurm shows it (Features=fast&ib); None when it has none.
     features: str | None = None
+    # The job's QOS (QOS=normal): under PreemptType=preempt/qos its GraceTime is the QOS's.
+    qos: str | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -119,6 +121,7 @@ def parse_job_record(line: str) -> JobRecord | None:
         exc_node_list=_value(excluded),
         preempt_time=None if _value(preempt_time) in (None, "None") else preempt_time,
         features=_value(_loose("Features", line)),
+        qos=_value(_loose("QOS", line)),
     )
 
 
