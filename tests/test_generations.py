@@ -63,6 +63,7 @@ ROWS = {
     "the old job after the new job's first life": Row(life(4, "41", 0), LifeClaim("36", 1, token=T1), False),
     # ---- the user's own word ----
     "a job submitted by hand (no token) takes the run over": Row(life(4, "41", 0), LifeClaim("50", 0), True),
+    "not a later life of it, requeued after it was replaced": Row(life(4, "41", 0), LifeClaim("50", 1), False),
 }
 
 
@@ -246,3 +247,49 @@ def test_a_refused_submission_leaves_no_generation(tmp_path: Path) -> None:
     assert generations.numbers(tmp_path) == [1, 2, 3]
     marked = generations.read(tmp_path, 2)
     assert marked is not None and marked.abandoned
+
+
+def test_a_submission_that_queued_nothing_decides_nothing(tmp_path: Path) -> None:
+    """The guardian's claim whose sbatch never answered and whose guardian died (unnamed, older
+    than PENDING_SUBMIT_S): a user's --retry of the job before it is based on the job's own life,
+    and the job's requeued life begins, both numbered after the dead claim."""
+    generations.take(tmp_path, 0, submitted(0, "36", T1))
+    generations.take(tmp_path, 1, life(0, "36", 0))
+    generations.take(tmp_path, 2, generations.submission("guardian", T2))
+    # Its record as it is left when no job was ever named: taken long ago.
+    record = json.loads(generations.path_of(tmp_path, 3).read_text())
+    record["time"] = time.time() - generations.PENDING_SUBMIT_S - 1
+    generations.path_of(tmp_path, 3).write_text(json.dumps(record))
+    assert generations.dead(generations.read(tmp_path, 3))  # type: ignore[arg-type]
+    based = generations.basis(tmp_path, ["36"])
+    assert based is not None and based.number == 3  # numbered after it, decided before it
+    began = generations.begin_life(tmp_path, LifeClaim("36", 1, token=T1), wait_s=0)
+    assert began.number == 4
+
+
+def test_a_requeue_refused_in_a_process_of_its_own_is_this_lifes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`control requeue` took the life's REQUEUE generation, then the batch shell's own scontrol
+    was refused and `control requeue-refused` runs as a new process: the REQUEUE is its own."""
+    monkeypatch.setenv("SLURM_JOB_ID", "36")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    for name in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(name, raising=False)
+    generations.take(tmp_path, 0, life(0, "36", 0))
+    generations.take(tmp_path, 1, Generation(0, REQUEUE, "hpctrain", job_id="36", restart=0))
+    fencing.forget(tmp_path)
+    assert fencing.own(tmp_path) == 2
+    fencing.check(tmp_path)  # not fenced by its own requeue
+    fencing.forget(tmp_path)
+
+
+def test_a_withdrawn_submission_leaves_no_gap(tmp_path: Path) -> None:
+    """The keeper's sbatch refused: its claim is removed and the keeper's next act (Slurm's own
+    requeue instead) takes the same number after its life."""
+    generations.take(tmp_path, 0, life(0, "36", 0))
+    claim = generations.take(tmp_path, 1, generations.submission("keeper", T2))
+    fencing.adopt(tmp_path, claim)
+    fencing.withdraw(tmp_path, claim)
+    assert fencing.own(tmp_path) == 1 and generations.numbers(tmp_path) == [1]
+    fencing.forget(tmp_path)

@@ -64,8 +64,10 @@ class Applier:
         own = fencing.own(self.run.root, self.env)
         if own is None:  # a life that took no generation (a run dir from before them)
             return
-        aliases = LifeStamp.from_env(self.env).aliases
-        requeue = generations.Generation(0, generations.REQUEUE, "hpctrain", job_id=self.job_id, names=aliases)
+        life = LifeStamp.from_env(self.env)
+        requeue = generations.Generation(
+            0, generations.REQUEUE, "hpctrain", job_id=self.job_id, restart=life.restart, names=life.aliases
+        )
         try:
             taken = generations.take(self.run.root, own, requeue)
         except generations.Superseded:
@@ -121,8 +123,9 @@ class Applier:
             until=self.within.until,
         )
         done = heard(submitted.reply, "the run cannot go on in a new job")
-        if submitted.value is None and self.claim is not None:
-            self.claim = generations.name_job(self.run.root, self.claim, None)  # abandoned
+        if submitted.value is None and self.claim is not None and not done.unsure:
+            fencing.withdraw(self.run.root, self.claim)  # sbatch refused: it queued nothing
+            self.claim = None
         if done.unsure:
             return None, f"{done.why()}: a new job may have been queued all the same (see squeue)"
         if submitted.value is None:
@@ -130,12 +133,15 @@ class Applier:
         return submitted.value, ""
 
     def goes_on_in(self, job_id: str) -> None:
-        """The run goes on in `job_id`: submission.json follows it, it gets a guardian, and last its
-        generation names it (the new job's first life begins after that)."""
+        """The run goes on in `job_id`: submission.json follows it, then its generation names it
+        (the new job's first life may begin from then on), then it gets a guardian."""
         self.run.record_resubmission(job_id)
-        submit_guardian(self.run, job_id, outside_job_env(self.env))
-        if self.claim is not None:
+        if self.claim is not None:  # the new job may begin from here on: this step writes no more
             self.claim = generations.name_job(self.run.root, self.claim, job_id)
+        try:
+            submit_guardian(self.run, job_id, outside_job_env(self.env))
+        except fencing.Fenced:  # the new job began: its guardian is queued, its id not recorded
+            print(f"hpctrain: job {job_id} began before its guardian's id was recorded", file=sys.stderr)
 
     def kill_training_steps(self) -> None:
         """SIGKILL to this job's training steps (not the keeper's own) before the run is submitted

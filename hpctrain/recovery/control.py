@@ -254,7 +254,7 @@ class Controller:
         if job_id:
             done = decision.resubmitted(job_id)
             self.apply.write(done.events)
-            self.apply.goes_on_in(job_id)  # submission.json, its guardian; the new job may begin after
+            self.apply.goes_on_in(job_id)  # submission.json, its generation named, its guardian
             self.apply.say(done.message, speaker)
         return job_id, why
 

@@ -121,8 +121,8 @@ class Guardian:
         done = client.submit(self.run.job_script, purpose=Purpose.GUARDIAN_SUBMIT, env=env)
         new_job = done.value
         if new_job is None:
-            if claim is not None:
-                generations.name_job(self.run.root, claim, None)
+            if claim is not None and not done.unsure:
+                fencing.withdraw(self.run.root, claim)  # sbatch refused: it queued nothing
             why = done.why()
             if done.unsure:
                 why += ": a new job may have been queued all the same (see squeue)"
@@ -136,9 +136,12 @@ class Guardian:
             self.journal.write_event(event)
         self.run.record_resubmission(new_job)
         print(f"hpctrain guardian: the run goes on in job {new_job} (same run dir)", file=sys.stderr)
-        submit_guardian(self.run, new_job)
-        if claim is not None:
+        if claim is not None:  # the new job may begin from here on: the guardian writes no more
             generations.name_job(self.run.root, claim, new_job)
+        try:
+            submit_guardian(self.run, new_job)
+        except fencing.Fenced:  # the new job began: its guardian is queued, its id not recorded
+            print(f"hpctrain guardian: job {new_job} began before its guardian's id was recorded", file=sys.stderr)
         return 0
 
     def _run_ended(self, action: str) -> None:

@@ -52,6 +52,14 @@ def adopt(run_root: Path, generation: Generation) -> None:
     _own[_key(run_root)] = generation.number
 
 
+def withdraw(run_root: Path, generation: Generation) -> None:
+    """This process's submission queued nothing (sbatch refused): withdrawn
+    (hpctrain.run.generations.withdraw), and the process writes under the generation before it
+    again when its file was removed (so that numbers never leave a gap)."""
+    if generations.withdraw(run_root, generation):
+        _own[_key(run_root)] = generation.number - 1
+
+
 def forget(run_root: Path) -> None:
     """For tests: this process knows no generation of `run_root` again."""
     _own.pop(_key(run_root), None)
@@ -66,11 +74,19 @@ def own(run_root: Path, env: Mapping[str, str] | None = None) -> int | None:
     life = LifeStamp.from_env(os.environ if env is None else env)
     if life.job_id is None or not os.path.isdir(generations.folder(run_root)):
         return None
-    found = generations.life_of(run_root, (life.job_id, *life.aliases), life.restart)
+    ids = (life.job_id, *life.aliases)
+    found = generations.life_of(run_root, ids, life.restart)
     if found is None:
         return None
-    _own[key] = found.number
-    return found.number
+    number = found.number
+    # This life's own requeue (taken by an earlier control step of it, `control requeue`, before
+    # `requeue-refused` runs in a process of its own) is this life's too.
+    while (after := generations.read(run_root, number + 1)) is not None and (
+        after.kind == generations.REQUEUE and after.restart == life.restart and after.names_job(ids)
+    ):
+        number = after.number
+    _own[key] = number
+    return number
 
 
 def check(run_root: Path) -> None:

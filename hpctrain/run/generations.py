@@ -187,17 +187,19 @@ def name_job(run_root: Path, generation: Generation, job_id: str | None) -> Gene
     return named
 
 
-def withdraw(run_root: Path, generation: Generation) -> None:
+def withdraw(run_root: Path, generation: Generation) -> bool:
     """A submission whose sbatch surely queued nothing (refused) leaves no trace: its file is
-    removed while it is still the newest (nobody acted after it), else marked abandoned. A run
-    dir it was the first generation of is left as it was (no `generations/` either)."""
+    removed while it is still the newest (nobody acted after it, nor can while it is pending), else
+    marked abandoned. A run dir it was the first generation of is left as it was (no
+    `generations/` either). True when removed: its taker's generation is the one before again."""
     if superseded(run_root, generation.number):
         name_job(run_root, generation, None)
-        return
+        return False
     with contextlib.suppress(FileNotFoundError):
         path_of(run_root, generation.number).unlink()
     with contextlib.suppress(OSError):  # not empty: earlier generations stay
         folder(run_root).rmdir()
+    return True
 
 
 def new_token() -> str:
@@ -252,8 +254,9 @@ def may_begin(current: Generation | None, life: LifeClaim) -> tuple[bool, str]:
     tests/test_generations.py). It may after: nothing (a run dir's first act, or one from before
     generations); the submission that queued its job (its token, or its job named); its own job's
     requeue; its own job's earlier life. Not after: its own job's same or later life (a stale
-    shell's second start); any act for another job, unless it carries no token (its job was
-    submitted by hand: the user's word takes the run over)."""
+    shell's second start); any act for another job, unless it is the first life of a job that
+    carries no token (submitted by hand: the user's word takes the run over; a later life of it,
+    requeued after it was replaced, does not)."""
     if current is None:
         return True, "the run's first generation"
     if current.kind == SUBMIT and life.token is not None and current.token == life.token:
@@ -262,15 +265,15 @@ def may_begin(current: Generation | None, life: LifeClaim) -> tuple[bool, str]:
         if current.kind == LIFE and current.restart is not None and current.restart >= life.restart:
             return False, f"job {life.job_id} restart {current.restart} began already"
         return True, f"after job {life.job_id}'s own {current.kind}"
-    if life.token is None:
-        return True, "a job submitted by hand (no token): it takes the run over"
+    if life.token is None and life.restart == 0:
+        return True, "a job submitted by hand (no token): its first life takes the run over"
     return False, "a newer act than this job's"
 
 
 # How long a life waits for the submission that queued it to finish its records (its journal
 # lines, submission.json, its guardian) before it takes its own generation; a submitter that
 # died after sbatch answered is waited for this long, then the token alone counts.
-SUBMITTER_WAIT_S = 120.0
+SUBMITTER_WAIT_S = PENDING_SUBMIT_S
 _POLL_S = 0.1
 
 
@@ -287,23 +290,47 @@ def begin_life(run_root: Path, life: LifeClaim, by: str = "slurm", wait_s: float
         if not (ours and current is not None and pending(current)) or time.monotonic() > deadline:
             break
         time.sleep(_POLL_S)
-    allowed, _why = may_begin(current, life)
     after = current.number if current else 0
-    if not allowed or (ours and current is not None and current.abandoned):
+    if ours and current is not None and current.abandoned:
+        raise Superseded(after - 1, current)
+    allowed, _why = may_begin(current if ours else standing(run_root), life)
+    if not allowed:
         raise Superseded(after - 1 if current else 0, current)
     return take(run_root, after, Generation(0, LIFE, by, job_id=life.job_id, restart=life.restart, names=life.names))
 
 
+def dead(generation: Generation, now: float | None = None) -> bool:
+    """A submission that queued nothing: abandoned (sbatch refused it, and someone acted after
+    it), or named no job long after it was taken (its submitter died, or its sbatch never
+    answered). It decides nothing: acts are judged by the generation before it."""
+    unnamed = generation.kind == SUBMIT and generation.job_id is None
+    return unnamed and (generation.abandoned or not pending(generation, now))
+
+
+def standing(run_root: Path) -> Generation | None:
+    """The newest generation that decides who owns the run: the newest, past the dead
+    submissions above it (None: none). A new act is still numbered after the newest."""
+    for number in reversed(numbers(run_root)):
+        found = read(run_root, number) or Generation(number, "unknown", "unknown")
+        if not dead(found):
+            return found
+    return None
+
+
 def basis(run_root: Path, job_ids: Iterable[str]) -> Generation | None:
-    """The generation an act on the job (any of `job_ids`) is based on: the newest, when it is
-    that job's (its life, its requeue, the submission that queued it); None for a run dir without
-    generations. Raises Superseded when the newest is another job's, or a submission whose sbatch
-    has not answered yet (another actor submitting right now)."""
+    """The generation an act on the job (any of `job_ids`) is based on (its new generation comes
+    after it): the newest, when the act that decides (`standing`: past submissions that queued
+    nothing) is that job's (its life, its requeue, the submission that queued it); None for a run
+    dir without generations. Raises Superseded when it is another job's, or when the newest is a
+    submission whose sbatch has not answered yet (another actor submitting right now)."""
     current = newest(run_root)
     if current is None:
         return None
-    if pending(current) or not current.names_job(job_ids):
+    if pending(current):
         raise Superseded(current.number - 1, current)
+    deciding = standing(run_root)
+    if deciding is not None and not deciding.names_job(job_ids):
+        raise Superseded(current.number - 1, deciding)
     return current
 
 
