@@ -135,8 +135,8 @@ CELLS: dict[str, dict[str, Cell]] = {
         ),
         "disk_full": Cell(
             "stop",
-            "the task cannot journal its `start`: the user's error in one line (78), no decision kept; FAILED, "
-            "not requeued, the guardian finds no room; `--retry` trains it",
+            "`control begin` cannot take the life's generation: no room, said in one line, nothing launched; "
+            "FAILED, not requeued, the guardian finds no room; `--retry` trains it",
             (
                 "tests/test_slurm_full_disk.py::test_a_disk_full_before_control_begin_ends_the_job_and_the_retry_trains_it",
             ),

@@ -222,12 +222,13 @@ def test_a_disk_full_before_control_begin_ends_the_job_and_the_retry_trains_it(
     small_disk: Path, reference: Callable[[], Path], tmp_path: Path
 ) -> None:
     """The run dir's disk filled while the batch script waits before `control begin` (nothing
-    recorded yet): the training process cannot journal its `start` and leaves with the user's
-    error in one line (exit 78; before, an OSError traceback, exit 1, charged as a crash and
-    retried on the same full disk). The control step cannot record the decision either: the job
-    ends FAILED, never requeued, nothing written to the run dir's journal; its guardian finds no
-    room and submits nothing. Once there is room, `hpctrain-submit --retry` trains the run from
-    the start to the end, bit-identical.
+    recorded yet): `control begin` cannot take the life's generation (hpctrain.run.generations)
+    and says so in one line; nothing is launched (before generations, the training process
+    launched and left with the user's error, exit 78; before that, an OSError traceback, exit 1,
+    charged as a crash and retried on the same full disk). The job ends FAILED, never requeued,
+    nothing written to the run dir's journal; its guardian finds no room and submits nothing.
+    Once there is room, `hpctrain-submit --retry` trains the run from the start to the end,
+    bit-identical.
 
     (Why this moment and not `after-step`: a full tmpfs still takes an append that fits in the
     last page a file already holds, so whether a later journal line fails depends on where the
@@ -246,11 +247,15 @@ def test_a_disk_full_before_control_begin_ends_the_job_and_the_retry_trains_it(
         opened.touch()
         assert wait_finished(slurm_env, job, timeout_s=300) == "FAILED", job_output(run_dir)
         assert job_restarts(slurm_env, job) == 0, job_output(run_dir)
-        # The training step left with the user's error (78), not a crash's code.
+        # No training step was launched: the life could not even take its generation.
         steps = subprocess.run(
             ["sacct", "-n", "-P", "-j", f"{job}.0", "-o", "ExitCode"], env=slurm_env, capture_output=True, text=True
         )
-        assert steps.stdout.split() == ["78:0"], steps.stdout
+        assert steps.stdout.split() == [], steps.stdout
+        said = job_output(run_dir)
+        assert f"the run dir {run_dir} has no room (No space left on device)" in said, said
+        assert "Traceback" not in said, said
+        assert not [p for p in (run_dir / "generations").iterdir() if p.name.startswith(".")]  # no torn try
         guardian = json.loads((run_dir / "submission.json").read_text())["guardian_job_id"]
         assert wait_for_state(slurm_env, guardian, ENDED, 300) == "FAILED"  # no room: it left it
         assert json.loads((run_dir / "submission.json").read_text())["job_id"] == job  # nothing new

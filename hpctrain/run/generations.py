@@ -161,7 +161,11 @@ def take(run_root: Path, after: int, generation: Generation) -> Generation:
     if superseded(run_root, after + 1):  # a later one exists already: `after` is long gone
         raise Superseded(after, read(run_root, after + 1))
     tmp = folder(run_root) / f".{taken.number:08d}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}"
-    tmp.write_text(json.dumps(taken.to_record()) + "\n")
+    try:
+        tmp.write_text(json.dumps(taken.to_record()) + "\n")
+    except OSError:  # a full disk: nothing of this try is left behind
+        tmp.unlink(missing_ok=True)
+        raise
     try:
         try:
             os.link(tmp, target)
