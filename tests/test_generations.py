@@ -38,6 +38,7 @@ class Row:
     current: Generation | None
     claim: LifeClaim
     allowed: bool
+    began_before: bool = False  # a life of the claim's job took a generation already
 
 
 ROWS = {
@@ -63,13 +64,18 @@ ROWS = {
     "the old job after the new job's first life": Row(life(4, "41", 0), LifeClaim("36", 1, token=T1), False),
     # ---- the user's own word ----
     "a job submitted by hand (no token) takes the run over": Row(life(4, "41", 0), LifeClaim("50", 0), True),
-    "not a later life of it, requeued after it was replaced": Row(life(4, "41", 0), LifeClaim("50", 1), False),
+    "its first life to begin, requeued before it began (a prolog failed)": Row(
+        life(4, "41", 0), LifeClaim("50", 1), True
+    ),
+    "not a later life of it, requeued after it was replaced": Row(
+        life(4, "41", 0), LifeClaim("50", 1), False, began_before=True
+    ),
 }
 
 
 @pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
 def test_may_begin(row: Row) -> None:
-    allowed, why = generations.may_begin(row.current, row.claim)
+    allowed, why = generations.may_begin(row.current, row.claim, row.began_before)
     assert allowed is row.allowed, why
 
 
@@ -239,14 +245,10 @@ def test_a_refused_submission_leaves_no_generation(tmp_path: Path) -> None:
     assert not generations.folder(tmp_path).exists()
     generations.take(tmp_path, 0, life(0, "36", 0))
     refused = generations.take(tmp_path, 1, generations.submission("retry", T1))
-    generations.withdraw(tmp_path, refused)
-    assert generations.numbers(tmp_path) == [1]
-    refused = generations.take(tmp_path, 1, generations.submission("retry", T1))
-    generations.take(tmp_path, 2, life(0, "36", 1))  # someone acted after it meanwhile
-    generations.withdraw(tmp_path, refused)
-    assert generations.numbers(tmp_path) == [1, 2, 3]
+    generations.withdraw(tmp_path, refused)  # marked, never removed: no gap, whoever came after
     marked = generations.read(tmp_path, 2)
-    assert marked is not None and marked.abandoned
+    assert generations.numbers(tmp_path) == [1, 2] and marked is not None and marked.abandoned
+    assert generations.dead(marked) and generations.standing(tmp_path) == generations.read(tmp_path, 1)
 
 
 def test_a_submission_that_queued_nothing_decides_nothing(tmp_path: Path) -> None:
@@ -285,11 +287,13 @@ def test_a_requeue_refused_in_a_process_of_its_own_is_this_lifes(
 
 
 def test_a_withdrawn_submission_leaves_no_gap(tmp_path: Path) -> None:
-    """The keeper's sbatch refused: its claim is removed and the keeper's next act (Slurm's own
-    requeue instead) takes the same number after its life."""
+    """The keeper's sbatch refused: its claim stays, marked, and the keeper's next act (Slurm's
+    own requeue instead) is numbered after it; the job's requeued life begins after that."""
     generations.take(tmp_path, 0, life(0, "36", 0))
     claim = generations.take(tmp_path, 1, generations.submission("keeper", T2))
     fencing.adopt(tmp_path, claim)
     fencing.withdraw(tmp_path, claim)
-    assert fencing.own(tmp_path) == 1 and generations.numbers(tmp_path) == [1]
+    assert fencing.own(tmp_path) == 2
+    generations.take(tmp_path, 2, Generation(0, REQUEUE, "hpctrain", job_id="36", restart=0))
+    assert generations.begin_life(tmp_path, LifeClaim("36", 1, token=T1), wait_s=0).number == 4
     fencing.forget(tmp_path)

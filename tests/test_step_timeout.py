@@ -138,13 +138,16 @@ def test_a_phase_has_its_own_timeout_until_the_next_step(
 @pytest.mark.parametrize(
     "keys, expected",
     [
-        pytest.param({}, {FIRST_STEP: 1500.0}, id="defaults: a compiling first step, the rest hang_timeout_s"),
-        pytest.param({"eval_timeout_s": 1200}, {FIRST_STEP: 1500.0, EVALUATION: 1200.0}, id="an evaluation's own"),
+        pytest.param({}, {}, id="defaults: every phase hang_timeout_s"),
+        pytest.param({"compile": True}, {FIRST_STEP: 1500.0}, id="a compiled model's first step"),
+        pytest.param({"eval_timeout_s": 1200}, {EVALUATION: 1200.0}, id="an evaluation's own"),
         pytest.param(
-            {"collective_timeout_s": 600, "hang_timeout_s": 20}, {FIRST_STEP: 540.0}, id="kept below the collectives"
+            {"compile": True, "collective_timeout_s": 600, "hang_timeout_s": 20},
+            {FIRST_STEP: 540.0},
+            id="kept below the collectives",
         ),
         pytest.param(
-            {"collective_timeout_s": 4000, "hang_timeout_s": 2000},
+            {"compile": True, "collective_timeout_s": 4000, "hang_timeout_s": 2000},
             {FIRST_STEP: 2000.0},
             id="never below hang_timeout_s",
         ),
@@ -159,6 +162,7 @@ def test_the_trainer_keys_set_each_phase(keys: dict[str, int], expected: dict[st
         trainer.first_step_timeout_s,
         trainer.eval_timeout_s,
         trainer.save_timeout_s,
+        compiles=trainer.compile,
     )
     assert timeouts == expected
 

@@ -117,8 +117,8 @@ class TrainerConfig:
     # NVIDIA's resiliency extension (60 s). 0: off (hang_timeout_s for every step).
     step_hang_timeout_s: int = 60
     # A life's first step may compile (torch.compile) and warm caches for many minutes: it may
-    # take this long before it is a hang. null: 1500 s (or hang_timeout_s, if longer), kept below
-    # collective_timeout_s.
+    # take this long before it is a hang. null: hang_timeout_s, or with trainer.compile 1500 s (or
+    # hang_timeout_s, if longer), kept below collective_timeout_s.
     first_step_timeout_s: Optional[int] = None
     # An evaluation (a whole eval set) before it is a hang; null: hang_timeout_s.
     eval_timeout_s: Optional[int] = None

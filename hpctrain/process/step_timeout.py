@@ -35,11 +35,18 @@ COLLECTIVE_MARGIN_S = 60.0
 
 
 def phase_timeouts(
-    hang_s: float, collective_s: float, first_step_s: float | None, eval_s: float | None, save_s: float | None
+    hang_s: float,
+    collective_s: float,
+    first_step_s: float | None,
+    eval_s: float | None,
+    save_s: float | None,
+    compiles: bool = False,
 ) -> dict[str, float]:
-    """Each phase's timeout from the trainer keys (PHASE_KEYS); a phase left out waits hang_s."""
+    """Each phase's timeout from the trainer keys (PHASE_KEYS); a phase left out waits hang_s. A
+    first step left null waits hang_s too, unless the model compiles (trainer.compile): then
+    FIRST_STEP_DEFAULT_S (or hang_s, if longer), below the collective timeout."""
     first = first_step_s
-    if first is None:
+    if first is None and compiles:
         first = max(hang_s, min(FIRST_STEP_DEFAULT_S, collective_s - COLLECTIVE_MARGIN_S))
     chosen = {FIRST_STEP: first, EVALUATION: eval_s, SAVE: save_s}
     return {phase: float(seconds) for phase, seconds in chosen.items() if seconds}

@@ -133,5 +133,6 @@ def start_watchdog(config: Config, ctx: DistContext, run_dir: Path) -> Watchdog:
         trainer.first_step_timeout_s,
         trainer.eval_timeout_s,
         trainer.save_timeout_s,
+        compiles=trainer.compile,
     )
     return Watchdog(trainer.hang_timeout_s, on_hang, trainer.step_hang_timeout_s, phases).start()

@@ -138,10 +138,7 @@ class Applier:
         self.run.record_resubmission(job_id)
         if self.claim is not None:  # the new job may begin from here on: this step writes no more
             self.claim = generations.name_job(self.run.root, self.claim, job_id)
-        try:
-            submit_guardian(self.run, job_id, outside_job_env(self.env))
-        except fencing.Fenced:  # the new job began: its guardian is queued, its id not recorded
-            print(f"hpctrain: job {job_id} began before its guardian's id was recorded", file=sys.stderr)
+        submit_guardian(self.run, job_id, outside_job_env(self.env))
 
     def kill_training_steps(self) -> None:
         """SIGKILL to this job's training steps (not the keeper's own) before the run is submitted

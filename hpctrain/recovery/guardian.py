@@ -69,6 +69,7 @@ class Guardian:
 
     def watch(self) -> int:
         faults.point("guardian.before_look")
+        self._wait_for_a_submission_under_way()
         record = self.look()
         ended = job_end(record)
         aliases = tuple(n for n in (record.names if record else []) if n != self.job_id)
@@ -96,6 +97,17 @@ class Guardian:
             self._run_ended("fail")
             return 1
         return 0
+
+    def _wait_for_a_submission_under_way(self) -> None:
+        """Another actor (the keeper, the job's control step, a user's --retry) that took the
+        run's next generation and has not heard from its sbatch yet is waited for, up to
+        generations.PENDING_SUBMIT_S, outside the journal's lock: once it named its job (or
+        queued nothing), the guardian judges what it left."""
+        deadline = time.monotonic() + generations.PENDING_SUBMIT_S
+        while (newest := generations.newest(self.run.root)) is not None and generations.pending(newest):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(1.0)
 
     def _claim(self, job_ids: tuple[str, ...]) -> generations.Generation | None:
         """The guardian's `submit` generation, taken on the generation of the job it guards
@@ -138,10 +150,7 @@ class Guardian:
         print(f"hpctrain guardian: the run goes on in job {new_job} (same run dir)", file=sys.stderr)
         if claim is not None:  # the new job may begin from here on: the guardian writes no more
             generations.name_job(self.run.root, claim, new_job)
-        try:
-            submit_guardian(self.run, new_job)
-        except fencing.Fenced:  # the new job began: its guardian is queued, its id not recorded
-            print(f"hpctrain guardian: job {new_job} began before its guardian's id was recorded", file=sys.stderr)
+        submit_guardian(self.run, new_job)
         return 0
 
     def _run_ended(self, action: str) -> None:

@@ -192,16 +192,18 @@ def name_job(run_root: Path, generation: Generation, job_id: str | None) -> Gene
 
 
 def withdraw(run_root: Path, generation: Generation) -> bool:
-    """A submission whose sbatch surely queued nothing (refused) leaves no trace: its file is
-    removed while it is still the newest (nobody acted after it, nor can while it is pending), else
-    marked abandoned. A run dir it was the first generation of is left as it was (no
-    `generations/` either). True when removed: its taker's generation is the one before again."""
-    if superseded(run_root, generation.number):
+    """A submission whose sbatch surely queued nothing (refused): marked abandoned (it decides
+    nothing, `dead`). Only a run dir's first generation, still alone, is removed, so that a run
+    dir whose first submission was refused is left as it was (no `generations/` either). True
+    when removed: its taker has no generation again."""
+    if generation.number != 1 or superseded(run_root, generation.number):
+        # Marked, never removed: an act taken after it meanwhile keeps its number, and the
+        # numbers never leave a gap that a later check would not see past.
         name_job(run_root, generation, None)
         return False
     with contextlib.suppress(FileNotFoundError):
         path_of(run_root, generation.number).unlink()
-    with contextlib.suppress(OSError):  # not empty: earlier generations stay
+    with contextlib.suppress(OSError):
         folder(run_root).rmdir()
     return True
 
@@ -253,14 +255,15 @@ class LifeClaim:
         return (self.job_id, *self.names)
 
 
-def may_begin(current: Generation | None, life: LifeClaim) -> tuple[bool, str]:
+def may_begin(current: Generation | None, life: LifeClaim, began_before: bool = False) -> tuple[bool, str]:
     """Whether `life` may take the generation after `current`, and why (a pure rule, the table of
     tests/test_generations.py). It may after: nothing (a run dir's first act, or one from before
     generations); the submission that queued its job (its token, or its job named); its own job's
     requeue; its own job's earlier life. Not after: its own job's same or later life (a stale
-    shell's second start); any act for another job, unless it is the first life of a job that
-    carries no token (submitted by hand: the user's word takes the run over; a later life of it,
-    requeued after it was replaced, does not)."""
+    shell's second start); any act for another job, unless it is the first life to begin of a job
+    that carries no token (submitted by hand: the user's word takes the run over; requeued before
+    it began, its restart may be past 0). A later life of it (`began_before`: a life of its job
+    took a generation already), requeued after the run went on elsewhere, does not."""
     if current is None:
         return True, "the run's first generation"
     if current.kind == SUBMIT and life.token is not None and current.token == life.token:
@@ -269,8 +272,8 @@ def may_begin(current: Generation | None, life: LifeClaim) -> tuple[bool, str]:
         if current.kind == LIFE and current.restart is not None and current.restart >= life.restart:
             return False, f"job {life.job_id} restart {current.restart} began already"
         return True, f"after job {life.job_id}'s own {current.kind}"
-    if life.token is None and life.restart == 0:
-        return True, "a job submitted by hand (no token): its first life takes the run over"
+    if life.token is None and not began_before:
+        return True, "a job submitted by hand (no token): its first life to begin takes the run over"
     return False, "a newer act than this job's"
 
 
@@ -289,15 +292,18 @@ def begin_life(run_root: Path, life: LifeClaim, by: str = "slurm", wait_s: float
     comes after this life began (the submitter's own writes are fenced by this generation)."""
     deadline = time.monotonic() + wait_s
     while True:
+        # Any submission not answered yet is waited for: ours names this job soon; another
+        # actor's queues its job (then this life is the stale one) or nothing (then it is not).
         current = newest(run_root)
-        ours = current is not None and current.kind == SUBMIT and life.token is not None and current.token == life.token
-        if not (ours and current is not None and pending(current)) or time.monotonic() > deadline:
+        if current is None or not pending(current) or time.monotonic() > deadline:
             break
         time.sleep(_POLL_S)
+    ours = current is not None and current.kind == SUBMIT and life.token is not None and current.token == life.token
     after = current.number if current else 0
     if ours and current is not None and current.abandoned:
         raise Superseded(after - 1, current)
-    allowed, _why = may_begin(current if ours else standing(run_root), life)
+    began_before = any_life_of(run_root, life.ids)
+    allowed, _why = may_begin(current if ours else standing(run_root), life, began_before)
     if not allowed:
         raise Superseded(after - 1 if current else 0, current)
     return take(run_root, after, Generation(0, LIFE, by, job_id=life.job_id, restart=life.restart, names=life.names))
@@ -336,6 +342,16 @@ def basis(run_root: Path, job_ids: Iterable[str]) -> Generation | None:
     if deciding is not None and not deciding.names_job(job_ids):
         raise Superseded(current.number - 1, deciding)
     return current
+
+
+def any_life_of(run_root: Path, job_ids: Iterable[str]) -> bool:
+    """A life of the job (any of `job_ids`, any restart) took a generation already."""
+    ids = tuple(job_ids)
+    for number in reversed(numbers(run_root)):
+        found = read(run_root, number)
+        if found is not None and found.kind == LIFE and found.names_job(ids):
+            return True
+    return False
 
 
 def life_of(run_root: Path, job_ids: Iterable[str], restart: int) -> Generation | None:

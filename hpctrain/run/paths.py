@@ -148,18 +148,21 @@ class RunDir:
             return {}
         return record if isinstance(record, dict) else {}
 
-    def write_submission(self, record: dict[str, Any]) -> None:
-        """submission.json replaced whole (a reader sees the old record or the new, never half)."""
+    def write_submission(self, record: dict[str, Any], fenced: bool = True) -> None:
+        """submission.json replaced whole (a reader sees the old record or the new, never half).
+        `fenced`: refused to a replaced life (hpctrain.run.fencing); a submitter recording the new
+        job's guardian writes it for the new job, after that job may have begun."""
         from hpctrain.run import fencing  # paths is imported by fencing's own imports' users
 
-        fencing.check(self.root)
+        if fenced:
+            fencing.check(self.root)
         tmp = self.submission.with_name(self.submission.name + ".tmp")
         tmp.write_text(json.dumps(record, indent=2) + "\n")
         os.replace(tmp, self.submission)
 
-    def update_submission(self, **fields: Any) -> None:
+    def update_submission(self, fenced: bool = True, **fields: Any) -> None:
         """submission.json with `fields` set and every other field kept."""
-        self.write_submission({**self.read_submission(), **fields})
+        self.write_submission({**self.read_submission(), **fields}, fenced=fenced)
 
     def record_resubmission(self, job_id: str) -> None:
         """The run goes on in job `job_id` (a refused requeue was submitted again): tools that
@@ -167,6 +170,7 @@ class RunDir:
         record = self.read_submission()
         earlier = record.get("job_id")
         record.update(job_id=job_id, resubmitted_from=[*record.get("resubmitted_from", []), earlier])
+        record.pop("guardian_job_id", None)  # the old job's: the new job's own is recorded once queued
         # A new job that is not the recorded array task (a refused requeue runs job.sbatch alone):
         # the array's fields went with the old one.
         if f"{record.get('array_job_id')}_{record.get('array_task_id')}" != job_id:

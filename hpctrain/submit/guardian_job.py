@@ -34,7 +34,8 @@ def submit_guardian(run: RunDir, job_id: str, env: dict[str, str] | None = None)
             file=sys.stderr,
         )
         return None
-    run.update_submission(guardian_job_id=guardian)
+    # The new job's own guardian, written for it (it may have begun meanwhile: not fenced).
+    run.update_submission(fenced=False, guardian_job_id=guardian)
     return guardian
 
 

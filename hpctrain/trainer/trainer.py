@@ -115,8 +115,10 @@ class Trainer:
             if cfg.ckpt_every and step % cfg.ckpt_every == 0 and not final:
                 progress.pause(self._save(CheckpointReason.PERIODIC, background=cfg.async_checkpoint))
         if not last:  # resumed from the final checkpoint: nothing trained, still report the result
+            self.watchdog.beat(EVALUATION)
             last = {"step": self.state.step, **self.evaluate()}
         self._save(CheckpointReason.FINAL, background=False)
+        self.watchdog.beat(SAVE)  # model.pt: a gather and a write, as long as a save
         write_model_pt(self.run.model, self.parts, self.ctx)
         self.journal.write_event(Finish(step=last["step"], extra={k: v for k, v in last.items() if k != "step"}))
         self.watchdog.stop()
