@@ -186,6 +186,7 @@ NUMBERS = {
     Purpose.REQUEUE_LOOK: (15.0, math.inf, True),
     Purpose.REQUEUE: (15.0, math.inf, False),
     Purpose.UPDATE_PENDING: (15.0, 0.0, True),
+    Purpose.KEEPER_PROBE: (20.0, 0.0, True),
 }
 
 

@@ -12,15 +12,14 @@ import pytest
 
 from hpctrain.config.schema import TrainerConfig
 from hpctrain.process.step_timeout import (
-    EVALUATION,
     FACTOR,
-    FIRST_STEP,
     MIN_SAMPLES,
     WARMUP_STEPS,
     StepTimeout,
     phase_timeouts,
 )
 from hpctrain.run.exitcodes import WORKER_HUNG
+from hpctrain.trainer.hooks import EVALUATION, FIRST_STEP
 
 CAP, FLOOR = 900.0, 60.0
 ENOUGH = WARMUP_STEPS + MIN_SAMPLES + 1  # steps (beats) before a timeout is learned

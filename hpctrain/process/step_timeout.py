@@ -18,15 +18,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-# The phases a watchdog beat can begin, each with its own timeout (the trainer key that sets it):
-# what comes after a beat of no phase (a stage of the start, the steps after an evaluation or a
-# save) waits trainer.hang_timeout_s.
-FIRST_STEP, EVALUATION, SAVE = "first_step", "evaluation", "save"
-PHASE_KEYS = {
-    FIRST_STEP: "first_step_timeout_s",  # a life's first step: torch.compile, caches warming
-    EVALUATION: "eval_timeout_s",
-    SAVE: "save_timeout_s",
-}
+# The phases a watchdog beat can begin: the trainer's words for them.
+from hpctrain.trainer.hooks import EVALUATION, FIRST_STEP, SAVE
 
 # A life's first step when trainer.first_step_timeout_s is null: long enough for torch.compile of
 # a large model, kept a minute below the collective timeout (a peer stopped in it is a hang).

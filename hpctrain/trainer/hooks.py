@@ -11,6 +11,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+# The phases a watchdog beat can begin (Heartbeat.beat), each with its own timeout, the trainer
+# key that sets it (hpctrain.process.step_timeout.phase_timeouts): what comes after a beat of no
+# phase (a stage of the start, the steps after an evaluation or a save) waits
+# trainer.hang_timeout_s.
+FIRST_STEP, EVALUATION, SAVE = "first_step", "evaluation", "save"
+PHASE_KEYS = {
+    FIRST_STEP: "first_step_timeout_s",  # a life's first step: torch.compile, caches warming
+    EVALUATION: "eval_timeout_s",
+    SAVE: "save_timeout_s",
+}
+
 
 class StopRequests(Protocol):
     """The stop the signal handlers recorded (hpctrain.process.signals.StopFlag)."""

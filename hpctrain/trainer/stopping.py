@@ -13,10 +13,9 @@ from hpctrain.checkpoint import Checkpointer
 from hpctrain.checkpoint.deadline import SigtermTimesReading, deadline_s, preempted_now, sigterm_s
 from hpctrain.config import Config
 from hpctrain.dist.context import DistContext
-from hpctrain.process.step_timeout import SAVE
 from hpctrain.run.causes import STOP_TABLE, Grace, StopReason
 from hpctrain.run.events import Journal, Stop
-from hpctrain.trainer.hooks import ProcessHooks
+from hpctrain.trainer.hooks import SAVE, ProcessHooks
 from hpctrain.trainer.stop_vote import StopVote
 
 

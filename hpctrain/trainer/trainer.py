@@ -20,14 +20,13 @@ from hpctrain.checkpoint.writer import DiskFull
 from hpctrain.config import Config
 from hpctrain.dist.context import DistContext
 from hpctrain.metrics import MetricSinks, open_sinks
-from hpctrain.process.step_timeout import EVALUATION, FIRST_STEP, SAVE
 from hpctrain.run.causes import CheckpointReason
 from hpctrain.run.events import Finish, Journal, Pruned
 from hpctrain.run.paths import RunDir
 from hpctrain.trainer import components, loaders
 from hpctrain.trainer.course import Course
 from hpctrain.trainer.evaluate import evaluate
-from hpctrain.trainer.hooks import ProcessHooks
+from hpctrain.trainer.hooks import EVALUATION, FIRST_STEP, SAVE, ProcessHooks
 from hpctrain.trainer.progress import Progress
 from hpctrain.trainer.pruning import TrialPruner
 from hpctrain.trainer.resume import resume
