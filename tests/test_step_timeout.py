@@ -169,3 +169,21 @@ def test_the_trainer_keys_set_each_phase(keys: dict[str, int], expected: dict[st
 def test_a_phase_timeout_above_the_collective_timeout_is_refused_by_key() -> None:
     with pytest.raises(ValueError, match="trainer.save_timeout_s"):
         TrainerConfig(save_timeout_s=3600)
+
+
+@pytest.mark.parametrize(
+    "kind, phase_s, key, said",
+    [
+        ("steps", None, "", "learned from this life's steps, trainer.step_hang_timeout_s=60"),
+        ("other", 1200.0, "save_timeout_s", "trainer.save_timeout_s=1200"),
+        ("other", None, "", "trainer.hang_timeout_s=900"),
+    ],
+)
+def test_a_hang_names_the_key_that_set_its_timeout(kind: str, phase_s: float | None, key: str, said: str) -> None:
+    """The hang's one line points at the key to change: the learned step timeout's floor, the
+    phase's own key, or trainer.hang_timeout_s."""
+    timeout, now = StepTimeout(cap_s=CAP, floor_s=FLOOR), 0.0
+    now = stepped(timeout, ENOUGH, 1.0, now)
+    if kind == "other":
+        timeout.other(now, phase_s, key)
+    assert said in timeout.source()

@@ -68,6 +68,7 @@ class StepTimeout:
     _last_was_step: bool = False
     _last_at: float | None = None
     _phase_s: float | None = None  # the timeout of the phase the last `other` began; None: cap_s
+    _phase_key: str = ""  # the trainer key that set it (hpctrain.trainer.hooks.PHASE_KEYS)
 
     def stepped(self, now: float) -> None:
         if self._last_was_step and self._last_at is not None:
@@ -76,10 +77,19 @@ class StepTimeout:
                 self._steps.append(now - self._last_at)
         self._last_was_step, self._last_at = True, now
 
-    def other(self, now: float, phase_s: float | None = None) -> None:
+    def other(self, now: float, phase_s: float | None = None, key: str = "") -> None:
         """Progress that is no step; `phase_s`: how long what comes next may take (a first step
-        that compiles, an evaluation, a save: hpctrain.process.watchdog.PHASES), else cap_s."""
-        self._last_was_step, self._last_at, self._phase_s = False, now, phase_s
+        that compiles, an evaluation, a save), set by the trainer key `key`; else cap_s."""
+        self._last_was_step, self._last_at, self._phase_s, self._phase_key = False, now, phase_s, key
+
+    def source(self) -> str:
+        """What set the timeout now in force, for the hang's one line: the key to change."""
+        learned = self.learned_s()
+        if self._last_was_step and learned is not None:
+            return f"{learned:.0f} s learned from this life's steps, trainer.step_hang_timeout_s={self.floor_s:g}"
+        if not self._last_was_step and self._phase_s:
+            return f"trainer.{self._phase_key}={self._phase_s:g}"
+        return f"trainer.hang_timeout_s={self.cap_s:g}"
 
     def learned_s(self) -> float | None:
         """The steady-state timeout, once enough ordinary steps were seen; else None."""

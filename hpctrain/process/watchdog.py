@@ -29,6 +29,7 @@ from hpctrain.run.events import Failure, Journal
 from hpctrain.run.exitcodes import WORKER_HUNG
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
+from hpctrain.trainer.hooks import PHASE_KEYS
 
 if TYPE_CHECKING:
     from hpctrain.config.schema import Config
@@ -65,7 +66,7 @@ class Watchdog:
         the phase that begins now (FIRST_STEP, EVALUATION, SAVE), which has its own timeout."""
         with self._lock:
             self._last = time.monotonic()
-            self.steps.other(self._last, self.phases_s.get(phase) if phase else None)
+            self.steps.other(self._last, self.phases_s.get(phase) if phase else None, PHASE_KEYS.get(phase or "", ""))
 
     def stepped(self) -> None:
         """A training step done: its time teaches the steady-state timeout."""
@@ -79,16 +80,13 @@ class Watchdog:
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, self.timeout_s / 4)):
             with self._lock:
-                idle, limit = time.monotonic() - self._last, self.steps.timeout_s()
+                idle, limit, source = time.monotonic() - self._last, self.steps.timeout_s(), self.steps.source()
             if idle > limit:
-                learned = limit < self.timeout_s
                 log.error(
                     "no training step finished for %.0f s (%s): ending this process so the job can recover; "
                     "stacks follow",
                     idle,
-                    f"{limit:.0f} s learned from this life's steps, trainer.step_hang_timeout_s={self.steps.floor_s:g}"
-                    if learned
-                    else f"trainer.hang_timeout_s={self.timeout_s:g}",
+                    source,
                 )
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 sys.stderr.flush()
