@@ -155,15 +155,7 @@ def test_a_phase_has_its_own_timeout_until_the_next_step(
 )
 def test_the_trainer_keys_set_each_phase(keys: dict[str, int], expected: dict[str, float]) -> None:
     trainer = TrainerConfig(**keys)
-    timeouts = phase_timeouts(
-        trainer.hang_timeout_s,
-        trainer.collective_timeout_s,
-        trainer.first_step_timeout_s,
-        trainer.eval_timeout_s,
-        trainer.save_timeout_s,
-        compiles=trainer.compile,
-    )
-    assert timeouts == expected
+    assert phase_timeouts(trainer) == expected
 
 
 def test_a_phase_timeout_above_the_collective_timeout_is_refused_by_key() -> None:

@@ -17,9 +17,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 # The phases a watchdog beat can begin: the trainer's words for them.
 from hpctrain.trainer.hooks import EVALUATION, FIRST_STEP, SAVE
+
+if TYPE_CHECKING:
+    from hpctrain.config.schema import TrainerConfig
 
 # A life's first step when trainer.first_step_timeout_s is null: long enough for torch.compile of
 # a large model, kept a minute below the collective timeout (a peer stopped in it is a hang).
@@ -27,21 +31,16 @@ FIRST_STEP_DEFAULT_S = 1500.0
 COLLECTIVE_MARGIN_S = 60.0
 
 
-def phase_timeouts(
-    hang_s: float,
-    collective_s: float,
-    first_step_s: float | None,
-    eval_s: float | None,
-    save_s: float | None,
-    compiles: bool = False,
-) -> dict[str, float]:
-    """Each phase's timeout from the trainer keys (PHASE_KEYS); a phase left out waits hang_s. A
-    first step left null waits hang_s too, unless the model compiles (trainer.compile): then
-    FIRST_STEP_DEFAULT_S (or hang_s, if longer), below the collective timeout."""
-    first = first_step_s
-    if first is None and compiles:
-        first = max(hang_s, min(FIRST_STEP_DEFAULT_S, collective_s - COLLECTIVE_MARGIN_S))
-    chosen = {FIRST_STEP: first, EVALUATION: eval_s, SAVE: save_s}
+def phase_timeouts(trainer: TrainerConfig) -> dict[str, float]:
+    """Each phase's timeout from the trainer keys (PHASE_KEYS); a phase left out waits
+    hang_timeout_s. A first step left null waits hang_timeout_s too, unless the model compiles
+    (trainer.compile): then FIRST_STEP_DEFAULT_S (or hang_timeout_s, if longer), below the
+    collective timeout."""
+    first: float | None = trainer.first_step_timeout_s
+    if first is None and trainer.compile:
+        ceiling = min(FIRST_STEP_DEFAULT_S, trainer.collective_timeout_s - COLLECTIVE_MARGIN_S)
+        first = max(trainer.hang_timeout_s, ceiling)
+    chosen = {FIRST_STEP: first, EVALUATION: trainer.eval_timeout_s, SAVE: trainer.save_timeout_s}
     return {phase: float(seconds) for phase, seconds in chosen.items() if seconds}
 
 

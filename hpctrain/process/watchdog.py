@@ -125,12 +125,5 @@ def start_watchdog(config: Config, ctx: DistContext, run_dir: Path) -> Watchdog:
     written to the run dir's journal by this rank."""
     on_hang = hang_reporter(RunDir(run_dir).events, ctx.rank, ctx.life)
     trainer = config.trainer
-    phases = phase_timeouts(
-        trainer.hang_timeout_s,
-        trainer.collective_timeout_s,
-        trainer.first_step_timeout_s,
-        trainer.eval_timeout_s,
-        trainer.save_timeout_s,
-        compiles=trainer.compile,
-    )
+    phases = phase_timeouts(trainer)
     return Watchdog(trainer.hang_timeout_s, on_hang, trainer.step_hang_timeout_s, phases).start()
