@@ -17,10 +17,11 @@ import torch
 from helpers.generation_racer import race
 
 from hpctrain.checkpoint import store
-from hpctrain.run import fencing, generations
+from hpctrain.run import fencing, generations, lives
 from hpctrain.run.events import Journal, Start
-from hpctrain.run.generations import LIFE, REQUEUE, SUBMIT, Generation, LifeClaim, Superseded
+from hpctrain.run.generations import LIFE, REQUEUE, SUBMIT, Generation, Superseded
 from hpctrain.run.jsonlines import JsonLines
+from hpctrain.run.lives import LifeClaim
 
 T1, T2 = "token-of-the-first-submission", "token-of-the-keepers-submission"
 
@@ -75,7 +76,7 @@ ROWS = {
 
 @pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
 def test_may_begin(row: Row) -> None:
-    allowed, why = generations.may_begin(row.current, row.claim, row.began_before)
+    allowed, why = lives.may_begin(row.current, row.claim, row.began_before)
     assert allowed is row.allowed, why
 
 
@@ -122,12 +123,12 @@ def test_a_life_waits_for_its_submitter_to_name_it_then_begins_after(tmp_path: P
     namer = threading.Timer(0.5, generations.name_job, (tmp_path, claim, "41"))
     namer.start()
     started = time.monotonic()
-    began = generations.begin_life(tmp_path, LifeClaim("41", 0, token=T2), wait_s=30)
+    began = lives.begin_life(tmp_path, LifeClaim("41", 0, token=T2), wait_s=30)
     waited = time.monotonic() - started
     namer.join()
     assert 0.4 < waited < 10, waited
     assert (began.number, began.kind, began.job_id) == (2, LIFE, "41")
-    assert generations.life_of(tmp_path, ["41"], 0) == began
+    assert lives.life_of(tmp_path, ["41"], 0) == began
 
 
 def test_a_job_whose_submission_was_abandoned_does_not_begin(tmp_path: Path) -> None:
@@ -136,7 +137,7 @@ def test_a_job_whose_submission_was_abandoned_does_not_begin(tmp_path: Path) -> 
     claim = generations.take(tmp_path, 0, generations.submission("guardian", T2))
     generations.name_job(tmp_path, claim, None)
     with pytest.raises(Superseded):
-        generations.begin_life(tmp_path, LifeClaim("41", 0, token=T2), wait_s=0)
+        lives.begin_life(tmp_path, LifeClaim("41", 0, token=T2), wait_s=0)
 
 
 def test_an_act_is_based_on_its_jobs_newest_generation_only(tmp_path: Path) -> None:
@@ -265,7 +266,7 @@ def test_a_submission_that_queued_nothing_decides_nothing(tmp_path: Path) -> Non
     assert generations.dead(generations.read(tmp_path, 3))  # type: ignore[arg-type]
     based = generations.basis(tmp_path, ["36"])
     assert based is not None and based.number == 3  # numbered after it, decided before it
-    began = generations.begin_life(tmp_path, LifeClaim("36", 1, token=T1), wait_s=0)
+    began = lives.begin_life(tmp_path, LifeClaim("36", 1, token=T1), wait_s=0)
     assert began.number == 4
 
 
@@ -295,5 +296,5 @@ def test_a_withdrawn_submission_leaves_no_gap(tmp_path: Path) -> None:
     fencing.withdraw(tmp_path, claim)
     assert fencing.own(tmp_path) == 2
     generations.take(tmp_path, 2, Generation(0, REQUEUE, "hpctrain", job_id="36", restart=0))
-    assert generations.begin_life(tmp_path, LifeClaim("36", 1, token=T1), wait_s=0).number == 4
+    assert lives.begin_life(tmp_path, LifeClaim("36", 1, token=T1), wait_s=0).number == 4
     fencing.forget(tmp_path)

@@ -55,7 +55,7 @@ from hpctrain.recovery.decide import (
 )
 from hpctrain.recovery.decision import Decision
 from hpctrain.recovery.gather import Gatherer, Within
-from hpctrain.run import fencing, generations, protocol
+from hpctrain.run import fencing, generations, lives, protocol
 from hpctrain.run.causes import Action
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.life import LifeStamp
@@ -130,8 +130,8 @@ class Controller:
         """This life's generation of the run dir, before it writes anything (hpctrain.run.generations):
         refused (Superseded) when a newer act than its job's owns the run."""
         aliases, token = LifeStamp.from_env(self.env).aliases, self.env.get(generations.TOKEN_ENV) or None
-        life = generations.LifeClaim(self.gather.job_id, self.restart, aliases, token)
-        fencing.adopt(self.run.root, generations.begin_life(self.run.root, life))
+        life = lives.LifeClaim(self.gather.job_id, self.restart, aliases, token)
+        fencing.adopt(self.run.root, lives.begin_life(self.run.root, life))
 
     def after_step(
         self,

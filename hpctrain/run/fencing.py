@@ -2,7 +2,7 @@
 
 Every process of a life (the control step, the watcher, the keeper, each rank) knows its life
 from Slurm's environment; the generation that life took at its `control begin` is found once in
-the run dir (hpctrain.run.generations.life_of) and kept. An act that takes a generation of its
+the run dir (hpctrain.run.lives.life_of) and kept. An act that takes a generation of its
 own (a submission, a requeue) adopts it: from then on the process writes under that one. Before
 each write (a journal line, metrics, a checkpoint's publication, a prune, model.pt,
 submission.json) `check` stats the next generation's name; when it exists, this process is
@@ -22,7 +22,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpctrain.run import generations
+from hpctrain.run import generations, lives
 from hpctrain.run.generations import Generation
 from hpctrain.run.life import LifeStamp
 
@@ -75,7 +75,7 @@ def own(run_root: Path, env: Mapping[str, str] | None = None) -> int | None:
     if life.job_id is None or not os.path.isdir(generations.folder(run_root)):
         return None
     ids = (life.job_id, *life.aliases)
-    found = generations.life_of(run_root, ids, life.restart)
+    found = lives.life_of(run_root, ids, life.restart)
     if found is None:
         return None
     number = found.number
