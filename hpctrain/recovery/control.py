@@ -38,12 +38,8 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
 from hpctrain import faults
-from hpctrain.config.slurm import SlurmConfig
+from hpctrain.config.slurm_file import slurm_settings
 from hpctrain.recovery.apply import Applier, stamped
 from hpctrain.recovery.decide import (
     decide,
@@ -72,24 +68,6 @@ SLURM_BUDGET_S = 20.0
 REQUEUE_WAIT_S = client.RESTART_WAIT_S
 # Exported by the batch shell before after-step: when the training step's srun returned.
 STEP_ENDED_AT_ENV = "HPCTRAIN_STEP_ENDED_AT"
-
-
-def slurm_settings(config: Path) -> SlurmConfig:
-    """config.yaml's `slurm` node through the schema: a key it lacks takes the schema's default
-    (not 0), a wrong value is refused with the key named. Only this node: no torch, no Hydra."""
-    try:
-        loaded = OmegaConf.load(config)
-        node = (loaded.get("slurm") if isinstance(loaded, DictConfig) else None) or {}
-        settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SlurmConfig), node))
-    except yaml.YAMLError as error:
-        raise ValueError(f"{config}: not YAML ({str(error).splitlines()[0]})") from None
-    except OmegaConfBaseException as error:  # a wrong type
-        key, text = getattr(error, "full_key", None), str(error).splitlines()[0]
-        raise ValueError(f"{config}: slurm.{key}: {text}" if key else f"{config}: {text}") from None
-    except ValueError as error:  # a __post_init__ check: it names its key
-        raise ValueError(f"{config}: {error}") from None
-    assert isinstance(settings, SlurmConfig)  # to_object of SlurmConfig's schema
-    return settings
 
 
 class Controller:

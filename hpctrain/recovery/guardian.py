@@ -53,7 +53,7 @@ def job_end(record: JobRecord | None) -> JobEnd:
 
 class Guardian:
     def __init__(self, run_dir: Path, job_id: str) -> None:
-        from hpctrain.recovery.control import slurm_settings  # the schema, without Hydra
+        from hpctrain.config.slurm_file import slurm_settings  # the schema, without Hydra
 
         self.run = RunDir(run_dir)
         self.job_id = job_id

@@ -124,7 +124,8 @@ def main(argv: list[str]) -> int:
     # (a preemption's grace is when a batch host is most often lost); Slurm SIGKILLs it at the end.
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    from hpctrain.recovery.control import Controller, slurm_settings
+    from hpctrain.config.slurm_file import slurm_settings
+    from hpctrain.recovery.control import Controller
     from hpctrain.run import fencing
     from hpctrain.run.protocol import Exit
 

@@ -39,7 +39,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpctrain.recovery.control import slurm_settings
+from hpctrain.config.slurm_file import slurm_settings
 from hpctrain.recovery.hearing import StepHearing
 from hpctrain.run.events import Journal, Silent
 from hpctrain.run.heartbeats import BEAT_S, PING, PONG, Beat
