@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_ok, describe, events, load_weights, run_train, train_command, train_env
-from helpers.recorded import ENV, steps_of
+from helpers.recorded import ENV, steps_in_layout
 
 TESTS = Path(__file__).parent
 STEPS = 30
@@ -50,7 +50,7 @@ def trained_steps(run_dir: Path, samples_of_life: list[Path], global_batch: int 
         assert start["resumed_from_step"] == len(steps), start
         layout = start["layout"]
         assert layout["global_batch"] == global_batch, layout
-        steps += steps_of(str(samples), layout["world_size"], layout["micro_batch"], layout["grad_accum"])
+        steps += steps_in_layout(str(samples), layout)
     return steps
 
 
@@ -125,3 +125,26 @@ def test_a_resize_across_epochs_keeps_every_epochs_global_batches(tmp_path: Path
     mine, theirs = load_weights(resumed), load_weights(reference)
     for name in theirs:
         assert torch.allclose(mine[name], theirs[name], rtol=1e-4, atol=1e-6), name
+
+
+def test_a_global_batch_the_processes_cannot_share_equally_is_still_sample_exact(tmp_path: Path) -> None:
+    """45 samples a step: 15 a process at three; resumed on two, 23 and 22 (two micro-batches each,
+    of at most data.batch_size=15: 12 + 11 and 11 + 11), each micro-batch's loss weighted by its
+    samples; then on three again. Every step trains the same samples as an uninterrupted run at
+    three, and the weights equal its within floating-point reduction order."""
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    train_life(reference, 3, STEPS, 15, tmp_path / "samples-reference")
+    lives = [(3, 10), (2, 20), (3, STEPS)]
+    samples = [tmp_path / f"samples-{life}" for life in range(len(lives))]
+    for (nprocs, steps), recorded in zip(lives, samples, strict=True):
+        train_life(resumed, nprocs, steps, 15, recorded)
+    layouts = [start["layout"] for start in events(resumed, "start")]
+    assert layouts[1] == {"world_size": 2, "micro_batch": 12, "grad_accum": 2, "global_batch": 45}, layouts
+    assert layouts[0] == layouts[2] == {"world_size": 3, "micro_batch": 15, "grad_accum": 1, "global_batch": 45}
+    expected = trained_steps(reference, [tmp_path / "samples-reference"], 45)
+    assert len(expected) == STEPS
+    assert trained_steps(resumed, samples, 45) == expected
+    mine, theirs = load_weights(resumed), load_weights(reference)
+    for name in theirs:
+        difference = (mine[name] - theirs[name]).abs().max().item()
+        assert torch.allclose(mine[name], theirs[name], rtol=1e-4, atol=1e-6), f"{name}: {difference}"

@@ -27,6 +27,7 @@ from hpctrain.data.augment import PixelNoise
 from hpctrain.data.worker_seeds import batch_seed
 from hpctrain.dist.context import DistContext
 from hpctrain.trainer import loaders
+from hpctrain.trainer.layout import Layout
 
 
 def _ctx(rank: int, world_size: int, init_method: str = "") -> DistContext:
@@ -49,7 +50,9 @@ def _noise_loader(num_workers: int, persistent: bool) -> torch.utils.data.DataLo
     """Rank 1 of 2 over 40 zero images with pixel noise: every batch is the noise its fetch drew."""
     clean = TensorDataset(torch.zeros(40, 3), torch.arange(40))
     data = DataConfig(dataset={}, batch_size=4, num_workers=num_workers, persistent_workers=persistent)
-    return loaders.train_loader(PixelNoise(clean, std=1.0), data, _ctx(1, 2), seed=7, micro_batch=data.batch_size)
+    return loaders.train_loader(
+        PixelNoise(clean, std=1.0), data, _ctx(1, 2), seed=7, layout=Layout(2, data.batch_size, 1)
+    )
 
 
 def _epochs(loader: torch.utils.data.DataLoader, starts: list[tuple[int, int]]) -> list[list[torch.Tensor]]:

@@ -117,9 +117,11 @@ def test_a_resume_at_the_same_size_is_bit_identical(uninterrupted: Path, tmp_pat
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
 
-# (processes, steps trained to) per life: 2 -> 3, 3 -> 2, 4 -> 1 and back.
+# (processes, steps trained to) per life: 2 -> 3, 3 -> 2, 4 -> 1 and back, and 2 -> 5, where the
+# 12 samples of a step are shared unequally (3, 3, 2, 2, 2), each micro-batch's loss weighted.
 CHAINS = {
     "2-3": [(2, 10), (3, STEPS)],
+    "2-5": [(2, 10), (5, STEPS)],
     "3-2": [(3, 10), (2, STEPS)],
     "4-1-4": [(4, 6), (1, 12), (4, STEPS)],
 }

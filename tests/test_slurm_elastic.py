@@ -1,5 +1,5 @@
-"""A run on a range of nodes (slurm.nodes=2-3, trainer.elastic=true) loses a node for good, on the
-real dev cluster: it goes on training on the two left, in the same job, sample-exact.
+"""A run on a range of nodes (slurm.nodes=1-3 or 2-3, trainer.elastic=true) loses a node for good,
+on the real dev cluster: it goes on training on the two left, in the same job, sample-exact.
 
 The job gets all three nodes of the cluster; at step 60 or later the test sets a node that does
 not run the batch script DOWN (as an administrator or a health check does) and leaves it down.
@@ -9,8 +9,9 @@ the newest complete checkpoint at two processes (hpctrain.trainer.layout: the gl
 each process's share grown by gradient accumulation). Compared with an uninterrupted local run at
 three processes: every step trained the same samples in the same global batches (recorded by each
 process, helpers/recorded.py), and the final weights are equal within floating-point reduction
-order. Once with ddp (a ConvNet), once with fsdp (a sharded GPT: its checkpoint's shards, written
-by three processes, resharded onto two through DCP).
+order. Once with ddp (a ConvNet, 45 samples a step: two processes take 23 and 22, the range's
+middle size not dividing the global batch), once with fsdp (a sharded GPT: its checkpoint's
+shards, written by three processes, resharded onto two through DCP).
 
 The ddp run then goes back to three: its relaunched step is held at a gate (step 170) while the
 lost node is returned to service and an administrator requeues the job (`scontrol requeue`); it
@@ -27,7 +28,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_ok, load_weights, run_train
 from helpers.paced import DEFAULT_STEP_PAUSE_S, PACED, PAUSE_ENV
-from helpers.recorded import ENV, steps_of
+from helpers.recorded import ENV, steps_in_layout, steps_of
 from slurmtools import (
     cancel_run,
     events,
@@ -53,7 +54,15 @@ GATE_S = 300  # a bound for a gate the test never opens; opened within seconds
 
 TESTS = Path(__file__).parent
 STEPS = 240
-BATCH = 12  # per process at three: a global batch of 36, 18 a process at two (2 micro-batches of 9)
+# Per process at three. ddp: a global batch of 45, which two processes share unequally (23 and 22,
+# each in 2 micro-batches: 12 + 11 and 11 + 11, weighted by their samples), on a range of 1-3 nodes
+# whose middle size does not divide it; fsdp: 36, 18 a process at two (2 micro-batches of 9).
+BATCH = {"ddp": 15, "fsdp": 12}
+NODES = {"ddp": "1-3", "fsdp": "2-3"}
+AT_TWO = {
+    "ddp": {"world_size": 2, "micro_batch": 12, "grad_accum": 2, "global_batch": 45},
+    "fsdp": {"world_size": 2, "micro_batch": 9, "grad_accum": 2, "global_batch": 36},
+}
 COMMON = [
     "trainer.step_hang_timeout_s=0",  # its ranks are held at a step gate for minutes: no hang
     f"trainer.max_steps={STEPS}",
@@ -71,13 +80,13 @@ STRATEGIES = {
         "model.dropout1=0",
         "model.dropout2=0",
         "data.dataset._target_=helpers.recorded.recorded_digits",
-        f"data.batch_size={BATCH}",
+        f"data.batch_size={BATCH['ddp']}",
     ],
     "fsdp": [
         *TINY_MODEL,
         "model._target_=helpers.paced.PacedGPT",
         "data.dataset._target_=helpers.recorded.recorded_tokens",
-        f"data.batch_size={BATCH}",
+        f"data.batch_size={BATCH['fsdp']}",
         "trainer.strategy=fsdp",
     ],
 }
@@ -101,9 +110,7 @@ def trained_steps(run_dir: Path, samples: Path) -> list[list[int]]:
         end = starts[index + 1]["resumed_from_step"] if index + 1 < len(starts) else STEPS
         layout = start["layout"]
         kept = end - start["resumed_from_step"]
-        steps += steps_of(
-            str(samples.parent / launch), layout["world_size"], layout["micro_batch"], layout["grad_accum"], kept
-        )
+        steps += steps_in_layout(str(samples.parent / launch), layout, kept)
     return steps
 
 
@@ -115,7 +122,7 @@ def test_a_node_lost_for_good_leaves_the_run_training_on_the_survivors_sample_ex
     run_dir, samples = tmp_path / "elastic", tmp_path / "samples" / "job"
     samples.parent.mkdir()
     train = [*STRATEGIES[strategy], *COMMON]
-    config = [*train, "slurm.nodes=2-3", "slurm.ntasks_per_node=1"]
+    config = [*train, f"slurm.nodes={NODES[strategy]}", "slurm.ntasks_per_node=1"]
     gates = tmp_path / "gates"
     # ddp, and back: the relaunched step held at its 130th step (step 170) while the lost node is
     # returned and an administrator requeues the job: Slurm starts it on 3 nodes again.
@@ -155,11 +162,17 @@ def test_a_node_lost_for_good_leaves_the_run_training_on_the_survivors_sample_ex
         (third,) = requeued
         (stop,) = of("stop", run_dir)
         assert (third["restart"], third["world_size"], third["resumed_from_step"]) == (1, 3, stop["step"]), third
-        assert third["layout"] == {"world_size": 3, "micro_batch": 12, "grad_accum": 1, "global_batch": 36}
+        global_batch = 3 * BATCH[strategy]
+        assert third["layout"] == {
+            "world_size": 3,
+            "micro_batch": BATCH[strategy],
+            "grad_accum": 1,
+            "global_batch": global_batch,
+        }
     else:
         assert requeued == []
     assert (second["world_size"], sorted(second["nodes"])) == (2, sorted(relaunch["nodes"])), second
-    assert second["layout"] == {"world_size": 2, "micro_batch": 9, "grad_accum": 2, "global_batch": 36}
+    assert second["layout"] == AT_TWO[strategy], second
     checkpoints = [c["step"] for c in of("checkpoint", run_dir) if c["time"] < second["time"]]
     assert second["resumed_from_step"] == max(checkpoints) > 0, events(run_dir)
     assert [f["step"] for f in of("finish", run_dir)] == [STEPS]
@@ -172,7 +185,7 @@ def test_a_node_lost_for_good_leaves_the_run_training_on_the_survivors_sample_ex
     reference, reference_samples = tmp_path / "reference", tmp_path / "reference-samples"
     done = run_reference(reference, reference_samples, train)
     assert_ok(done)
-    expected = steps_of(str(reference_samples), 3, BATCH, 1)
+    expected = steps_of(str(reference_samples), 3, BATCH[strategy], 1)
     assert trained_steps(run_dir, samples) == expected  # the same samples in the same global batches
     mine, theirs = load_weights(run_dir), load_weights(reference)
     assert mine.keys() == theirs.keys()

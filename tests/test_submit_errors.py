@@ -50,6 +50,21 @@ def test_bad_value_is_refused_before_anything_is_written(tmp_path: Path) -> None
     assert not (tmp_path / "run").exists()
 
 
+def test_a_node_range_whose_sizes_cannot_go_on_at_each_other_is_refused_at_submit(tmp_path: Path) -> None:
+    """Micro-batches of one sample cannot be cut equal in number on 3 nodes of a run that started on
+    4 (a global batch of 4 on 3 processes: 2 or 1 each): refused now, not at the first node lost."""
+    ranged = ("slurm.nodes=2-4", "trainer.elastic=true", "data.batch_size=1", "dry_run=true")
+    done = submit(tmp_path, dict(os.environ), *ranged)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("error: slurm.nodes: nodes 2-4 with 1 process each and data.batch_size=1")
+    assert "started on 4 (a global batch of 4) it cannot go on on 3" in done.stderr
+    assert "started on 2 (a global batch of 2) it cannot go on on 3" in done.stderr
+    assert not (tmp_path / "run").exists()
+    # Two samples a micro-batch: every size shares every global batch of the range (3: 2, 1, 1 of 4).
+    fits = submit(tmp_path, dict(os.environ), *ranged[:2], "data.batch_size=2", "dry_run=true")
+    assert fits.returncode == 0, fits.stderr
+
+
 def test_a_run_dir_of_an_older_hpctrain_resumes_and_watch_settings_may_change(tmp_path: Path) -> None:
     """A run dir written before keys were added to the schema (its config.yaml lacks them) is the
     same run when they hold their defaults; switching a metrics sink or the progress bar is not

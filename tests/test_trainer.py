@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import DEFAULT_RUN, Spec, TrainRuns, assert_ok, finish, load_weights
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from hpctrain.dist.context import DistContext
 from hpctrain.run.jsonlines import read_jsonl
-from hpctrain.trainer.loaders import TrainSampler
+from hpctrain.trainer.layout import Layout, resized
+from hpctrain.trainer.loaders import TrainBatches
 
 # The MLP has no dropout and no batch norm: the equivalence runs below are exact up to float
 # summation order. 25 steps cover the warmup and part of the cosine decay. Plain SGD without
@@ -167,13 +168,19 @@ def _ctx(rank: int, world_size: int) -> DistContext:
     return DistContext(rank, rank, world_size, world_size, "", torch.device("cpu"), "spawn")
 
 
+def _batches(size: int, layout: Layout, rank: int, epoch: int = 0, seed: int = 0, first: int = 0) -> list[list[int]]:
+    """Rank `rank`'s micro-batches of one epoch (from micro-batch `first`), as the trainer draws them."""
+    batches = TrainBatches(size, layout, rank, seed)
+    batches.start(epoch, first)
+    drawn = [list(batch) for batch in batches]
+    assert len(drawn) == len(batches)
+    return drawn
+
+
 def _shards(size: int, world_size: int, epoch: int = 0, seed: int = 0) -> list[list[int]]:
-    shards = []
-    for rank in range(world_size):
-        sampler = TrainSampler(range(size), _ctx(rank, world_size), seed)  # type: ignore[arg-type]
-        sampler.set_epoch(epoch)
-        shards.append(list(sampler))
-    return shards
+    """Every rank's samples of one epoch, in order (one sample a micro-batch)."""
+    layout = Layout(world_size, 1, 1)
+    return [sum(_batches(size, layout, rank, epoch, seed), []) for rank in range(world_size)]
 
 
 def test_sampler_shards_are_disjoint_and_cover_the_permutation() -> None:
@@ -187,6 +194,24 @@ def test_sampler_shards_are_disjoint_and_cover_the_permutation() -> None:
     assert first == whole[0::2] and second == whole[1::2]
 
 
+@pytest.mark.parametrize(
+    "size, world_size, batch, accum", [(100, 2, 4, 1), (103, 3, 5, 2), (1437, 2, 9, 2), (9, 2, 1, 1)]
+)
+def test_an_even_layout_draws_what_torchs_distributed_sampler_drew(
+    size: int, world_size: int, batch: int, accum: int
+) -> None:
+    """Runs of earlier versions (torch's DistributedSampler, drop_last, cut into batches) resume
+    bit-identical: every rank's micro-batches of every epoch are the same samples in the same order."""
+    for epoch in (0, 3):
+        for rank in range(world_size):
+            sampler = DistributedSampler(range(size), world_size, rank, shuffle=True, seed=5, drop_last=True)  # type: ignore[arg-type]
+            sampler.set_epoch(epoch)
+            drawn = list(sampler)
+            whole_steps = len(drawn) // batch // accum * accum
+            before = [drawn[k * batch : (k + 1) * batch] for k in range(whole_steps)]
+            assert _batches(size, Layout(world_size, batch, accum), rank, epoch, seed=5) == before
+
+
 def test_sampler_set_epoch_reshuffles_and_is_reproducible() -> None:
     epoch0, epoch1 = _shards(100, 2, epoch=0), _shards(100, 2, epoch=1)
     assert epoch0[0] != epoch1[0] and epoch0[1] != epoch1[1]
@@ -195,32 +220,25 @@ def test_sampler_set_epoch_reshuffles_and_is_reproducible() -> None:
     assert _shards(100, 2, epoch=0, seed=1) != epoch0  # the seed matters
 
 
-def test_sampler_start_at_skips_exactly_that_many_samples() -> None:
-    full = _shards(100, 2, epoch=3)[1]
-    sampler = TrainSampler(range(100), _ctx(1, 2), 0)  # type: ignore[arg-type]
-    sampler.set_epoch(3)
-    sampler.start_at = 7
-    assert list(sampler) == full[7:]
-    assert len(sampler) == 50 - 7
+def test_sampler_start_skips_exactly_that_many_micro_batches() -> None:
+    layout = Layout(2, 4, 1)
+    full = _batches(100, layout, 1, epoch=3)
+    assert _batches(100, layout, 1, epoch=3, first=7) == full[7:]
     # Through a DataLoader, as the trainer uses it: the very next batch, no replay.
-    loader = DataLoader(range(100), batch_size=4, sampler=sampler, drop_last=True)  # type: ignore[arg-type]
-    sampler.start_at = 8
-    batches = [b.tolist() for b in loader]
-    assert batches[0] == full[8:12]
-    assert len(batches) == len(loader) == (50 - 8) // 4
+    batches = TrainBatches(100, layout, 1, 0)
+    loader = DataLoader(range(100), batch_sampler=batches)  # type: ignore[arg-type]
+    batches.start(3, 8)
+    fetched = [b.tolist() for b in loader]
+    assert fetched == full[8:] and len(fetched) == 50 // 4 - 8
 
 
-def _global_batches(size: int, world_size: int, batch: int, epochs: int) -> list[list[int]]:
+def _global_batches(size: int, layout: Layout, epochs: int) -> list[list[int]]:
     """The samples of each optimizer step, all ranks together, as the trainer draws them."""
-    per_rank: list[list[list[int]]] = []
-    for rank in range(world_size):
-        sampler = TrainSampler(range(size), _ctx(rank, world_size), 0)  # type: ignore[arg-type]
-        loader = DataLoader(range(size), batch_size=batch, sampler=sampler, drop_last=True)  # type: ignore[arg-type]
-        steps = []
-        for epoch in range(epochs):
-            sampler.set_epoch(epoch)
-            steps += [b.tolist() for b in loader]
-        per_rank.append(steps)
+    per_rank = []
+    for rank in range(layout.world_size):
+        micro = sum((_batches(size, layout, rank, epoch) for epoch in range(epochs)), [])
+        accum = layout.grad_accum
+        per_rank.append([sum(micro[k : k + accum], []) for k in range(0, len(micro), accum)])
     assert len({len(steps) for steps in per_rank}) == 1, "ranks disagree on the number of steps"
     return [sorted(sum(step, [])) for step in zip(*per_rank)]
 
@@ -228,14 +246,30 @@ def _global_batches(size: int, world_size: int, batch: int, epochs: int) -> list
 @pytest.mark.parametrize("world_size, batch", [(2, 8), (4, 4), (3, 5)])
 def test_w_ranks_of_b_see_the_samples_of_one_rank_of_w_times_b(world_size: int, batch: int) -> None:
     # 120 samples divide evenly among 2, 3 and 4 ranks; two epochs cross an epoch boundary.
-    many = _global_batches(120, world_size, batch, epochs=2)
-    one = _global_batches(120, 1, world_size * batch, epochs=2)
+    many = _global_batches(120, Layout(world_size, batch, 1), epochs=2)
+    one = _global_batches(120, Layout(1, world_size * batch, 1), epochs=2)
     assert many == one
     assert len(one) == 2 * (120 // (world_size * batch))
 
 
+@pytest.mark.parametrize("world_size, max_micro", [(2, 15), (2, 23), (4, 5), (7, 2), (3, 4)])
+def test_uneven_shares_train_the_samples_of_the_global_batch_each_step(world_size: int, max_micro: int) -> None:
+    """45 samples a step on processes that cannot share them equally (23 + 22 on two): each step
+    still trains positions [k*45, (k+1)*45) of the permutation, across two epochs of 1,000."""
+    layout = resized(45, world_size, max_micro)
+    assert not layout.even and layout.micro_batch <= max_micro
+    shares = [sum(layout.micro_sizes(rank)) for rank in range(world_size)]
+    assert sum(shares) == 45 and max(shares) - min(shares) <= 1
+    many = _global_batches(1000, layout, epochs=2)
+    assert many == _global_batches(1000, Layout(1, 45, 1), epochs=2)
+    assert len(many) == 2 * (1000 // 45)
+    # The all-reduce averages the processes: the weights make it the mean over the 45 samples.
+    weights = [layout.loss_weights(rank) or [] for rank in range(world_size)]
+    assert math.isclose(sum(sum(w) for w in weights) / world_size, 1.0)
+
+
 def test_w_ranks_match_one_rank_across_epochs_when_the_size_does_not_divide() -> None:
     # 9 samples, 2 ranks x 1 vs 1 rank x 2: 4 steps an epoch each, the same samples each step.
-    many = _global_batches(9, 2, 1, epochs=2)
-    one = _global_batches(9, 1, 2, epochs=2)
+    many = _global_batches(9, Layout(2, 1, 1), epochs=2)
+    one = _global_batches(9, Layout(1, 2, 1), epochs=2)
     assert many == one

@@ -22,11 +22,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hpctrain.config import Config, differences, fingerprint, identity, save_resolved, to_typed
+from hpctrain.errors import UserError
 from hpctrain.metrics.extras import check_extras
 from hpctrain.run import lock
 from hpctrain.run.events import Journal, Replanned
 from hpctrain.run.exitcodes import CLI_USER_ERROR
 from hpctrain.run.paths import RunDir, checkpoints_in, remove_empty_parents
+from hpctrain.trainer.layout import range_refusal
 
 # Hydra's own files in a fresh output dir, and the lock of the command that made it
 # (hpctrain.run.lock); a run dir holding nothing else can go on a bad config.
@@ -66,6 +68,7 @@ def write_run_dir(cfg: DictConfig, check: Checker = to_typed) -> tuple[Config, R
     try:
         config, resolved = check(cfg, hydra_cfg.overrides.task)
         check_extras(config.metrics)  # the training processes would refuse to start without them
+        check_node_range(config)
     except ValueError as error:
         discard_if_empty(run.root)
         fail(str(error))
@@ -141,6 +144,18 @@ def _refuse_a_live_job(run: RunDir) -> None:
             f"{run.root} belongs to job {job}, which has not ended: a second run would train in the same run dir. "
             f"Wait for it to end (or scancel it) to resume there, or pick a new {run_dir_key()}"
         )
+
+
+def check_node_range(config: Config) -> None:
+    """An elastic node range (slurm.nodes=2-4) whose sizes cannot all go on at each other's
+    global batch is refused now, not at the first node lost (hpctrain.trainer.layout)."""
+    slurm = config.slurm
+    if not slurm.elastic_nodes:
+        return
+    sizes = range(slurm.min_nodes, slurm.max_nodes + 1)
+    refusal = range_refusal(sizes, slurm.tasks_per_node, config.data.batch_size, config.trainer.grad_accum)
+    if refusal:
+        raise UserError(f"slurm.nodes: {refusal}")
 
 
 def _refuse_a_different_config(run: RunDir, resolved: DictConfig | dict[str, Any]) -> dict[str, list[Any]]:

@@ -44,8 +44,9 @@ class Course:
         per_epoch = samples // self.layout.global_batch
         if per_epoch == 0:
             raise UserError(
-                f"data.batch_size: {self.layout.micro_batch} x trainer.grad_accum {self.layout.grad_accum} "
-                f"x {self.layout.world_size} processes exceeds the {samples} training samples"
+                f"data.batch_size: the global batch of {self.layout.global_batch} samples (data.batch_size "
+                f"{self.config.data.batch_size} x trainer.grad_accum {self.config.trainer.grad_accum} x the "
+                f"processes of the run's first life) exceeds the {samples} training samples"
             )
         return cfg.epochs * per_epoch
 
@@ -81,6 +82,9 @@ class Course:
 
     def _loader(self, splits: Splits) -> DataLoader:
         layout = self.layout
-        return loaders.train_loader(
-            splits.train, self.config.data, self.ctx, self.config.trainer.seed, layout.micro_batch, layout.grad_accum
-        )
+        return loaders.train_loader(splits.train, self.config.data, self.ctx, self.config.trainer.seed, layout)
+
+    def loss_weights(self) -> list[float] | None:
+        """What this rank's micro-batch losses are weighted by in the current layout (None: the
+        plain mean over grad_accum; see hpctrain.trainer.layout)."""
+        return self.layout.loss_weights(self.ctx.rank)

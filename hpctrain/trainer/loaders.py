@@ -13,66 +13,60 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hpctrain.config import DataConfig
 from hpctrain.data.worker_seeds import SeededBatch, WorkerSeeded, batch_seed
 from hpctrain.dist.context import DistContext
-
-
-class TrainSampler(DistributedSampler):
-    """DistributedSampler that can start mid-epoch.
-
-    Every rank draws the same permutation (seeded by seed + epoch) and takes every
-    world_size-th index, so W ranks x batch B see exactly the samples 1 rank x batch W*B sees.
-    `start_at` skips the first samples of this rank's shard, so a resumed run continues with
-    the very next batch instead of replaying the epoch."""
-
-    def __init__(self, dataset: Dataset, ctx: DistContext, seed: int) -> None:
-        # drop_last: no padding with repeated samples, so a dataset that does not divide by the
-        # world size still gives every world size the same global batches.
-        super().__init__(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed, drop_last=True)
-        self.start_at = 0
-
-    def __iter__(self) -> Iterator[int]:
-        indices = list(super().__iter__())
-        return iter(indices[self.start_at :])
-
-    def __len__(self) -> int:
-        return self.num_samples - self.start_at
+from hpctrain.trainer.layout import Layout
 
 
 class TrainBatches(Sampler[SeededBatch]):
-    """The training loader's batch sampler: this rank's full batches of one epoch from a
+    """The training loader's batch sampler: this rank's micro-batches of one epoch from a
     position, each carrying the seed its worker draws the batch's randomness from.
 
-    An epoch ends with its last whole optimizer step (`per_step` micro-batches each): a step
-    never takes micro-batches from two epochs, so step k of an epoch trains the global batch at
-    positions [k*G, (k+1)*G) of its permutation on every world size and split (trainer.elastic),
-    and an epoch has floor(samples / G) steps, as an epoch-counted run's total assumes."""
+    Every rank draws the same permutation of the epoch (seeded by seed + epoch, as torch's
+    DistributedSampler draws it). Step k of the epoch trains the global batch at positions
+    [k*G, (k+1)*G); rank r of W takes the step's positions r, r+W, r+2W, ... in order, cut into
+    the micro-batches its layout gives (hpctrain.trainer.layout). With an even layout that is
+    exactly DistributedSampler's every-W-th index cut into batches of data.batch_size, so runs stay
+    bit-identical to earlier versions; at any other size or split each step still trains the same
+    samples. An epoch ends with its last whole step, so a step never takes micro-batches from two
+    epochs and an epoch has floor(samples / G) steps at every size."""
 
-    def __init__(self, sampler: TrainSampler, batch_size: int, per_step: int = 1) -> None:
-        self.sampler = sampler
-        self.batch_size = batch_size
-        self.per_step = per_step
-        self.first_batch = 0  # batches of this epoch already consumed (a resume starts later)
+    def __init__(self, samples: int, layout: Layout, rank: int, seed: int) -> None:
+        self.samples = samples
+        self.layout = layout
+        self.rank = rank
+        self.seed = seed
+        self.epoch = 0
+        self.first_batch = 0  # micro-batches of this epoch already consumed (a resume starts later)
+        # This rank's offsets within a step, and where each of its micro-batches starts among them.
+        self.offsets = list(range(rank, layout.global_batch, layout.world_size))
+        sizes = layout.micro_sizes(rank)
+        self.cuts = [(sum(sizes[:micro]), size) for micro, size in enumerate(sizes)]
 
     def epoch_batches(self) -> int:
-        """Micro-batches a whole epoch gives this rank: full batches, whole steps of them."""
-        full = self.sampler.num_samples // self.batch_size
-        return full - full % self.per_step
+        """Micro-batches a whole epoch gives this rank: whole steps of them."""
+        return self.samples // self.layout.global_batch * self.layout.grad_accum
 
     def start(self, epoch: int, batch_in_epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-        self.sampler.start_at = batch_in_epoch * self.batch_size
+        self.epoch = epoch
         self.first_batch = batch_in_epoch
 
+    def permutation(self) -> list[int]:
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.samples, generator=generator).tolist()
+
     def __iter__(self) -> Iterator[SeededBatch]:
-        indices = list(self.sampler)
-        sampler, size = self.sampler, self.batch_size
-        for k in range(len(self)):  # full batches of whole steps only, on every world size alike
-            seed = batch_seed(sampler.seed, sampler.epoch, sampler.rank, self.first_batch + k)
-            yield SeededBatch(indices[k * size : (k + 1) * size], seed)
+        order = self.permutation()
+        for batch in range(self.first_batch, self.epoch_batches()):
+            step, micro = divmod(batch, self.layout.grad_accum)
+            first, size = self.cuts[micro]
+            base = step * self.layout.global_batch
+            indices = [order[base + offset] for offset in self.offsets[first : first + size]]
+            yield SeededBatch(indices, batch_seed(self.seed, self.epoch, self.rank, batch))
 
     def __len__(self) -> int:
         return max(0, self.epoch_batches() - self.first_batch)
@@ -98,12 +92,10 @@ def _worker_options(data: DataConfig, ctx: DistContext) -> dict[str, Any]:
     }
 
 
-def train_loader(
-    dataset: Dataset, data: DataConfig, ctx: DistContext, seed: int, micro_batch: int, grad_accum: int = 1
-) -> DataLoader:
-    """`micro_batch` samples per batch: data.batch_size, or less after an elastic resume
-    (hpctrain.trainer.layout); `grad_accum` of them make one optimizer step."""
-    batches = TrainBatches(TrainSampler(dataset, ctx, seed), micro_batch, grad_accum)
+def train_loader(dataset: Dataset, data: DataConfig, ctx: DistContext, seed: int, layout: Layout) -> DataLoader:
+    """This rank's micro-batches in `layout`: data.batch_size samples each, or as the layout of an
+    elastic resume cuts them (hpctrain.trainer.layout); grad_accum of them make one step."""
+    batches = TrainBatches(len(dataset), layout, ctx.rank, seed)  # type: ignore[arg-type]
     return DataLoader(
         WorkerSeeded(dataset),
         batch_sampler=batches,

@@ -31,9 +31,12 @@ class Stepper:
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
         return torch.autocast(self.ctx.device.type, dtype=dtype)
 
-    def step(self, batches: Iterator[tuple[torch.Tensor, ...]], accum: int) -> torch.Tensor:
+    def step(
+        self, batches: Iterator[tuple[torch.Tensor, ...]], accum: int, weights: list[float] | None = None
+    ) -> torch.Tensor:
         """`accum` micro-batches from `batches`, then the update; returns the step's loss (on the
-        device: no host sync)."""
+        device: no host sync). `weights`: each micro-batch's weight where the layout's micro-batches
+        differ in size (hpctrain.trainer.layout.loss_weights); None: the mean of the `accum`."""
         parts = self.parts
         step_loss: torch.Tensor | None = None
         for micro in range(accum):
@@ -45,7 +48,9 @@ class Stepper:
                 with self.autocast():
                     output, target = flatten(parts.model(inputs), target)
                     loss = parts.loss_fn(output.float(), target)
-                    if accum > 1:  # no extra kernel per step in the common case
+                    if weights is not None:
+                        loss = loss * weights[micro]
+                    elif accum > 1:  # no extra kernel per step in the common case
                         loss = loss / accum
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()

@@ -54,14 +54,33 @@ def recorded_tokens(**options: Any) -> Splits:
     return Splits(train=Recorded(splits.train), eval=splits.eval)
 
 
-def steps_of(path: str, world_size: int, micro_batch: int, grad_accum: int, kept: int | None = None) -> list[list[int]]:
+def steps_of(
+    path: str,
+    world_size: int,
+    micro_batch: int,
+    grad_accum: int,
+    kept: int | None = None,
+    global_batch: int | None = None,
+) -> list[list[int]]:
     """The sorted sample indices of each step one life trained, from its processes' records;
-    `kept`: only its first steps (a life that died past them: the next resumed from there)."""
+    `kept`: only its first steps (a life that died past them: the next resumed from there).
+    `global_batch` (a `start` event's layout gives it): where it does not divide by the
+    processes, process r took one sample more a step for r < global_batch % world_size."""
     per_rank = [[int(i) for i in Path(f"{path}.rank{rank}").read_text().split()] for rank in range(world_size)]
-    per_step = micro_batch * grad_accum
+    total = global_batch or world_size * micro_batch * grad_accum
+    shares = [total // world_size + (rank < total % world_size) for rank in range(world_size)]
     if kept is not None:
-        assert all(len(fetched) >= kept * per_step for fetched in per_rank), [len(f) for f in per_rank]
-        per_rank = [fetched[: kept * per_step] for fetched in per_rank]
-    steps = len(per_rank[0]) // per_step
-    assert all(len(fetched) == steps * per_step for fetched in per_rank), [len(f) for f in per_rank]
-    return [sorted(i for fetched in per_rank for i in fetched[k * per_step : (k + 1) * per_step]) for k in range(steps)]
+        assert all(len(f) >= kept * share for f, share in zip(per_rank, shares)), [len(f) for f in per_rank]
+        per_rank = [fetched[: kept * share] for fetched, share in zip(per_rank, shares)]
+    steps = len(per_rank[0]) // shares[0]
+    assert all(len(f) == steps * share for f, share in zip(per_rank, shares)), [len(f) for f in per_rank]
+    return [
+        sorted(i for fetched, share in zip(per_rank, shares) for i in fetched[k * share : (k + 1) * share])
+        for k in range(steps)
+    ]
+
+
+def steps_in_layout(path: str, layout: dict[str, int], kept: int | None = None) -> list[list[int]]:
+    """`steps_of` in the layout a `start` event records."""
+    fields = layout["world_size"], layout["micro_batch"], layout["grad_accum"]
+    return steps_of(path, *fields, kept, layout["global_batch"])
