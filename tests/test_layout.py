@@ -99,7 +99,7 @@ def test_a_node_range_whose_sizes_cannot_go_on_at_each_other_is_refused_naming_t
     if cannot is None:
         assert refusal is None
     else:
-        assert refusal is not None and f"nodes {nodes} with {tasks} processes each" in refusal
+        assert refusal is not None and f"nodes {nodes} with {tasks} process{'es' if tasks > 1 else ''} each" in refusal
         assert all(pair in refusal for pair in cannot), refusal
         assert "data.batch_size" in refusal
 

@@ -13,6 +13,7 @@ way, one new job.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from slurmtools import (
     job_restarts,
     job_state,
     node_state,
+    of,
+    point_jobs,
     same_weights,
     start_cluster,
     submit,
@@ -136,3 +139,64 @@ def test_a_lost_batch_host_is_submitted_again_by_the_guardian_and_ends_exact(
     reference = tmp_path / "reference"
     train_locally(slurm_env, reference, *config, "trainer.nprocs=2")
     assert same_weights(run_dir, reference)
+
+
+def test_a_sweeps_array_has_one_guardian_which_submits_its_lost_point_again(slurm_env, tmp_path: Path) -> None:
+    """Two 2-node points as one array: one guardian for both (not one each). The running task's
+    batch host goes down; the array's guardian starts, submits that point again as a job of its
+    own (with its own guardian), and queues its successor for the task still waiting, which Slurm
+    cancels without running once that task completed."""
+    # Two threads a process: each task takes two whole 2-CPU nodes of the three, one task at a time.
+    config = [*RUN, "trainer.max_steps=300", "trainer.threads=2", "slurm.nodes=2", "slurm.ntasks_per_node=1"]
+    sweep = tmp_path / "sweep"
+    (array,), out = submit(slurm_env, sweep, *config, "optim.lr=1e-3,2e-3", multirun=True)
+    ids = {Path(d).name: j for d, j in point_jobs(out).items()}
+    assert ids == {"0": f"{array}_0", "1": f"{array}_1"}, out
+    records = {name: submission(sweep / name) for name in ids}
+    guardians = {r.get("array_guardian_job_id") for r in records.values()}
+    assert len(guardians) == 1 and None not in guardians and not any("guardian_job_id" in r for r in records.values())
+    (guardian,) = guardians
+    # The array's two tasks and one guardian (before: a guardian a point, four jobs).
+    queued = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], env=slurm_env, capture_output=True, text=True)
+    assert sorted(queued.stdout.split()) == sorted([f"{array}_0", f"{array}_1", guardian]), queued.stdout
+    dependency = job_field(slurm_env, guardian, "Dependency") or ""
+    assert f"afternotok:{array}_0" in dependency and f"afternotok:{array}_1" in dependency, dependency
+
+    first = running_task(slurm_env, ids)
+    other = next(name for name in ids if name != first)
+    wait_for_step(sweep / first, 50)
+    batch_host = job_field(slurm_env, ids[first], "BatchHost")
+    assert batch_host
+    node_state(slurm_env, batch_host, "down")
+    try:
+        new_job = wait_for_resubmission(sweep / first, ids[first])
+    finally:
+        node_state(slurm_env, batch_host, "resume")
+    for name, job in ((first, new_job), (other, ids[other])):
+        assert wait_finished(slurm_env, job, timeout_s=600) == "COMPLETED", job_output(sweep / name)
+    by = {e.get("by") for e in events(sweep / first) if e["event"] == "requeue"}
+    assert by <= {"guardian", "keeper"} and by, events(sweep / first)
+    # The array's guardian ran (a task ended without completing); the resubmitted point has a
+    # guardian of its own; the successor watching the other task never ran.
+    assert wait_finished(slurm_env, guardian, timeout_s=60) == "COMPLETED"
+    moved = submission(sweep / first)
+    assert "array_guardian_job_id" not in moved and moved["guardian_job_id"] not in (None, guardian)
+    successor = submission(sweep / other)["array_guardian_job_id"]
+    assert successor != guardian
+    assert wait_finished(slurm_env, successor, timeout_s=60) == "CANCELLED"
+    assert job_field(slurm_env, successor, "Reason") == "DependencyNeverSatisfied"
+    said = "\n".join(p.read_text() for p in (sweep / ".array").glob("array-*/guardian-*.out"))
+    assert f"job {array}_" in said, said
+    assert [s["job_id"] for s in of("start", sweep / first)] == [ids[first], new_job]
+    assert [f["step"] for f in of("finish", sweep / other)] == [300]
+
+
+def running_task(env: dict[str, str], ids: dict[str, str], timeout_s: float = 120) -> str:
+    """The point whose task Slurm started (two 2-node tasks on 3 nodes: one runs at a time)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for name, job in ids.items():
+            if job_field(env, job, "JobState") == "RUNNING":
+                return name
+        time.sleep(0.5)
+    raise AssertionError(f"no task of {ids} started within {timeout_s:.0f} s")

@@ -37,7 +37,7 @@ from hpctrain.run import fencing, generations
 from hpctrain.run.causes import Action
 from hpctrain.run.events import Journal, read_events
 from hpctrain.run.jsonlines import locked
-from hpctrain.run.paths import RunDir, no_room_message
+from hpctrain.run.paths import RunDir, is_array_links, no_room_message
 from hpctrain.slurm import client
 from hpctrain.slurm.client import Purpose
 from hpctrain.slurm.records import JobRecord
@@ -69,8 +69,13 @@ class Guardian:
 
     def watch(self) -> int:
         faults.point("guardian.before_look")
-        self._wait_for_a_submission_under_way()
-        record = self.look()
+        self.wait_for_a_submission_under_way()
+        return self.judge(self.look())
+
+    def judge(self, record: JobRecord | None) -> int:
+        """What the guarded job's end asks for, done: `record` is Slurm's record of the ended job
+        (None: Slurm has none now). An array's guardian (hpctrain.recovery.array_guardian) calls
+        it for each task it found ended, with the record of one look at the whole array."""
         ended = job_end(record)
         aliases = tuple(n for n in (record.names if record else []) if n != self.job_id)
         with locked(self.run.events):  # as hpctrain-cancel and the batch shell's trap write
@@ -98,7 +103,7 @@ class Guardian:
             return 1
         return 0
 
-    def _wait_for_a_submission_under_way(self) -> None:
+    def wait_for_a_submission_under_way(self) -> None:
         """Another actor (the keeper, the job's control step, a user's --retry) that took the
         run's next generation and has not heard from its sbatch yet is waited for, up to
         generations.PENDING_SUBMIT_S, outside the journal's lock: once it named its job (or
@@ -163,7 +168,11 @@ class Guardian:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        sys.exit("usage: python -m hpctrain.recovery.guardian RUN_DIR JOB")
+        sys.exit("usage: python -m hpctrain.recovery.guardian RUN_DIR JOB | ARRAY_LINKS ARRAY_[TASKS]")
+    if is_array_links(Path(args[0])):  # a sweep's array: one guardian for all its tasks
+        from hpctrain.recovery.array_guardian import ArrayGuardian
+
+        sys.exit(ArrayGuardian(Path(args[0]), args[1]).watch())
     try:
         guardian = Guardian(Path(args[0]), args[1])
     except ValueError as error:  # config.yaml edited by hand into a wrong value

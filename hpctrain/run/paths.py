@@ -174,7 +174,7 @@ class RunDir:
         # A new job that is not the recorded array task (a refused requeue runs job.sbatch alone):
         # the array's fields went with the old one.
         if f"{record.get('array_job_id')}_{record.get('array_task_id')}" != job_id:
-            for key in ("array_job_id", "array_task_id", "array_script"):
+            for key in ("array_job_id", "array_task_id", "array_script", "array_guardian_job_id"):
                 record.pop(key, None)
         self.write_submission(record)
 
@@ -285,6 +285,20 @@ class SweepArrays:
 
     def links(self, k: int) -> Path:
         return self.folder / f"array-{k}"
+
+    def guardian_script(self, k: int) -> Path:
+        """The guardian of array `k` (hpctrain.recovery.array_guardian): one for all its tasks."""
+        return array_guardian_script(self.links(k))
+
+
+def array_guardian_script(links: Path) -> Path:
+    """An array's guardian.sbatch, beside its links folder."""
+    return links.with_name(f"{links.name}.guardian.sbatch")
+
+
+def is_array_links(path: Path) -> bool:
+    """A sweep's array links folder (`.array/array-K`), not a run dir."""
+    return path.parent.name == ".array" and path.name.startswith("array-") and not (path / "config.yaml").exists()
 
 
 # checkpoints/step_XXXXXXXX.pt with its step_XXXXXXXX.json, written last: a checkpoint counts

@@ -50,6 +50,19 @@ def expand(printed: str) -> list[str]:
     return ids
 
 
+def task_ranges(tasks: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> `0-2,5,7-8`: the tasks as Slurm writes an array's (expand reads it)."""
+    ranges: list[str] = []
+    ordered = sorted(set(tasks))
+    start = 0
+    for index in range(1, len(ordered) + 1):
+        if index == len(ordered) or ordered[index] != ordered[index - 1] + 1:
+            first, last = ordered[start], ordered[index - 1]
+            ranges.append(str(first) if first == last else f"{first}-{last}")
+            start = index
+    return ",".join(ranges)
+
+
 def tasks_in(printed: str) -> int:
     """How many jobs one `squeue -r`-less id field counts for (Slurm counts every task)."""
     return len(expand(printed))

@@ -1,15 +1,18 @@
 """Queue a run's guardian beside its training job (hpctrain.recovery.guardian says what the
-guardian does once it starts): at submission, and again for every job the run goes on in."""
+guardian does once it starts): at submission, and again for every job the run goes on in. A sweep
+queued as job arrays gets one guardian per array instead (hpctrain.recovery.array_guardian)."""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from hpctrain.faults import ENV as FAULTS_ENV
-from hpctrain.run.paths import RunDir
+from hpctrain.run.paths import RunDir, array_guardian_script
 from hpctrain.slurm import client
 from hpctrain.slurm.client import Purpose
+from hpctrain.slurm.jobid import task_ranges
 from hpctrain.submit.outside_job import outside_job_env
 
 
@@ -37,6 +40,37 @@ def submit_guardian(run: RunDir, job_id: str, env: dict[str, str] | None = None)
     # The new job's own guardian, written for it (it may have begun meanwhile: not fenced).
     run.update_submission(fenced=False, guardian_job_id=guardian)
     return guardian
+
+
+def submit_array_guardian(
+    links: Path, array_job: str, tasks: list[int], env: dict[str, str] | None = None
+) -> str | None:
+    """Queue the one guardian of `tasks` of array `array_job` (their run dirs: `links`/TASK); None,
+    said on stderr, when sbatch failed. `env`: as for submit_guardian."""
+    done = client.submit(
+        array_guardian_script(links),
+        array_watch_argument(array_job, tasks),
+        purpose=Purpose.GUARDIAN_SUBMIT,
+        dependency=array_dependency(array_job, tasks),
+        env=_guardian_env(env),
+    )
+    if done.value is None:
+        print(
+            f"hpctrain: no guardian for array {array_job} ({done.why()}): if a task's batch node is lost, "
+            f"submit its run dir again with hpctrain-submit --retry",
+            file=sys.stderr,
+        )
+    return done.value
+
+
+def array_watch_argument(array_job: str, tasks: list[int]) -> str:
+    """The guardian's argument: `36_[0-3,7]` (hpctrain.recovery.array_guardian.watched reads it)."""
+    return f"{array_job}_[{task_ranges(tasks)}]"
+
+
+def array_dependency(array_job: str, tasks: list[int]) -> str:
+    """Satisfied as soon as any one of the tasks ends without completing (`?`: any of them)."""
+    return "?".join(f"afternotok:{array_job}_{task}" for task in sorted(tasks))
 
 
 def _guardian_env(env: dict[str, str] | None) -> dict[str, str]:

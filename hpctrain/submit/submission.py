@@ -24,7 +24,7 @@ from hpctrain import __version__
 from hpctrain.config import Config
 from hpctrain.errors import UserError
 from hpctrain.run import generations
-from hpctrain.run.paths import RunDir, SweepArrays, remove_empty_parents
+from hpctrain.run.paths import RunDir, SweepArrays, array_guardian_script, remove_empty_parents
 from hpctrain.slurm import client
 from hpctrain.slurm.client import Purpose
 from hpctrain.slurm.jobid import JOB_ID, array_id, split
@@ -32,7 +32,7 @@ from hpctrain.slurm.states import LIVE_STATES
 from hpctrain.submit import sbatch
 from hpctrain.submit.arrays import free_number, header_of, plan_arrays, write_array
 from hpctrain.submit.code_snapshot import CodeSnapshot, summary
-from hpctrain.submit.guardian_job import submit_guardian
+from hpctrain.submit.guardian_job import submit_array_guardian, submit_guardian
 from hpctrain.submit.limits import SlurmLimitsError, check, read_limits
 from hpctrain.submit.render import render, render_guardian
 
@@ -137,10 +137,15 @@ def submit_all(points: list[Point], parallelism: int, records: Callable[[list[st
         for task, index in enumerate(batch.points):
             ids[index] = str(job_id) if batch.links is None else array_id(str(job_id), task)
             _record(points[index], ids[index], batch)
-    # Each run's guardian (hpctrain.recovery.guardian), once its job is queued and recorded. One that
-    # cannot be queued is said and the run goes on unguarded: its training job is in the queue.
+    # The guardians (hpctrain.recovery.guardian), once the jobs are queued and recorded: one for
+    # each job of its own, one for each array. One that cannot be queued is said and its runs go
+    # on unguarded: their training jobs are in the queue.
+    alone = [index for batch in batches if batch.links is None for index in batch.points]
     with ThreadPoolExecutor(max_workers=parallelism) as pool:
-        list(pool.map(submit_guardian, [p.run for p in points], ids))
+        list(pool.map(submit_guardian, [points[i].run for i in alone], [ids[i] for i in alone]))
+    for batch, job_id in zip(batches, job_ids):
+        if batch.links is not None and array_guardian_script(batch.links).is_file():
+            _guard_array(batch, str(job_id), points)
     if records is not None:  # the caller's own records of the new jobs (a --retry's events)
         records(ids)
     # Last, each generation names its job: the job's first life begins only after that, so
@@ -148,6 +153,16 @@ def submit_all(points: list[Point], parallelism: int, records: Callable[[list[st
     for index, claim in claims.items():
         generations.name_job(points[index].run.root, claim, ids[index])
     return ids
+
+
+def _guard_array(batch: _Batch, job_id: str, points: list[Point]) -> None:
+    """The array's one guardian, named in each of its points' submission.json (`array_guardian_job_id`:
+    not `guardian_job_id`, which hpctrain-cancel cancels with a point's job)."""
+    assert batch.links is not None
+    guardian = submit_array_guardian(batch.links, job_id, list(range(len(batch.points))))
+    if guardian is not None:
+        for index in batch.points:
+            points[index].run.update_submission(fenced=False, array_guardian_job_id=guardian)
 
 
 def _queue(batch: _Batch, points: list[Point], claims: dict[int, generations.Generation]) -> str:
@@ -187,7 +202,10 @@ def _plan(points: list[Point]) -> list[_Batch]:
         limits = read_limits(slurm.account, slurm.qos)
     except SlurmLimitsError as error:
         raise sbatch.SbatchError(str(error)) from None
-    guardians = sum(1 for p in points if p.config.slurm.guardian)
+    guarded = [p.config.slurm.guardian for p in points]
+    plans = plan_arrays([header_of(p.script.read_text()) for p in points], limits.max_array_size) if as_arrays else []
+    # A guardian for each point of its own, one for each array (hpctrain.recovery.array_guardian).
+    guardians = sum(any(guarded[i] for i in plan.points) for plan in plans) if as_arrays else sum(guarded)
     verdict = check(len(points), limits, slurm.array_parallelism if as_arrays else None, guardians)
     if verdict.refusal:
         raise sbatch.SbatchError(verdict.refusal)
@@ -195,8 +213,6 @@ def _plan(points: list[Point]) -> list[_Batch]:
         log.info("%s", verdict.note)
     if not as_arrays:
         return [_Batch(p.script, (i,)) for i, p in enumerate(points)]
-    scripts = [p.script.read_text() for p in points]
-    plans = plan_arrays([header_of(s) for s in scripts], limits.max_array_size)
     sweep = SweepArrays(Path(os.path.commonpath([str(p.run.root.resolve().parent) for p in points])))
     batches: list[_Batch] = []
     try:
@@ -209,11 +225,21 @@ def _plan(points: list[Point]) -> list[_Batch]:
             parallel = points[plan.points[0]].config.slurm.array_parallelism
             script = write_array(sweep, k, plan, run_dirs, _NAMES.job_script.name, parallel)
             batches.append(_Batch(script, plan.points, sweep.links(k)))
+            guarded_points = [points[i] for i in plan.points if guarded[i]]
+            if guarded_points:
+                _write_array_guardian(sweep.guardian_script(k), sweep.links(k), guarded_points[0])
     except OSError as error:  # a full disk, a read-only sweep folder
         _remove_arrays(batches)
         raise sbatch.SbatchError(f"could not write the sweep's array script in {sweep.folder}: {error}") from None
     log.info("%d points in %d job array(s), up to %d tasks each", len(points), len(batches), limits.max_array_size)
     return batches
+
+
+def _write_array_guardian(path: Path, links: Path, point: Point) -> None:
+    """The array's guardian.sbatch: a point's guardian rendered for the array's links folder (the
+    guardian tells the two apart: hpctrain.recovery.guardian.main), its output in that folder."""
+    code = point.code.folder if point.code else None
+    _write_executable(path, render_guardian(point.config, links, Path(os.getcwd()), code))
 
 
 def _remove_arrays(batches: list[_Batch]) -> None:
@@ -222,6 +248,7 @@ def _remove_arrays(batches: list[_Batch]) -> None:
         if batch.links is not None:
             shutil.rmtree(batch.links, ignore_errors=True)
             batch.script.unlink(missing_ok=True)
+            array_guardian_script(batch.links).unlink(missing_ok=True)
             try:
                 batch.links.parent.rmdir()
             except OSError:  # another array of this sweep is still there
