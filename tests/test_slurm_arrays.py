@@ -118,7 +118,8 @@ def test_a_sweep_splits_at_max_array_size_and_one_over_max_submit_jobs_is_refuse
         assert reset.returncode == 0, reset.stderr
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "the sweep has 4 points but association root/root (MaxSubmitJobs) allows 3" in refused.stderr
-    assert "with 4 guardian jobs (slurm.guardian) the sweep queues 8" in refused.stderr
+    # Two arrays (MaxArraySize 3), one guardian each (not one a point: 8 before).
+    assert "with 2 guardian jobs (slurm.guardian) the sweep queues 6" in refused.stderr
     assert "nothing was queued and no run dir was kept" in refused.stderr
     assert "Submitted batch job" not in refused.stdout and not (tmp_path / "refused").exists()
     queued = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], env=env, capture_output=True, text=True, check=True)

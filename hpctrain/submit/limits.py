@@ -55,8 +55,8 @@ class Verdict:
 
 def check(points: int, limits: Limits, parallelism: int | None = None, guardians: int = 0) -> Verdict:
     """May `points` more jobs, and `guardians` guardian jobs beside them, be queued? Slurm counts
-    every array task as a job, and a guardian (hpctrain.recovery.guardian) waits in the queue as a
-    job of its own for as long as its run lives."""
+    every array task as a job, and a guardian (hpctrain.recovery.guardian: one for each point
+    queued as a job of its own, one for each array) waits in the queue as a job of its own."""
     submit = limits.submit
     jobs = points + guardians
     if submit is not None and limits.queued + jobs > submit.value:
