@@ -76,7 +76,7 @@ STOPPED_WRITING = (
     "tests/test_stopped_rank_while_writing.py::"
     "test_a_rank_stopped_while_a_checkpoint_is_written_is_a_hang_and_the_run_still_ends_exact"
 )
-HANG_REQUEUED = f"{DECIDE}[hang seen by its exit code alone]"
+HANG_RELAUNCHED = f"{DECIDE}[hang seen by its exit code alone: relaunch]"
 FULL_WHILE_WRITING = (
     "tests/test_full_disk_while_writing.py::"
     "test_a_full_disk_during_a_forced_save_or_between_the_renames_keeps_the_newest_checkpoint"
@@ -189,7 +189,10 @@ CELLS: dict[str, dict[str, Cell]] = {
             (START_RANKS, f"{DECIDE}[a rank dying at start-up: srun's SIGTERM to the others is no preemption]"),
         ),
         "rank_stop": Cell(
-            "requeue", "the peer's watchdog: `hang` after `trainer.hang_timeout_s`, requeued", (START_RANKS,)
+            "requeue",
+            "the peer's watchdog: `hang` after `trainer.hang_timeout_s`, relaunched in the job; the armed point "
+            "stops the relaunched step too (it fires in every launch of a life): a second hang, requeued",
+            (START_RANKS,),
         ),
         "slurmctld": Cell(
             "trains on", "GraceTime/KillWait unread: Slurm's defaults assumed, said in the log", (OUTAGE_START,)
@@ -214,7 +217,8 @@ CELLS: dict[str, dict[str, Cell]] = {
         "rank_kill": Cell("requeue", "`crash` charged once, requeued; from the newest checkpoint", (START_RANKS,)),
         "rank_stop": Cell(
             "requeue",
-            "the peer's watchdog: `hang` after `trainer.hang_timeout_s`, not a crash",
+            "the peer's watchdog: `hang` after `trainer.hang_timeout_s`, not a crash; relaunched, then requeued "
+            "at the second hang",
             (START_RANKS, TRAINING),
         ),
         "slurmctld": Cell("trains on", "the group forms while Slurm is away; one life", (OUTAGE_START,)),
@@ -232,7 +236,9 @@ CELLS: dict[str, dict[str, Cell]] = {
         "rank_kill": Cell(
             "requeue", "`crash` charged, requeued; nothing journaled by the lost load", (START_RANKS, POINTS_RUN)
         ),
-        "rank_stop": Cell("requeue", "the peer's watchdog: `hang`, requeued", (START_RANKS,)),
+        "rank_stop": Cell(
+            "requeue", "the peer's watchdog: `hang`, relaunched; requeued at the second hang", (START_RANKS,)
+        ),
         "slurmctld": Cell(
             "trains on", "nothing asks Slurm here: the second life trains on while Slurm is away", (OUTAGE_START,)
         ),
@@ -266,7 +272,11 @@ CELLS: dict[str, dict[str, Cell]] = {
             ),
         ),
         "rank_kill": Cell("requeue", "`crash` charged, from the newest checkpoint", (TRAINING,)),
-        "rank_stop": Cell("requeue", "`hang` (the peer's watchdog), not a crash", (TRAINING,)),
+        "rank_stop": Cell(
+            "relaunch",
+            "`hang` (the peer's watchdog), not a crash: trained again in the same job from the newest checkpoint",
+            (TRAINING,),
+        ),
         "slurmctld": Cell("trains on", "training never asks Slurm; one life", (OUTAGE_START,)),
         "disk_full": NOTHING_WRITTEN,
     },
@@ -302,7 +312,9 @@ CELLS: dict[str, dict[str, Cell]] = {
         ),
         "rank_kill": Cell("requeue", "the `.pt.tmp` never counts; resumed from the checkpoint before", (POINTS_RUN,)),
         "rank_stop": Cell(
-            "requeue", "the peer's watchdog: `hang`; the write under way never counts", (STOPPED_WRITING, HANG_REQUEUED)
+            "relaunch",
+            "the peer's watchdog: `hang`, trained again in the job; the write under way never counts",
+            (STOPPED_WRITING, HANG_RELAUNCHED),
         ),
         "slurmctld": Cell("trains on", "writes never ask Slurm; one life", (OUTAGE_START,)),
         "disk_full": Cell(
@@ -350,7 +362,7 @@ CELLS: dict[str, dict[str, Cell]] = {
             ),
         ),
         "rank_stop": Cell(
-            "requeue", "the peer's watchdog: `hang`; the stop already journaled", (STOPPED_WRITING, HANG_REQUEUED)
+            "relaunch", "the peer's watchdog: `hang`; the stop already journaled", (STOPPED_WRITING, HANG_RELAUNCHED)
         ),
         "slurmctld": Cell(
             "requeue",
@@ -392,9 +404,9 @@ CELLS: dict[str, dict[str, Cell]] = {
             ("tests/test_checkpoint.py::test_a_write_killed_between_its_two_renames_is_resumed_from",),
         ),
         "rank_stop": Cell(
-            "requeue",
+            "relaunch",
             "the peer's watchdog: `hang`; the `.pt` without `.json` as above",
-            (STOPPED_WRITING, HANG_REQUEUED),
+            (STOPPED_WRITING, HANG_RELAUNCHED),
         ),
         "slurmctld": Cell("trains on", "renames never ask Slurm; one life", (OUTAGE_START,)),
         "disk_full": Cell(

@@ -201,11 +201,43 @@ ROWS = {
     "an agreed stop that srun ended with 143 after the first rank left": Row(
         EARLIER, (start("node1", "node2"), stop(55, "preempt", 159.0)), out(143), events=["requeue:preempt"]
     ),
-    "hang (srun passes the watchdog's 77 on as another code)": Row(
-        EARLIER, (start("node1", "node2"), failure("hang", rank=1)), out(137), events=["requeue:hang"]
+    # A rank hung on nodes that all live: trained again in this job at once, on the same nodes (a
+    # requeue waits out Slurm's hold on a requeued job, about 120 s).
+    "hang (srun passes the watchdog's 77 on as another code): relaunch": Row(
+        EARLIER,
+        (start("node1", "node2"), failure("hang", rank=1)),
+        out(137),
+        action=Action.RELAUNCH,
+        events=["relaunch:hang"],
     ),
-    "hang seen by its exit code alone": Row(
-        EARLIER, (start("node1", "node2"),), out(WORKER_HUNG), events=["failure:hang", "requeue:hang"]
+    "hang seen by its exit code alone: relaunch": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(WORKER_HUNG),
+        action=Action.RELAUNCH,
+        events=["failure:hang", "relaunch:hang"],
+    ),
+    # The relaunched step hung too: the same nodes are not tried a third time; requeued, the run
+    # gets a new allocation (and the hang budget counts both).
+    "a hang right after a hang's relaunch: requeue": Row(
+        (*EARLIER, start("node1", "node2", t=100.0), failure("hang", t=160.0, rank=1)),
+        (
+            Relaunch(time=161.0, job_id=JOB, restart=0, cause=Cause.HANG, nodes=["node1", "node2"]),
+            start("node1", "node2", t=170.0),
+        ),
+        out(WORKER_HUNG),
+        budgets={**DEFAULTS, "hang": 3},
+        events=["failure:hang", "requeue:hang"],
+    ),
+    "a hang with no time left for a checkpoint interval: requeue": Row(
+        EARLIER, (start("node1", "node2"),), out(WORKER_HUNG), time_left_s=40.0, events=["failure:hang", "requeue:hang"]
+    ),
+    "a hang inside a preemption's grace: requeue": Row(
+        EARLIER,
+        (start("node1", "node2"),),
+        out(WORKER_HUNG),
+        preempting=True,
+        events=["failure:hang", "requeue:hang"],
     ),
     "node failure, no spare: requeue without it": Row(
         EARLIER,

@@ -64,9 +64,19 @@ def test_the_job_asks_for_the_range_and_each_step_for_the_nodes_it_has(tmp_path:
     assert "step_nodes" not in fixed
 
 
-def test_the_batch_shell_relaunches_on_as_many_nodes_as_the_control_step_says(tmp_path: Path) -> None:
-    """The control step's `relaunch node2 2` (a 3-node life lost node2): the next srun runs on 2
-    nodes, 2 tasks, node2 left out; then `finish`."""
+RELAUNCHES = {
+    # A 3-node life lost node2: the next srun runs on 2 nodes, 2 tasks, node2 left out.
+    "node lost": ("slurm.nodes=2-3", "relaunch node2 2", "--nodes=2 --ntasks=2 ", "--overlap --exclude=node2"),
+    # A rank hung on nodes that all live: the same 3 nodes again, none left out (`-`).
+    "hang, a range": ("slurm.nodes=2-3", "relaunch - 3", "--nodes=3 --ntasks=3 ", "--overlap "),
+    "hang, a count": ("slurm.nodes=3", "relaunch -", "--nodes=3 --ntasks=3 ", "--overlap "),
+}
+
+
+@pytest.mark.parametrize("case", list(RELAUNCHES))
+def test_the_batch_shell_relaunches_on_as_many_nodes_as_the_control_step_says(case: str, tmp_path: Path) -> None:
+    """The control step says `relaunch ...` once, then `finish`: the relaunched srun as the line says."""
+    nodes, line, shape, overlap = RELAUNCHES[case]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     bin_dir = tmp_path / "bin"
@@ -76,13 +86,13 @@ def test_the_batch_shell_relaunches_on_as_many_nodes_as_the_control_step_says(tm
         "#!/bin/bash\n"
         'if [ "$3" = after-step ]; then\n'
         '  if [ -e "$HPCTRAIN_RUN_DIR/relaunched" ]; then echo finish; else touch "$HPCTRAIN_RUN_DIR/relaunched"; '
-        "echo 'relaunch node2 2'; fi\n"
+        f"echo '{line}'; fi\n"
         "fi\nexit 0\n"
     )
     (bin_dir / "srun").write_text('#!/bin/bash\necho "$*" >> "$HPCTRAIN_RUN_DIR/sruns"\n')
     for stand_in in ("python", "srun"):
         (bin_dir / stand_in).chmod(0o755)
-    config = make_config("slurm.nodes=2-3", "trainer.elastic=true", "slurm.silent_node_timeout_s=0")
+    config = make_config(nodes, "trainer.elastic=true", "slurm.silent_node_timeout_s=0")
     config = replace(config, slurm=replace(config.slurm, python=str(bin_dir / "python"), warm_standby=False))
     (tmp_path / "job.sbatch").write_text(render(config, run_dir, tmp_path).script)
     env = {
@@ -95,5 +105,5 @@ def test_the_batch_shell_relaunches_on_as_many_nodes_as_the_control_step_says(tm
     assert done.returncode == 0, done.stdout + done.stderr
     first, relaunched = (run_dir / "sruns").read_text().splitlines()
     assert first.startswith("--nodes=3 --ntasks=3 --ntasks-per-node=1") and "--exclude" not in first
-    assert relaunched.startswith("--nodes=2 --ntasks=2 --ntasks-per-node=1")
-    assert "--overlap --exclude=node2" in relaunched
+    assert relaunched.startswith(f"{shape}--ntasks-per-node=1")
+    assert overlap in relaunched and ("--exclude" in relaunched) is ("node2" in line), relaunched

@@ -96,10 +96,13 @@ def test_the_batch_scripts_protocol_words_come_from_the_protocol(overrides: tupl
     assert f'-m {protocol.CONTROL_MODULE} "$@"' in script and f"-m {protocol.KEEPER_MODULE} " in script
     # The answer line as the control step prints it, read back as the shell reads it.
     line = protocol.Answer(Action.RELAUNCH, ("node2", "node4"), 2 if elastic else None).line()
-    with_count = 'read -r _ excluded step_nodes <<< "${action}"'
-    reads = with_count if elastic else f'excluded="${{action#{Action.RELAUNCH} }}"'
+    reads = 'read -r _ excluded step_nodes <<< "${action}"' if elastic else 'read -r _ excluded <<< "${action}"'
     assert reads in script
     assert line == ("relaunch node2,node4 2" if elastic else "relaunch node2,node4")
+    # A hang's relaunch keeps no node out: `-` holds the place of the nodes, read back as none.
+    bare = protocol.Answer(Action.RELAUNCH, (), 2 if elastic else None).line()
+    assert bare == ("relaunch - 2" if elastic else "relaunch -")
+    assert f'[ "${{excluded}}" != {protocol.NO_NODES} ] || excluded=""' in script
 
 
 @pytest.mark.parametrize(
@@ -260,7 +263,7 @@ def test_hostile_values_never_run_in_bash(tmp_path: Path) -> None:
 def test_a_warm_standby_only_where_a_relaunch_can_use_it(overrides: tuple[str, ...], standby: bool) -> None:
     script = rendered(*overrides)
     assert ("-m hpctrain.process.standby" in script) is standby
-    assert ("${excluded:+hpctrain.process.handoff }hpctrain.worker" in script) is standby
+    assert ("${relaunched:+hpctrain.process.handoff }hpctrain.worker" in script) is standby
     assert "export HPCTRAIN_STANDBY=" in script if standby else "HPCTRAIN_STANDBY" not in script
     if standby:  # the standby step survives a node lost (--no-kill): the others serve the relaunch
         (line,) = [line for line in script.splitlines() if "HPCTRAIN_STANDBY_ROLE=server srun" in line]

@@ -22,7 +22,8 @@ itself by a SIGTERM to its task from step 20 on), crossed with:
   moment; no save, one `crash` charged, requeued from the newest complete checkpoint.
 - one rank SIGSTOPped (alive and silent): the peer's watchdog, running from before the
   rendezvous and through the loading, reports a `hang` after `trainer.hang_timeout_s` (30 s
-  here), not a crash after the collective timeout; requeued from the newest complete checkpoint.
+  here), not a crash after the collective timeout; trained again in the job, where the armed point
+  stops it again; the second hang is requeued, from the newest complete checkpoint.
 
 Every job ends COMPLETED and bit-identical to an uninterrupted run of its config.
 """
@@ -189,6 +190,9 @@ def assert_cell(name: str, run_dir: Path, ended: tuple[str, str, str], reference
         assert downed in of("failure", run_dir)[0]["nodes"], told
     if fault == "rank_sigstopped":
         assert of("failure", run_dir)[0]["rank"] == 0, told  # the peer's watchdog saw it
+        # A hang on live nodes is trained again in the job first; the armed point stops the
+        # relaunched step too (it fires in every launch of a life), and a second hang requeues.
+        assert [e["cause"] for e in of("relaunch", run_dir)] == ["hang"], told
     # Nothing of the faulted life was saved: the last life starts at the first life's stop
     # (resume cells) or at step 0 (the first life's cells). The step-50 write lost half-written
     # never counts; lost between its renames, its `.pt` without the `.json` is whole and nothing

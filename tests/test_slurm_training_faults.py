@@ -133,6 +133,12 @@ def kill_a_rank(env: dict[str, str], run_dir: Path, job_id: str) -> None:
 def stop_a_rank(env: dict[str, str], run_dir: Path, job_id: str) -> None:
     wait_for_step(run_dir, FAULT_AT_STEP)
     os.kill(task_of_rank(job_id, 1), signal.SIGSTOP)
+    stopped_at(run_dir).write_text(f"{time.time()}\n")
+
+
+def stopped_at(run_dir: Path) -> Path:
+    """When the test stopped the rank (beside the run dir, not in it)."""
+    return run_dir.with_name(f"{run_dir.name}.stopped_at")
 
 
 def stop_a_rank_then_requeue(env: dict[str, str], run_dir: Path, job_id: str) -> None:
@@ -155,7 +161,9 @@ FAULTS = {
 # A stopped rank: its peer's watchdog reports the hang after 20 s without a step (hpctrain's own
 # setting, not Slurm's; the default is 900 s), well before the peer's collective timeout.
 WATCHED = ["trainer.hang_timeout_s=20", "trainer.collective_timeout_s=600"]
-EXTRA = {"rank_sigstopped": WATCHED, "hang_then_admin_requeue": WATCHED, "rank_stopped_before_rendezvous": WATCHED}
+# The plainly stopped rank at the defaults: the step hang timeout learned from the life's steps
+# (trainer.step_hang_timeout_s, 60 s at least) finds it.
+EXTRA = {"hang_then_admin_requeue": WATCHED, "rank_stopped_before_rendezvous": WATCHED}
 # Rank 1 of the first life stops itself once its stop handlers are in, before it joins.
 ARMED = {"rank_stopped_before_rendezvous": {faults.ENV: "worker.before_rendezvous=stop#1"}}
 
@@ -208,17 +216,24 @@ def test_admin_requeue_killed_rank_stopped_rank_and_overlaps_side_by_side(
     assert resumed >= FAULT_AT_STEP - 20 and resumed % 20 == 0, events(killed)
     assert job_restarts(slurm_env, killed_job) == 1
 
-    # The stopped rank: nothing exits until the peer's watchdog reports the hang; one `hang`
-    # charged (not a crash), resumed from the newest complete checkpoint.
+    # The stopped rank, at the defaults: nothing exits until the peer's watchdog reports the hang
+    # (the step hang timeout, learned: 60 s); the nodes all live, so the step is trained again in
+    # the same job at once (a relaunch, no requeue and its hold), from the newest checkpoint.
     stopped, (stopped_job, _) = runs["rank_sigstopped"], ended["rank_sigstopped"]
     # Rank 0's watchdog first; slurmstepd's SIGCONT before its SIGTERM may let the stopped rank's
-    # own watchdog say so too. Either way one requeue, one hang off the budget.
+    # own watchdog say so too. Either way one relaunch, one hang off the budget.
     hangs = of("failure", stopped)
     assert {e["cause"] for e in hangs} == {"hang"} and hangs[0]["rank"] == 0, events(stopped)
-    assert [e["cause"] for e in of("requeue", stopped)] == ["hang"], events(stopped)
+    idle = re.search(r"no training step finished for (\d+) s", hangs[0]["reason"])
+    assert idle and 55 <= int(idle.group(1)) <= 120, hangs[0]  # the learned 60 s, not the 900 s cap
+    assert of("requeue", stopped) == [] and [e["cause"] for e in of("relaunch", stopped)] == ["hang"], events(stopped)
     assert of("stop", stopped) == [], events(stopped)
-    assert of("start", stopped)[1]["resumed_from_step"] >= FAULT_AT_STEP - 20, events(stopped)
-    assert job_restarts(slurm_env, stopped_job) == 1
+    again = of("start", stopped)[1]
+    assert again["restart"] == 0 and again["resumed_from_step"] >= FAULT_AT_STEP - 20, events(stopped)
+    assert job_restarts(slurm_env, stopped_job) == 0
+    training_again_s = again["time"] - float(stopped_at(stopped).read_text())
+    print(f"a rank stopped on a live node, at the defaults: training again {training_again_s:.1f} s later")
+    assert training_again_s < 120, events(stopped)
 
     # A peer stopped before it joined: rank 0's watchdog, running from before the rendezvous,
     # reports the hang after 20 s (not the collective timeout's 600 s, then a crash). Nobody

@@ -20,8 +20,8 @@ comes before the end):
    uninterrupted run of the same config (unpaced: the pause changes no number).
 
 Cells of the phase-by-fault matrix (docs/fault-matrix.md): a rank stopped while a periodic
-write, a forced save or the rename pair is in flight. On Slurm the `hang` is then requeued
-(tests/test_decide.py's rows for a hang) and the next life resumes as step 4 does.
+write, a forced save or the rename pair is in flight. On Slurm the `hang` is then trained again
+in the same job (a relaunch; tests/test_decide.py's rows for a hang), resuming as step 4 does.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from hpctrain.recovery.history import (
     marks,
     over_budget,
     previous_life,
+    relaunched_for,
     saved_for,
     silent_nodes,
 )
@@ -98,14 +99,18 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
         written.append(Failure(**mark, cause=Cause.BUDGET, reason=spent, action=Action.FAIL.value))
         return Decision(Action.FAIL, tuple(written), message=spent)
     kept_out = keep_out(outcome, cluster, lost)
-    if cause is Cause.NODE_FAILURE:
-        again = relaunch(history, outcome, cluster, kept_out, lost)
+    # A node lost, or a rank hung on nodes that all live: train again in this job at once (a
+    # requeue waits for Slurm's hold on a requeued job, about 120 s, then the queue). A hang right
+    # after a hang's relaunch is not tried a third time here: requeued, it gets a new allocation.
+    hang_again = cause is Cause.HANG and (lost or relaunched_for(history, Cause.HANG))
+    if cause is Cause.NODE_FAILURE or (cause is Cause.HANG and not hang_again):
+        again = relaunch(history, outcome, cluster, kept_out, lost, cause)
         if again:
             return Decision(
                 Action.RELAUNCH,
                 (*written, again),
                 tuple(again.excluded),
-                f"relaunch on {','.join(again.nodes)}",
+                f"relaunch on {','.join(again.nodes)} ({cause.value})",
                 step_nodes=len(again.nodes),
             )
     shaped, nodes = requeue_shape(kept_out, outcome, cluster)

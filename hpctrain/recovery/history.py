@@ -136,3 +136,13 @@ def is_failure(event: Event, cause: Cause) -> bool:
 def marks(history: History) -> dict:
     """The fields that stamp an event as this life's."""
     return {"job_id": history.job_id, "restart": history.restart}
+
+
+def relaunched_for(history: History, cause: Cause) -> bool:
+    """This life's step now ending was relaunched in the job after a `cause` (its last relaunch)."""
+    ours = [
+        e
+        for e in history.events
+        if isinstance(e, Relaunch) and (e.job_id, e.restart) == (history.job_id, history.restart)
+    ]
+    return bool(ours) and ours[-1].cause is cause

@@ -61,7 +61,12 @@ def lost_nodes(since: Sequence[Event], outcome: Outcome, cluster: ClusterView) -
 
 
 def relaunch(
-    history: History, outcome: Outcome, cluster: ClusterView, kept_out: set[str], lost: list[str]
+    history: History,
+    outcome: Outcome,
+    cluster: ClusterView,
+    kept_out: set[str],
+    lost: list[str],
+    cause: Cause = Cause.NODE_FAILURE,
 ) -> Relaunch | None:
     """A relaunch on the nodes left, when enough of them are in service (a drained spare is
     not) and the allocation has time for at least one checkpoint interval before its warning,
@@ -79,7 +84,7 @@ def relaunch(
     step = survivors[: outcome.nodes_wanted]
     return Relaunch(
         **marks(history),
-        cause=Cause.NODE_FAILURE,
+        cause=cause,
         failed=lost,
         excluded=excluded,
         nodes=step,

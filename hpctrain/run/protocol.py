@@ -72,16 +72,22 @@ KEEPER_EXITS = {
 }
 
 
+NO_NODES = "-"  # a relaunch's NODES word when it keeps no node out
+
+
 @dataclass(frozen=True)
 class Answer:
-    """after-step's one line: `finish`, `requeue [NODES]`, `relaunch NODES [COUNT]`, `stop`, `fail`."""
+    """after-step's one line: `finish`, `requeue [NODES]`, `relaunch NODES [COUNT]`, `stop`, `fail`.
+    A relaunch that keeps no node out (a hang on nodes that all live) says `-` for its NODES, so
+    the batch shell reads COUNT in its place."""
 
     action: Action
     excluded: tuple[str, ...] = ()  # requeue: the job's ExcNodeList; relaunch: srun --exclude
     step_nodes: int | None = None  # relaunch with slurm.nodes a range: the new step's srun --nodes
 
     def line(self) -> str:
-        words = [self.action.value, ",".join(self.excluded)]
+        nodes = ",".join(self.excluded) or (NO_NODES if self.action is Action.RELAUNCH else "")
+        words = [self.action.value, nodes]
         if self.step_nodes is not None:
             words.append(str(self.step_nodes))
         return " ".join(words).strip()
@@ -189,4 +195,5 @@ TEMPLATE_WORDS = {
     "control_steps": Step,
     "control_module": CONTROL_MODULE,
     "keeper_module": KEEPER_MODULE,
+    "no_nodes": NO_NODES,
 }
