@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.recovery.constraints import parse_sinfo_features
+from hpctrain.recovery.facts import parse_sinfo_nodes
 from hpctrain.recovery.node_sizes import NodeSize, gpus_in, memory_mb, nodes_big_enough, parse_sinfo_sizes
+from hpctrain.slurm.client import NodeColumns, split_columns
 
 FIXTURE = Path(__file__).parent / "fixtures" / "slurm" / "sinfo_resources.txt"
 
@@ -60,3 +63,17 @@ def test_a_mixed_partition_keeps_only_the_nodes_big_enough() -> None:
 def test_a_line_of_another_shape_is_refused() -> None:
     with pytest.raises(ValueError, match="NODE|GRES|MEMORY"):
         parse_sinfo_sizes("node1 gpu:2 6000\n")
+
+
+def test_one_sinfo_gives_the_states_the_features_and_the_sizes() -> None:
+    """The control step lists the nodes once (NodeColumns.ALL, captured on the dev cluster with
+    node1's features set and node2 drained): each parser reads its own columns back, the free-text
+    reason whole."""
+    views = split_columns((FIXTURE.parent / "sinfo_all_columns.txt").read_text())
+    states = parse_sinfo_nodes(views[NodeColumns.STATES])
+    assert sorted(states) == ["node1", "node2", "node3"]
+    assert parse_sinfo_features(views[NodeColumns.FEATURES])["node1"] == {"fast", "ib"}
+    assert parse_sinfo_sizes(views[NodeColumns.SIZES])["node2"] == NodeSize(gpus=2, memory_mb=6000)
+    assert "Kill task failed" in views[NodeColumns.STATES]
+    with pytest.raises(ValueError, match="is not"):
+        split_columns("node1|idle|none\n")

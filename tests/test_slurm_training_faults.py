@@ -164,6 +164,8 @@ WATCHED = ["trainer.hang_timeout_s=20", "trainer.collective_timeout_s=600"]
 # The plainly stopped rank at the defaults: the step hang timeout learned from the life's steps
 # (trainer.step_hang_timeout_s, 60 s at least) finds it.
 EXTRA = {"hang_then_admin_requeue": WATCHED, "rank_stopped_before_rendezvous": WATCHED}
+# Trained again in the job, never requeued: no requeue hold to lift.
+RELAUNCHED = {"rank_sigstopped"}
 # Rank 1 of the first life stops itself once its stop handlers are in, before it joins.
 ARMED = {"rank_stopped_before_rendezvous": {faults.ENV: "worker.before_rendezvous=stop#1"}}
 
@@ -171,7 +173,8 @@ ARMED = {"rank_stopped_before_rendezvous": {faults.ENV: "worker.before_rendezvou
 def run_with_fault(env: dict[str, str], run_dir: Path, name: str) -> tuple[str, str]:
     (job_id,), _ = submit({**env, **ARMED.get(name, {})}, run_dir, *CONFIG, *EXTRA.get(name, []))
     FAULTS[name](env, run_dir, job_id)
-    lift_requeue_hold(env, job_id)
+    if name not in RELAUNCHED:
+        lift_requeue_hold(env, job_id)
     return job_id, wait_finished(env, job_id, timeout_s=END_TIMEOUT_S, lift_holds=True)
 
 

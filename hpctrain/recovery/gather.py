@@ -33,7 +33,7 @@ from hpctrain.run.events import read_events
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm import client
-from hpctrain.slurm.client import NodeColumns, Purpose
+from hpctrain.slurm.client import NodeColumns, Purpose, split_columns
 from hpctrain.slurm.env import parse_node_list
 from hpctrain.slurm.records import JobRecord
 from hpctrain.slurm.times import time_limit_s
@@ -83,6 +83,7 @@ class Gatherer:
         self.job_id = life.job_id or ""
         self.restart = life.restart
         self.number = life.number or ""  # SLURM_JOB_ID, which the SIGTERM trap's mark carries
+        self._listed: dict[NodeColumns, str] = {}  # the last sinfo of the nodes (`cluster`)
 
     # ---- the run dir and the config ----------------------------------------------------------
 
@@ -130,6 +131,7 @@ class Gatherer:
     def cluster(self) -> ClusterView:
         original = self.env.get("SLURM_JOB_NODELIST", "")
         record = self.job(meaning="using SLURM_JOB_NODELIST")
+        self._listed = self._list_nodes()  # one sinfo for states, features and sizes
         return ClusterView(
             nodes=self._node_states(),
             allocated=tuple(self._allocated_nodes(record)),
@@ -227,12 +229,12 @@ class Gatherer:
         if self.slurm.gpus_per_node <= 0 and mem_mb is None:
             return None
         meaning = "every node counts for a requeue's exclusion, whatever its GPUs and memory"
-        listed = client.nodes(NodeColumns.SIZES, Purpose.IN_JOB, until=self.within.until)
-        heard(listed.reply, meaning)
-        if not listed.ok:
+        listed = self._listed.get(NodeColumns.SIZES)
+        if listed is None:
+            print(f"hpctrain: no node list from sinfo; {meaning}", file=sys.stderr)
             return None
         try:
-            return nodes_big_enough(parse_sinfo_sizes(listed.value), self.slurm.gpus_per_node, mem_mb)
+            return nodes_big_enough(parse_sinfo_sizes(listed), self.slurm.gpus_per_node, mem_mb)
         except ValueError as error:
             print(f"hpctrain: {error}; {meaning}", file=sys.stderr)
             return None
@@ -241,10 +243,12 @@ class Gatherer:
         if record is None or record.features is None:
             return None  # no --constraint (or no record): every node counts
         meaning = "every node counts for a requeue's exclusion, whatever the job's --constraint"
-        listed = client.nodes(NodeColumns.FEATURES, Purpose.IN_JOB, until=self.within.until)
-        heard(listed.reply, meaning)
+        listed = self._listed.get(NodeColumns.FEATURES)
+        if listed is None:
+            print(f"hpctrain: no node list from sinfo; {meaning}", file=sys.stderr)
+            return None
         try:
-            return nodes_meeting(record.features, parse_sinfo_features(listed.value)) if listed.ok else None
+            return nodes_meeting(record.features, parse_sinfo_features(listed))
         except ValueError as error:
             print(f"hpctrain: {error}; {meaning}", file=sys.stderr)
             return None
@@ -262,11 +266,24 @@ class Gatherer:
             print(f"hpctrain: {error}; {meaning}", file=sys.stderr)
             return []
 
-    def _node_states(self) -> dict[str, NodeState]:
-        listed = client.nodes(NodeColumns.STATES, Purpose.IN_JOB, until=self.within.until)
+    def _list_nodes(self) -> dict[NodeColumns, str]:
+        """Every node's state, features and sizes from one sinfo; {} unless Slurm answered."""
+        listed = client.nodes(NodeColumns.ALL, Purpose.IN_JOB, until=self.within.until)
         heard(listed.reply, "node failures go unseen")
+        if not listed.ok:
+            return {}
         try:
-            return parse_sinfo_nodes(listed.value) if listed.ok else {}
+            return split_columns(listed.value)
+        except ValueError as error:
+            print(f"hpctrain: {error}; node failures go unseen", file=sys.stderr)
+            return {}
+
+    def _node_states(self) -> dict[str, NodeState]:
+        listed = self._listed.get(NodeColumns.STATES)
+        if listed is None:
+            return {}
+        try:
+            return parse_sinfo_nodes(listed)
         except ValueError as error:
             print(f"hpctrain: {error}; node failures go unseen", file=sys.stderr)
             return {}
