@@ -102,6 +102,43 @@ def test_the_margin_keeps_time_for_the_exit() -> None:
 
 
 @pytest.mark.parametrize(
+    "control_s, after_s, usable_of_120",
+    [
+        (None, 0.0, 102.0),  # outside hpctrain's jobs: the margin alone (15% of 120 s: 18 s)
+        ("0.4", 3.2, 102.0),  # a quick controller: the margin covers after-step and the requeue
+        ("7.5", 24.5, 95.5),  # a slow one (begin took 7.5 s): three times that, and 2 s, kept free
+        ("12", 25.0, 95.0),  # never more than the control step's own bound on its calls
+        ("soon", 0.0, 102.0),  # not a number: warned, the margin alone
+    ],
+)
+def test_the_margin_grows_with_how_slowly_slurm_answered_this_life(
+    control_s: str | None, after_s: float, usable_of_120: float
+) -> None:
+    """The time-limit warning gives slurm.signal_delay_s (120 s): the save must leave after-step
+    and the requeue their time, measured from this life's `control begin` (HPCTRAIN_CONTROL_S)."""
+    from hpctrain.checkpoint.deadline import CONTROL_BOUND_S, CONTROL_S_ENV, after_save_s
+    from hpctrain.recovery.control import SLURM_BUDGET_S
+
+    env = {} if control_s is None else {CONTROL_S_ENV: control_s}
+    assert after_save_s(env) == pytest.approx(after_s)
+    assert usable_s(120.0, after_save_s(env)) == pytest.approx(usable_of_120)
+    assert CONTROL_BOUND_S >= SLURM_BUDGET_S
+    # A write of 100 s fits a quick controller's margin, not a slow one's.
+    chosen = plan_forced_save(60, 120.0, 100.0, None, None, 40, after_save_s(env))
+    assert chosen.choice == ("written" if usable_of_120 >= 100.0 else "skipped"), chosen
+
+
+def test_the_batch_script_exports_how_long_control_begin_took() -> None:
+    from test_render import rendered
+
+    from hpctrain.checkpoint.deadline import CONTROL_S_ENV
+
+    script = rendered()
+    assert f'export {CONTROL_S_ENV}="$(awk ' in script
+    assert script.index("control begin") < script.index(f"export {CONTROL_S_ENV}=") < script.index("    srun ")
+
+
+@pytest.mark.parametrize(
     ("reason", "since", "expected"),
     [("timelimit", 3.0, 117.0), ("preempt", 3.0, 17.0), ("preempt", 25.0, 0.0), ("interrupt", 3.0, None)],
 )

@@ -47,6 +47,13 @@ T = TypeVar("T")
 # process group's teardown, the batch shell's requeue): the larger of these is kept free.
 MARGIN_S = 2.0
 MARGIN_FRACTION = 0.15
+# The seconds `control begin` took in this life, exported by the batch shell (its calls to Slurm
+# measure how quickly slurmctld answers now). After-step and the requeue make up to AFTER_SAVE_CALLS
+# times those calls; the control step never spends more than CONTROL_BOUND_S on them
+# (hpctrain.recovery.control.SLURM_BUDGET_S, 20 s, and the exit around them).
+CONTROL_S_ENV = "HPCTRAIN_CONTROL_S"
+AFTER_SAVE_CALLS = 3.0
+CONTROL_BOUND_S = 25.0
 # The GraceTime assumed when it cannot be read: Slurm's default KillWait, the time between the
 # SIGTERM and the SIGKILL of a job that is cancelled without a grace time.
 DEFAULT_GRACE_S = 30.0
@@ -66,9 +73,26 @@ class ForcedSavePlan:
     redo_steps: int  # steps after the checkpoint the next start resumes from
 
 
-def usable_s(deadline_s: float) -> float:
-    """The part of the deadline a save may use."""
-    return deadline_s - max(MARGIN_S, MARGIN_FRACTION * deadline_s)
+def usable_s(deadline_s: float, after_s: float = 0.0) -> float:
+    """The part of the deadline a save may use; `after_s`: what the job needs after it
+    (`after_save_s`), kept free when it is more than the margin."""
+    return deadline_s - max(MARGIN_S, MARGIN_FRACTION * deadline_s, after_s)
+
+
+def after_save_s(env: Mapping[str, str]) -> float:
+    """What the job needs after a forced save, from this life's own measure: after-step and,
+    after a time limit, the requeue ask Slurm what `control begin` asked and more, so up to
+    AFTER_SAVE_CALLS times the seconds begin took (the batch shell exports them), plus the margin,
+    and never more than the control step's own bound on its calls. 0 outside hpctrain's jobs."""
+    given = env.get(CONTROL_S_ENV)
+    if not given:
+        return 0.0
+    try:
+        took = max(0.0, float(given))
+    except ValueError:
+        log.warning("%s=%r is not a number of seconds; the margin is not widened", CONTROL_S_ENV, given)
+        return 0.0
+    return min(AFTER_SAVE_CALLS * took + MARGIN_S, CONTROL_BOUND_S)
 
 
 def plan_forced_save(
@@ -78,13 +102,15 @@ def plan_forced_save(
     inflight_step: int | None,
     inflight_left_s: float | None,
     complete_step: int | None,
+    after_s: float = 0.0,
 ) -> ForcedSavePlan:
     """`write_s`: the estimated time of a full write of the stop step; `inflight_left_s`: of the
-    write under way (of `inflight_step`); `complete_step`: the newest complete checkpoint."""
+    write under way (of `inflight_step`); `complete_step`: the newest complete checkpoint;
+    `after_s`: what the job needs after the save (`after_save_s`)."""
     if deadline_s is None or write_s is None:
         choice = "waited" if inflight_step is not None else "written"
         return ForcedSavePlan(choice, "no deadline" if deadline_s is None else "no write time measured yet", 0)
-    usable = usable_s(deadline_s)
+    usable = usable_s(deadline_s, after_s)
     if inflight_step is None:
         if write_s <= usable:
             return ForcedSavePlan("written", f"a write (~{write_s:.1f} s) fits in {usable:.1f} s", 0)

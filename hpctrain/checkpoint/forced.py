@@ -9,6 +9,7 @@ save is as visible as a written one.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -17,7 +18,7 @@ import torch
 
 from hpctrain import faults
 from hpctrain.checkpoint import store
-from hpctrain.checkpoint.deadline import ForcedSavePlan, plan_forced_save
+from hpctrain.checkpoint.deadline import ForcedSavePlan, after_save_s, plan_forced_save
 from hpctrain.checkpoint.snapshot import Snapshotter, state_bytes
 from hpctrain.checkpoint.writer import BackgroundWriter
 from hpctrain.run.causes import StopReason
@@ -36,9 +37,9 @@ def plan(
     write_s = writer.estimate_s(state_bytes(state))
     inflight_left_s = writer.inflight_left_s()
     complete = store.entries(writer.folder)
-    chosen = plan_forced_save(
-        step, deadline_s, write_s, inflight_step, inflight_left_s, complete[0].step if complete else None
-    )
+    newest = complete[0].step if complete else None
+    after_s = after_save_s(os.environ)
+    chosen = plan_forced_save(step, deadline_s, write_s, inflight_step, inflight_left_s, newest, after_s)
     estimates = {
         "deadline_s": _round(deadline_s),
         "estimated_write_s": _round(write_s),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -21,7 +22,7 @@ from torch import nn
 from hpctrain import faults
 from hpctrain.checkpoint import forced, rng, store
 from hpctrain.checkpoint.base import Checkpointer, CheckpointMismatch, StopCheck
-from hpctrain.checkpoint.deadline import usable_s
+from hpctrain.checkpoint.deadline import after_save_s, usable_s
 from hpctrain.checkpoint.format import FORMAT_VERSION, UnreadableFormat, check_readable
 from hpctrain.checkpoint.snapshot import Snapshotter, state_bytes
 from hpctrain.checkpoint.store import NoUsableCheckpoint
@@ -125,7 +126,7 @@ class PlainCheckpointer(Checkpointer):
             log.info("forced save at step %d (%s): %s, %s", step, reason, chosen.choice, chosen.why)
             info = {"reason": reason.checkpoint_reason, "deadline_s": estimates["deadline_s"]}
             tree = {**whole, **self._parts(rngs)}
-            cutoff = None if deadline_s is None else started + usable_s(deadline_s)
+            cutoff = None if deadline_s is None else started + usable_s(deadline_s, after_save_s(os.environ))
             choice = forced.carry_out(self.writer, self.snapshotter, chosen, step, tree, info, cutoff)
             self.on_forced(forced.record(self.writer, chosen, choice, step, reason, estimates, started))
         if self.ctx.distributed:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import shutil
 import threading
 import time
@@ -36,7 +37,7 @@ from torch import nn
 from hpctrain import faults
 from hpctrain.checkpoint import rng, sharded_load
 from hpctrain.checkpoint.base import Checkpointer, StopCheck
-from hpctrain.checkpoint.deadline import plan_forced_save
+from hpctrain.checkpoint.deadline import after_save_s, plan_forced_save
 from hpctrain.checkpoint.format import FORMAT_VERSION
 from hpctrain.checkpoint.shard_files import shards_dir, write_json
 from hpctrain.checkpoint.store import fsync_dir, sha256_of
@@ -222,7 +223,9 @@ class ShardedCheckpointer(Checkpointer):
         decision: list[Any] = [None]
         newest = checkpoints_in(self.folder)
         if self.ctx.is_main:
-            chosen = plan_forced_save(step, left_s, self.last_write_s, None, None, newest[0].step if newest else None)
+            complete = newest[0].step if newest else None
+            after_s = after_save_s(os.environ)
+            chosen = plan_forced_save(step, left_s, self.last_write_s, None, None, complete, after_s)
             decision = [(chosen.choice, chosen.why)]
         if self.ctx.distributed:
             dist.broadcast_object_list(decision, src=0)
