@@ -40,6 +40,7 @@ from slurmtools import (
     first_step_after,
     job_field,
     job_output,
+    node_state,
     of,
     same_weights,
     start_cluster,
@@ -50,6 +51,7 @@ from slurmtools import (
     with_test_helpers,
 )
 
+from hpctrain import faults
 from hpctrain.run.jsonlines import read_jsonl
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -66,6 +68,7 @@ TRAIN = [
 FREEZE_AT_STEP = 80
 THAW_AFTER_S = 40.0
 HEARD_WITHIN_S = 60.0  # far below Slurm's 300 s; docs/lost-nodes.md reports what was measured
+GATE_S = 300  # a bound for a gate the test opens within seconds
 
 
 def _keeper_failure(run_dir: Path, timeout_s: float) -> dict:
@@ -134,6 +137,54 @@ def test_a_silent_batch_host_is_left_behind_by_the_keeper(tmp_path: Path) -> Non
     print(f"the old job {job} after its node {thawed} thawed:\n{old_output[-1500:]}")
     # Its batch shell's trap and after-step ran on the thawed node, and stopped at the fence.
     assert f"was replaced (generation 3: submission of job {new_job} by keeper" in old_output, old_output[-3000:]
+    assert same_weights(run_dir, trained.trained())
+
+
+def test_a_replacement_starved_by_its_own_exclusion_lets_the_node_back_in(tmp_path: Path) -> None:
+    """The issue's 3-node case: the batch host frozen, the keeper's new job excludes it; held at
+    the keeper's last moment (`keeper.before_cancel`), the third node goes out of service (drained,
+    as Slurm drains a node whose step could not be killed); the new job then waits for ever for
+    2 nodes it may use, of which one is left (`ReqNodeNotAvail`). The frozen node thaws, healthy.
+    The old job's guardian, started by the keeper's cancel, lets it back in (`released`), and the
+    new job starts on it and ends bit-identical."""
+    slurm_env = start_site_timeouts_cluster()
+    env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
+    run_dir, gates = tmp_path / "run", tmp_path / "gates"
+    trained = Reference(env, tmp_path / "reference", [*TRAIN, "trainer.nprocs=2"])
+    armed = {faults.ENV: f"keeper.before_cancel=gate:{GATE_S}", faults.GATES_ENV: str(gates), PAUSE_ENV: "0.1"}
+    (job,), _ = submit({**env, **armed}, run_dir, *TRAIN)
+    frozen = drained = None
+    try:
+        wait_for_step(run_dir, FREEZE_AT_STEP, timeout_s=400)
+        (first,) = of("start", run_dir)
+        frozen = job_field(env, job, "BatchHost")
+        assert frozen
+        devcluster().freeze_node(SITE_TIMEOUTS_DIR, frozen)
+        reached, opened = faults.gate_files(gates, "keeper.before_cancel")
+        deadline = time.monotonic() + HEARD_WITHIN_S + 30
+        while not reached.exists():
+            assert time.monotonic() < deadline, f"the keeper never reached its cancel\n{job_output(run_dir)[-3000:]}"
+            time.sleep(0.3)
+        new_job = current_job(run_dir)
+        assert new_job != job and frozen in (job_field(env, new_job, "ExcNodeList") or ""), new_job
+        # The one node that is neither the frozen batch host nor the old job's other node.
+        drained = next(n for n in ("node1", "node2", "node3") if n not in first["nodes"])
+        node_state(env, drained, "drain")
+        opened.touch()  # the keeper cancels the old job
+        time.sleep(5.0)
+        devcluster().thaw_node(SITE_TIMEOUTS_DIR, frozen)
+        thawed, frozen = frozen, None
+        assert wait_finished(slurm_env, new_job, timeout_s=400) == "COMPLETED", job_output(run_dir)
+    finally:
+        if frozen:
+            devcluster().thaw_node(SITE_TIMEOUTS_DIR, frozen)
+        if drained:
+            node_state(env, drained, "resume")
+    (released,) = of("released", run_dir)
+    assert (released["job_id"], released["nodes"], released["by"]) == (new_job, [thawed], "guardian"), released
+    assert released["reason"].startswith(("ReqNodeNotAvail", "Resources")), released
+    starts = of("start", run_dir)
+    assert [s["job_id"] for s in starts] == [job, new_job] and thawed in starts[1]["nodes"], starts
     assert same_weights(run_dir, trained.trained())
 
 

@@ -21,12 +21,16 @@ def record(name: str) -> JobRecord:
 
 
 RECORDS = {
-    "running.txt": JobRecord("1", "RUNNING", None, 0, partition="batch", node_list="node1", batch_host="node1"),
+    "running.txt": JobRecord(
+        "1", "RUNNING", None, 0, partition="batch", node_list="node1", batch_host="node1", num_nodes="1"
+    ),
     # Preempted with PreemptMode=REQUEUE: back in the queue, held ~2 minutes.
-    "requeued_pending.txt": JobRecord("4", "PENDING", "BeginTime", 1, partition="batch"),
-    "completed.txt": JobRecord("5", "COMPLETED", None, 0, partition="urgent", node_list="node1", batch_host="node1"),
+    "requeued_pending.txt": JobRecord("4", "PENDING", "BeginTime", 1, partition="batch", num_nodes="1"),
+    "completed.txt": JobRecord(
+        "5", "COMPLETED", None, 0, partition="urgent", node_list="node1", batch_host="node1", num_nodes="1"
+    ),
     # JobName holds `JobState=COMPLETED Reason=None`, Account `$(id)`, Comment `JobState=FAILED Restarts=9`.
-    "hostile_held.txt": JobRecord("6", "PENDING", "JobHeldUser", 0, partition="batch"),
+    "hostile_held.txt": JobRecord("6", "PENDING", "JobHeldUser", 0, partition="batch", num_nodes="1"),
     # A SIGTERM's records (README_stop.md): only a preemption shows a PreemptTime.
     "stop_preempted.txt": JobRecord(
         "25817000",
@@ -37,12 +41,13 @@ RECORDS = {
         node_list="node[1-2]",
         batch_host="node1",
         preempt_time="2026-11-24T11:16:56",
+        num_nodes="2",
     ),
     "stop_cancelled.txt": JobRecord(
-        "25817002", "COMPLETING", None, 0, partition="batch", node_list="node2", batch_host="node2"
+        "25817002", "COMPLETING", None, 0, partition="batch", node_list="node2", batch_host="node2", num_nodes="1"
     ),
     "stop_admin_requeued.txt": JobRecord(
-        "25817003", "COMPLETING", None, 1, partition="batch", node_list="node1", batch_host="node1"
+        "25817003", "COMPLETING", None, 1, partition="batch", node_list="node1", batch_host="node1", num_nodes="1"
     ),
     # sbatch -N 2 --constraint='fast&ib' (node1 and node2 given the features): Features= holds it.
     "running_constrained.txt": JobRecord(
@@ -55,6 +60,7 @@ RECORDS = {
         batch_host="node1",
         features="fast&ib",
         qos="normal",
+        num_nodes="2",
     ),
 }
 

@@ -223,9 +223,9 @@ class ShardedCheckpointer(Checkpointer):
         decision: list[Any] = [None]
         newest = checkpoints_in(self.folder)
         if self.ctx.is_main:
-            complete = newest[0].step if newest else None
+            newest_step = newest[0].step if newest else None
             after_s = after_save_s(os.environ)
-            chosen = plan_forced_save(step, left_s, self.last_write_s, None, None, complete, after_s)
+            chosen = plan_forced_save(step, left_s, self.last_write_s, None, None, newest_step, after_s)
             decision = [(chosen.choice, chosen.why)]
         if self.ctx.distributed:
             dist.broadcast_object_list(decision, src=0)

@@ -205,6 +205,7 @@ class Controller:
             self.apply.kill_training_steps()
             job_id, why = self._resubmit(decision, "hpctrain keeper", by="keeper")
             if job_id:
+                faults.point("keeper.before_cancel")
                 self.apply.cancel_this_job()
                 return Exit.RESUBMITTED
             decision = decision.because(why)  # Slurm's own requeue of this job instead

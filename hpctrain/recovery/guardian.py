@@ -32,17 +32,23 @@ from pathlib import Path
 from hpctrain import faults
 from hpctrain.recovery.decide import History, decide_guard, lineage
 from hpctrain.recovery.decision import Decision
-from hpctrain.recovery.facts import Budgets, JobEnd
+from hpctrain.recovery.facts import Budgets, JobEnd, NodeState, parse_sinfo_nodes
+from hpctrain.recovery.starved import WAITING_FOR_NODES, reason_word, to_release
 from hpctrain.run import fencing, generations
 from hpctrain.run.causes import Action
-from hpctrain.run.events import Journal, read_events
+from hpctrain.run.events import BY_GUARDIAN, Failure, Journal, Released, read_events
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.paths import RunDir, is_array_links, no_room_message
 from hpctrain.slurm import client
-from hpctrain.slurm.client import Purpose
+from hpctrain.slurm.client import NodeColumns, Purpose
+from hpctrain.slurm.hostlist import expand
 from hpctrain.slurm.records import JobRecord
 from hpctrain.submit.guardian_job import submit_guardian
 from hpctrain.submit.outside_job import outside_job_env
+
+# A replacement waiting for nodes it excludes: looked at every RELEASE_PAUSE_S, for RELEASE_WATCH_S.
+RELEASE_WATCH_S = 600.0
+RELEASE_PAUSE_S = 15.0
 
 
 def job_end(record: JobRecord | None) -> JobEnd:
@@ -60,6 +66,7 @@ class Guardian:
         slurm = slurm_settings(self.run.config)
         self.budgets = Budgets(dict(slurm.restart_budget), slurm.max_restarts)
         self.journal = Journal(self.run.events)
+        self.user_exclude = tuple(expand(slurm.exclude)) if slurm.exclude else ()
 
     def look(self) -> JobRecord | None:
         done = client.show_job(self.job_id, Purpose.GUARDIAN_LOOK)
@@ -98,10 +105,69 @@ class Guardian:
                 return self._resubmit(decision, claim)
             for event in decision.events:
                 self.journal.write_event(event)
+            names = (self.job_id, *aliases)
+            moved_on = next(
+                (
+                    e.new_job_id
+                    for e in reversed(events)
+                    if isinstance(e, Failure) and e.new_job_id and e.job_id in names
+                ),
+                None,
+            )
         if decision.action is Action.FAIL:
             self._run_ended("fail")
             return 1
+        if moved_on is not None:  # the keeper's or a refused requeue's new job: it may starve
+            self.watch_replacement(moved_on)
         return 0
+
+    def watch_replacement(self, job_id: str) -> None:
+        """While the job the run goes on in waits, let back in the nodes it excludes once they are
+        in service and it cannot start without them (hpctrain.recovery.starved), for up to
+        RELEASE_WATCH_S (the guardian's own time limit is 15 minutes)."""
+        deadline = time.monotonic() + RELEASE_WATCH_S
+        while time.monotonic() < deadline:
+            record = client.show_job(job_id, Purpose.GUARDIAN_LOOK).value
+            if record is None or record.state != "PENDING":
+                return  # it started, ended, or Slurm has no word: nothing to let in
+            if reason_word(record.reason) in WAITING_FOR_NODES:
+                back = to_release(record, self.user_exclude, self._node_states(), self._partition(record))
+                if back and self._let_in(record, back):
+                    return
+            time.sleep(RELEASE_PAUSE_S)
+
+    def _let_in(self, record: JobRecord, back: list[str]) -> bool:
+        keep = sorted(set(expand(record.exc_node_list or "")) - set(back))
+        done = client.update_job(record.job_id, {"ExcNodeList": ",".join(keep)}, Purpose.UPDATE_PENDING)
+        if not done.ok:
+            print(f"hpctrain guardian: could not let {','.join(back)} in ({done.last_line})", file=sys.stderr)
+            return False
+        self.journal.write_event(
+            Released(job_id=record.job_id, nodes=back, reason=record.reason, by=BY_GUARDIAN, time=time.time())
+        )
+        print(
+            f"hpctrain guardian: job {record.job_id} waited ({record.reason}) for nodes it excluded itself; "
+            f"{','.join(back)} back in service: let in",
+            file=sys.stderr,
+        )
+        return True
+
+    def _node_states(self) -> dict[str, NodeState]:
+        listed = client.nodes(NodeColumns.STATES, Purpose.GUARDIAN_LOOK)
+        try:
+            return parse_sinfo_nodes(listed.value) if listed.ok else {}
+        except ValueError:
+            return {}
+
+    @staticmethod
+    def _partition(record: JobRecord) -> tuple[str, ...]:
+        if record.partition is None:
+            return ()
+        nodes = client.show_partition(record.partition, Purpose.GUARDIAN_LOOK).value.get("Nodes")
+        try:
+            return tuple(expand(nodes)) if nodes and nodes != "(null)" else ()
+        except ValueError:
+            return ()
 
     def wait_for_a_submission_under_way(self) -> None:
         """Another actor (the keeper, the job's control step, a user's --retry) that took the

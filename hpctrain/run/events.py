@@ -261,6 +261,17 @@ class Trial(Event):
     by_job: str | None = None  # the job that submitted or told it (None: hpctrain-tune itself)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Released(Event):
+    """The job the run goes on in (job_id) waited for nodes it excluded itself, and they were back
+    in service: they were let in (hpctrain.recovery.starved), by the old job's guardian."""
+
+    name: ClassVar[str] = "released"
+    nodes: list[str]  # dropped from its ExcNodeList
+    reason: str | None = None  # what Slurm said it waited for (Reason=...)
+    by: str | None = None
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.name: cls
     for cls in (
@@ -278,6 +289,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Finish,
         Pruned,
         Trial,
+        Released,
     )
 }
 

@@ -60,6 +60,8 @@ class JobRecord:
     features: str | None = None
     # The job's QOS (QOS=normal): under PreemptType=preempt/qos its GraceTime is the QOS's.
     qos: str | None = None
+    # NumNodes as Slurm shows it: `2`, or `2-2` / `2-4` for a pending job (min-max).
+    num_nodes: str | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -122,6 +124,7 @@ def parse_job_record(line: str) -> JobRecord | None:
         preempt_time=None if _value(preempt_time) in (None, "None") else preempt_time,
         features=_value(_loose("Features", line)),
         qos=_value(_loose("QOS", line)),
+        num_nodes=_value(_loose("NumNodes", line)),
     )
 
 
