@@ -141,51 +141,62 @@ def test_a_silent_batch_host_is_left_behind_by_the_keeper(tmp_path: Path) -> Non
 
 
 def test_a_replacement_starved_by_its_own_exclusion_lets_the_node_back_in(tmp_path: Path) -> None:
-    """The issue's 3-node case: the batch host frozen, the keeper's new job excludes it; held at
-    the keeper's last moment (`keeper.before_cancel`), the third node goes out of service (drained,
-    as Slurm drains a node whose step could not be killed); the new job then waits for ever for
-    2 nodes it may use, of which one is left (`ReqNodeNotAvail`). The frozen node thaws, healthy.
-    The old job's guardian, started by the keeper's cancel, lets it back in (`released`), and the
-    new job starts on it and ends bit-identical."""
+    """The batch host frozen; the keeper decides to submit the run again without it, and is held
+    right there (`keeper.before_sbatch`) while every node but the job's two goes out of service
+    (drained, as Slurm drains a node whose step could not be killed: "Kill task failed"). The new
+    job then waits for ever for 2 nodes it may use, of which one is left (`ReqNodeNotAvail`:
+    before, until an administrator resumed a drained node). The frozen node thaws, healthy. The
+    old job's guardian, started by the keeper's cancel, lets it back in (`released`), and the new
+    job starts on it and ends bit-identical."""
     slurm_env = start_site_timeouts_cluster()
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     run_dir, gates = tmp_path / "run", tmp_path / "gates"
     trained = Reference(env, tmp_path / "reference", [*TRAIN, "trainer.nprocs=2"])
-    armed = {faults.ENV: f"keeper.before_cancel=gate:{GATE_S}", faults.GATES_ENV: str(gates), PAUSE_ENV: "0.1"}
+    armed = {faults.ENV: f"keeper.before_sbatch=gate:{GATE_S}", faults.GATES_ENV: str(gates), PAUSE_ENV: "0.1"}
     (job,), _ = submit({**env, **armed}, run_dir, *TRAIN)
-    frozen = drained = None
+    frozen, drained = None, []
     try:
         wait_for_step(run_dir, FREEZE_AT_STEP, timeout_s=400)
         (first,) = of("start", run_dir)
         frozen = job_field(env, job, "BatchHost")
         assert frozen
         devcluster().freeze_node(SITE_TIMEOUTS_DIR, frozen)
-        reached, opened = faults.gate_files(gates, "keeper.before_cancel")
+        reached, opened = faults.gate_files(gates, "keeper.before_sbatch")
         deadline = time.monotonic() + HEARD_WITHIN_S + 30
         while not reached.exists():
-            assert time.monotonic() < deadline, f"the keeper never reached its cancel\n{job_output(run_dir)[-3000:]}"
+            assert time.monotonic() < deadline, f"the keeper never reached its sbatch\n{job_output(run_dir)[-3000:]}"
             time.sleep(0.3)
-        new_job = current_job(run_dir)
-        assert new_job != job and frozen in (job_field(env, new_job, "ExcNodeList") or ""), new_job
-        # The one node that is neither the frozen batch host nor the old job's other node.
-        drained = next(n for n in ("node1", "node2", "node3") if n not in first["nodes"])
-        node_state(env, drained, "drain")
-        opened.touch()  # the keeper cancels the old job
-        time.sleep(5.0)
+        shown = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=env, capture_output=True, text=True, check=True)
+        drained = sorted(set(shown.stdout.split()) - set(first["nodes"]))
+        for node in drained:
+            node_state(env, node, "drain")
+        opened.touch()  # the keeper submits the run again without the frozen node, and cancels the old job
+        new_job = wait_for_new_job(run_dir, job, 60)
+        assert frozen in (job_field(env, new_job, "ExcNodeList") or ""), new_job
+        time.sleep(5.0)  # the new job waits, starved
+        assert job_field(env, new_job, "JobState") == "PENDING", job_field(env, new_job, "Reason")
         devcluster().thaw_node(SITE_TIMEOUTS_DIR, frozen)
         thawed, frozen = frozen, None
         assert wait_finished(slurm_env, new_job, timeout_s=400) == "COMPLETED", job_output(run_dir)
     finally:
         if frozen:
             devcluster().thaw_node(SITE_TIMEOUTS_DIR, frozen)
-        if drained:
-            node_state(env, drained, "resume")
+        for node in drained:
+            node_state(env, node, "resume")
     (released,) = of("released", run_dir)
     assert (released["job_id"], released["nodes"], released["by"]) == (new_job, [thawed], "guardian"), released
     assert released["reason"].startswith(("ReqNodeNotAvail", "Resources")), released
     starts = of("start", run_dir)
     assert [s["job_id"] for s in starts] == [job, new_job] and thawed in starts[1]["nodes"], starts
     assert same_weights(run_dir, trained.trained())
+
+
+def wait_for_new_job(run_dir: Path, old_job: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while (new_job := current_job(run_dir)) == old_job:
+        assert time.monotonic() < deadline, f"no new job within {timeout_s:.0f} s\n{job_output(run_dir)[-3000:]}"
+        time.sleep(0.3)
+    return new_job
 
 
 def _process_tree(pid: int) -> list[int]:

@@ -203,9 +203,9 @@ class Controller:
             return KEEPER_EXITS[decision.action]
         if decision.action is Action.RESUBMIT:
             self.apply.kill_training_steps()
+            faults.point("keeper.before_sbatch")
             job_id, why = self._resubmit(decision, "hpctrain keeper", by="keeper")
             if job_id:
-                faults.point("keeper.before_cancel")
                 self.apply.cancel_this_job()
                 return Exit.RESUBMITTED
             decision = decision.because(why)  # Slurm's own requeue of this job instead

@@ -142,9 +142,7 @@ class Guardian:
         if not done.ok:
             print(f"hpctrain guardian: could not let {','.join(back)} in ({done.last_line})", file=sys.stderr)
             return False
-        self.journal.write_event(
-            Released(job_id=record.job_id, nodes=back, reason=record.reason, by=BY_GUARDIAN, time=time.time())
-        )
+        self.journal.write_event(Released(job_id=record.job_id, nodes=back, reason=record.reason, by=BY_GUARDIAN))
         print(
             f"hpctrain guardian: job {record.job_id} waited ({record.reason}) for nodes it excluded itself; "
             f"{','.join(back)} back in service: let in",
