@@ -130,6 +130,9 @@ class Shape:
     # run unbound: several fake nodes share this machine's CPUs, every node's first CPU is the
     # machine's CPU 0, and bound one-task-a-node jobs all ran on that one core, the others idle.
     pin_cpus: bool = True
+    # MaxJobCount: the job records slurmctld holds (Slurm's default 10000; ended ones stay MinJobAge).
+    # A sweep of 10,000 points (their array tasks, split as they are cancelled or run) needs more.
+    max_job_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -242,6 +245,7 @@ def render_slurm_conf(shape: Shape, paths: Paths, hostname: str) -> str:
         # the same name, so a process found by SLURM_JOB_ID and SLURMD_NODENAME is this cluster's.
         f"FirstJobId={first_job_id(shape.port_base)}",
         *([f"MaxArraySize={shape.max_array_size}"] if shape.max_array_size else []),
+        *([f"MaxJobCount={shape.max_job_count}"] if shape.max_job_count else []),
         "JobRequeue=1",
         # Preemption by partition: jobs in `urgent` requeue jobs in `batch`.
         "PreemptType=preempt/partition_prio",
@@ -839,6 +843,7 @@ def _describe(shape: Shape) -> str:
         f"{shape.nodes} nodes x {shape.cpus_per_node} CPUs x {shape.gpus_per_node} GPUs, {kind}, "
         f"MinJobAge {shape.min_job_age_s}s, SlurmdTimeout {shape.slurmd_timeout_s}s"
         + (f", MaxArraySize {shape.max_array_size}" if shape.max_array_size else "")
+        + (f", MaxJobCount {shape.max_job_count}" if shape.max_job_count else "")
         + (", limits enforced" if shape.enforce_limits else "")
         + f", ports {_describe_ports(shape)}"
     )
@@ -878,6 +883,7 @@ def ensure_cluster(
     enforce_limits: bool = False,
     slurmd_timeout_s: int = 10,
     pin_cpus: bool = True,
+    max_job_count: int | None = None,
 ) -> dict[str, str]:
     """Start (or reuse) a cluster and return the environment that points at it.
 
@@ -897,6 +903,7 @@ def ensure_cluster(
         enforce_limits,
         slurmd_timeout_s,
         pin_cpus,
+        max_job_count,
     )
     return up(shape, directory)
 
@@ -928,6 +935,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         max_array_size=args.max_array_size,
         enforce_limits=args.enforce_limits,
         slurmd_timeout_s=args.slurmd_timeout,
+        max_job_count=args.max_job_count,
     )
     print(f"export SLURM_CONF={shlex.quote(env['SLURM_CONF'])}")
     return 0
@@ -1019,6 +1027,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="MaxArraySize: job array task ids 0..N-1 (default: Slurm's 1001)",
+    )
+    p_up.add_argument(
+        "--max-job-count",
+        type=int,
+        default=None,
+        help="MaxJobCount: job records slurmctld holds, ended ones for MinJobAge (default: Slurm's 10000)",
     )
     p_up.add_argument(
         "--enforce-limits",
