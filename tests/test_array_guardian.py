@@ -81,3 +81,12 @@ def test_an_arrays_links_folder_is_told_from_a_run_dir(tmp_path: Path) -> None:
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text("{}\n")
     assert not is_array_links(run_dir)
+
+
+def test_a_guardians_dependency_stays_within_one_arguments_limit() -> None:
+    """Linux takes at most 128 KiB in one argument (MAX_ARG_STRLEN): a guardian watches at most
+    ARRAY_GUARDIAN_TASKS tasks, whose dependency fits with the longest task ids Slurm gives."""
+    from hpctrain.submit.guardian_job import ARRAY_GUARDIAN_TASKS
+
+    tasks = list(range(4_000_000 - ARRAY_GUARDIAN_TASKS, 4_000_000))
+    assert len(f"--dependency={array_dependency('4294967294', tasks)}".encode()) < 128 * 1024

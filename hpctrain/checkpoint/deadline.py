@@ -47,9 +47,11 @@ T = TypeVar("T")
 # process group's teardown, the batch shell's requeue): the larger of these is kept free.
 MARGIN_S = 2.0
 MARGIN_FRACTION = 0.15
-# The seconds `control begin` took in this life, exported by the batch shell (its calls to Slurm
-# measure how quickly slurmctld answers now). After-step and the requeue make up to AFTER_SAVE_CALLS
-# times those calls; the control step never spends more than CONTROL_BOUND_S on them
+# The seconds `control begin` took in this life, exported by the batch shell: its calls to Slurm
+# (how quickly slurmctld answers now) and its Python's start, through slurm.task_prefix where the
+# control step runs in a container (after-step and the requeue pay that start too). After-step and
+# the requeue make up to AFTER_SAVE_CALLS times those calls; the control step never spends more
+# than CONTROL_BOUND_S on them
 # (hpctrain.recovery.control.SLURM_BUDGET_S, 20 s, and the exit around them).
 CONTROL_S_ENV = "HPCTRAIN_CONTROL_S"
 AFTER_SAVE_CALLS = 3.0

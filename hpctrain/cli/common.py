@@ -68,7 +68,8 @@ def write_run_dir(cfg: DictConfig, check: Checker = to_typed) -> tuple[Config, R
     try:
         config, resolved = check(cfg, hydra_cfg.overrides.task)
         check_extras(config.metrics)  # the training processes would refuse to start without them
-        check_node_range(config)
+        if not checkpoints_in(run.checkpoints):  # a run that trained keeps its global batch: the trainer checks
+            check_node_range(config)
     except ValueError as error:
         discard_if_empty(run.root)
         fail(str(error))
@@ -148,7 +149,8 @@ def _refuse_a_live_job(run: RunDir) -> None:
 
 def check_node_range(config: Config) -> None:
     """An elastic node range (slurm.nodes=2-4) whose sizes cannot all go on at each other's
-    global batch is refused now, not at the first node lost (hpctrain.trainer.layout)."""
+    global batch is refused now, not at the first node lost (hpctrain.trainer.layout). For a new
+    run: one that has trained keeps the global batch of its first life, which a resume checks."""
     slurm = config.slurm
     if not slurm.elastic_nodes:
         return

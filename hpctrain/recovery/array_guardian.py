@@ -33,9 +33,18 @@ from hpctrain.slurm.records import JobRecord
 from hpctrain.slurm.states import LIVE_STATES
 from hpctrain.submit.guardian_job import submit_array_guardian
 
-# Slurm not answering the one look: asked again with these pauses (about 15 minutes in all) before
-# the guardian gives up; it cannot tell a task that ended from one still running without it.
-LOOK_PAUSES_S = (10, 20, 30, 60, 120, 240, 480)
+# Slurm not answering the one look: asked again with these pauses, for at most LOOK_FOR_S of the
+# guardian's 15 minutes; without an answer it cannot tell a task that ended from one still running.
+LOOK_PAUSES_S = (10, 20, 30, 60, 120, 240)
+LOOK_FOR_S = 420.0
+# The tasks it judges, one after another, within JUDGE_FOR_S of its start; those left are handed to
+# a guardian of their own (their dependency already satisfied, it starts at once).
+JUDGE_FOR_S = 600.0
+# Tasks whose `afternotok` may have fired already while Slurm still shows them so (ending,
+# COMPLETING; a failed job held by its exit code, SPECIAL_EXIT): watched again, but the successor
+# waits a minute before it may start, so it does not start over and over while they settle.
+SETTLING_STATES = frozenset({"COMPLETING", "SPECIAL_EXIT"})
+SETTLE_S = 60
 _WATCHED = re.compile(r"^\d+_\[\d+(-\d+)?(,\d+(-\d+)?)*\]$")
 
 
@@ -76,6 +85,7 @@ class ArrayGuardian:
     def __init__(self, links: Path, tasks_arg: str) -> None:
         self.links = links
         self.array_job, self.tasks = watched(tasks_arg)
+        self.started = time.monotonic()
 
     def run_dir(self, task: int) -> Path:
         return (self.links / str(task)).resolve()
@@ -86,11 +96,12 @@ class ArrayGuardian:
             if done.answered and done.value:
                 return by_task(self.array_job, done.value)
             said = done.reply.stdout + done.reply.stderr
-            if done.answered and (done.reply.exit_code == 0 or "Invalid job id" in said):
+            if done.answered and "Invalid job id" in said:
                 return {}  # Slurm has no record of the array at all: every task ended long ago
-            if pause is None:
+            # No answer, or an answer with no record it could read: never taken for "all ended".
+            if pause is None or time.monotonic() + pause > self.started + LOOK_FOR_S:
                 return None
-            print(f"hpctrain guardian: no answer about array {self.array_job} ({done.why()})", file=sys.stderr)
+            print(f"hpctrain guardian: no usable answer about array {self.array_job} ({done.why()})", file=sys.stderr)
             time.sleep(pause)
         return None
 
@@ -104,24 +115,49 @@ class ArrayGuardian:
             )
             return 1
         to_judge, live = ended_tasks(self.tasks, records)
+        # The successor first: judging may take long, and a guardian killed at its time limit must
+        # not leave the tasks still to end unguarded.
+        if live:
+            settling = any(records[task].state in SETTLING_STATES for task in live)
+            self.guard(live, begin_in_s=SETTLE_S if settling else None)
         failed = 0
-        for task in to_judge:
+        for index, task in enumerate(to_judge):
+            if time.monotonic() > self.started + JUDGE_FOR_S:
+                left = to_judge[index:]
+                print(f"hpctrain guardian: {len(left)} ended task(s) left to a guardian of their own", file=sys.stderr)
+                self.guard(left)
+                break
             failed |= self.judge(task, records.get(task))
-        if live:  # its successor, for the tasks still to end, named in their submission.json
-            successor = submit_array_guardian(self.links, self.array_job, live, env=os.environ.copy())
-            if successor is not None:
-                for task in live:
-                    RunDir(self.run_dir(task)).update_submission(fenced=False, array_guardian_job_id=successor)
         return failed
 
+    def guard(self, tasks: list[int], begin_in_s: int | None = None) -> None:
+        """Guardians for `tasks` (a few thousand each), named in their points' submission.json
+        while that still names the task (a run that moved on to a job of its own is left as is)."""
+        guardians = submit_array_guardian(
+            self.links, self.array_job, tasks, env=os.environ.copy(), begin_in_s=begin_in_s
+        )
+        for guardian, chunk in guardians:
+            if guardian is None:
+                continue
+            for task in chunk:
+                run = RunDir(self.run_dir(task))
+                try:
+                    if run.read_submission().get("job_id") == f"{self.array_job}_{task}":
+                        run.update_submission(fenced=False, array_guardian_job_id=guardian)
+                except (OSError, ValueError) as error:
+                    print(f"hpctrain guardian: task {task}: submission.json: {error}", file=sys.stderr)
+
     def judge(self, task: int, record: JobRecord | None) -> int:
+        """A point guardian's judgement of one ended task; whatever goes wrong with one task (its
+        run dir gone, a full disk) is said and the others are judged all the same."""
         run_dir = self.run_dir(task)
         if not (run_dir / "guardian.sbatch").is_file():  # this point has slurm.guardian=false
             return 0
         try:
             guardian = Guardian(run_dir, f"{self.array_job}_{task}")
-        except (ValueError, OSError) as error:  # a run dir removed or its config edited by hand
-            print(f"hpctrain guardian: task {task} ({run_dir}): {error}", file=sys.stderr)
+            guardian.wait_for_a_submission_under_way()
+            # A replacement that waits is not watched here: that would hold the others' judgement.
+            return guardian.judge(record, watch_replacement=False)
+        except Exception as error:  # noqa: BLE001 - one task's trouble must not end the array's guardian
+            print(f"hpctrain guardian: task {task} ({run_dir}): {type(error).__name__}: {error}", file=sys.stderr)
             return 1
-        guardian.wait_for_a_submission_under_way()
-        return guardian.judge(record)

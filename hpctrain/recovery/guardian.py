@@ -49,6 +49,8 @@ from hpctrain.submit.outside_job import outside_job_env
 # A replacement waiting for nodes it excludes: looked at every RELEASE_PAUSE_S, for RELEASE_WATCH_S.
 RELEASE_WATCH_S = 600.0
 RELEASE_PAUSE_S = 15.0
+# Nothing of the watch after this long since the guardian started (its time limit: 15 minutes).
+WATCH_UNTIL_S = 780.0
 
 
 def job_end(record: JobRecord | None) -> JobEnd:
@@ -67,6 +69,7 @@ class Guardian:
         self.budgets = Budgets(dict(slurm.restart_budget), slurm.max_restarts)
         self.journal = Journal(self.run.events)
         self.user_exclude = tuple(expand(slurm.exclude)) if slurm.exclude else ()
+        self.started = time.monotonic()
 
     def look(self) -> JobRecord | None:
         done = client.show_job(self.job_id, Purpose.GUARDIAN_LOOK)
@@ -79,7 +82,7 @@ class Guardian:
         self.wait_for_a_submission_under_way()
         return self.judge(self.look())
 
-    def judge(self, record: JobRecord | None) -> int:
+    def judge(self, record: JobRecord | None, watch_replacement: bool = True) -> int:
         """What the guarded job's end asks for, done: `record` is Slurm's record of the ended job
         (None: Slurm has none now). An array's guardian (hpctrain.recovery.array_guardian) calls
         it for each task it found ended, with the record of one look at the whole array."""
@@ -117,7 +120,7 @@ class Guardian:
         if decision.action is Action.FAIL:
             self._run_ended("fail")
             return 1
-        if moved_on is not None:  # the keeper's or a refused requeue's new job: it may starve
+        if moved_on is not None and watch_replacement:  # the keeper's or a refused requeue's new job: it may starve
             self.watch_replacement(moved_on)
         return 0
 
@@ -125,20 +128,26 @@ class Guardian:
         """While the job the run goes on in waits, let back in the nodes it excludes once they are
         in service and it cannot start without them (hpctrain.recovery.starved), for up to
         RELEASE_WATCH_S (the guardian's own time limit is 15 minutes)."""
-        deadline = time.monotonic() + RELEASE_WATCH_S
-        while time.monotonic() < deadline:
-            record = client.show_job(job_id, Purpose.GUARDIAN_LOOK).value
+        # Every call within the deadline too: the guardian ends well inside its time limit.
+        deadline = min(time.monotonic() + RELEASE_WATCH_S, self.started + WATCH_UNTIL_S)
+        while time.monotonic() + RELEASE_PAUSE_S < deadline:
+            record = client.show_job(job_id, Purpose.GUARDIAN_LOOK, until=deadline).value
             if record is None or record.state != "PENDING":
                 return  # it started, ended, or Slurm has no word: nothing to let in
             if reason_word(record.reason) in WAITING_FOR_NODES:
-                back = to_release(record, self.user_exclude, self._node_states(), self._partition(record))
-                if back and self._let_in(record, back):
+                try:
+                    nodes, partition = self._node_states(deadline), self._partition(record, deadline)
+                    back = to_release(record, self.user_exclude, nodes, partition)
+                except ValueError as error:  # a node list it cannot read: left as it is
+                    print(f"hpctrain guardian: {error}", file=sys.stderr)
+                    return
+                if back and self._let_in(record, back, deadline):
                     return
             time.sleep(RELEASE_PAUSE_S)
 
-    def _let_in(self, record: JobRecord, back: list[str]) -> bool:
+    def _let_in(self, record: JobRecord, back: list[str], until: float) -> bool:
         keep = sorted(set(expand(record.exc_node_list or "")) - set(back))
-        done = client.update_job(record.job_id, {"ExcNodeList": ",".join(keep)}, Purpose.UPDATE_PENDING)
+        done = client.update_job(record.job_id, {"ExcNodeList": ",".join(keep)}, Purpose.UPDATE_PENDING, until=until)
         if not done.ok:
             print(f"hpctrain guardian: could not let {','.join(back)} in ({done.last_line})", file=sys.stderr)
             return False
@@ -150,18 +159,18 @@ class Guardian:
         )
         return True
 
-    def _node_states(self) -> dict[str, NodeState]:
-        listed = client.nodes(NodeColumns.STATES, Purpose.GUARDIAN_LOOK)
+    def _node_states(self, until: float) -> dict[str, NodeState]:
+        listed = client.nodes(NodeColumns.STATES, Purpose.GUARDIAN_LOOK, until=until)
         try:
             return parse_sinfo_nodes(listed.value) if listed.ok else {}
         except ValueError:
             return {}
 
     @staticmethod
-    def _partition(record: JobRecord) -> tuple[str, ...]:
+    def _partition(record: JobRecord, until: float) -> tuple[str, ...]:
         if record.partition is None:
             return ()
-        nodes = client.show_partition(record.partition, Purpose.GUARDIAN_LOOK).value.get("Nodes")
+        nodes = client.show_partition(record.partition, Purpose.GUARDIAN_LOOK, until=until).value.get("Nodes")
         try:
             return tuple(expand(nodes)) if nodes and nodes != "(null)" else ()
         except ValueError:

@@ -224,6 +224,7 @@ def submit(
     dependency: str | None = None,
     exclude: str | None = None,
     nodes: int | None = None,
+    begin: str | None = None,
     env: Mapping[str, str] | None = None,
     until: float | None = None,
 ) -> Answer[str | None]:
@@ -234,6 +235,7 @@ def submit(
         *([f"--dependency={dependency}"] if dependency else []),
         *([f"--exclude={exclude}"] if exclude else []),
         *([f"--nodes={nodes}"] if nodes is not None else []),
+        *([f"--begin={begin}"] if begin else []),
     ]
     done = _ask([SBATCH, "--parsable", *options, str(script), *script_args], purpose, env, until)
     said = done.stdout.strip()

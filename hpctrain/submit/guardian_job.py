@@ -43,29 +43,41 @@ def submit_guardian(run: RunDir, job_id: str, env: dict[str, str] | None = None)
 
 
 def submit_array_guardian(
-    links: Path, array_job: str, tasks: list[int], env: dict[str, str] | None = None
-) -> str | None:
-    """Queue the one guardian of `tasks` of array `array_job` (their run dirs: `links`/TASK); None,
-    said on stderr, when sbatch failed. `env`: as for submit_guardian."""
-    done = client.submit(
-        array_guardian_script(links),
-        array_watch_argument(array_job, tasks),
-        purpose=Purpose.GUARDIAN_SUBMIT,
-        dependency=array_dependency(array_job, tasks),
-        env=_guardian_env(env),
-    )
-    if done.value is None:
-        print(
-            f"hpctrain: no guardian for array {array_job} ({done.why()}): if a task's batch node is lost, "
-            f"submit its run dir again with hpctrain-submit --retry",
-            file=sys.stderr,
+    links: Path, array_job: str, tasks: list[int], env: dict[str, str] | None = None, begin_in_s: int | None = None
+) -> list[tuple[str | None, list[int]]]:
+    """Queue the guardians of `tasks` of array `array_job` (their run dirs: `links`/TASK), one for
+    every ARRAY_GUARDIAN_TASKS of them (the dependency names each task, and one argument may not
+    exceed 128 KiB); each with the tasks it watches, its id None when sbatch failed (said on
+    stderr). `env`: as for submit_guardian; `begin_in_s`: not before that many seconds."""
+    ordered = sorted(tasks)
+    chunks = [ordered[i : i + ARRAY_GUARDIAN_TASKS] for i in range(0, len(ordered), ARRAY_GUARDIAN_TASKS)]
+    queued: list[tuple[str | None, list[int]]] = []
+    for chunk in chunks:
+        done = client.submit(
+            array_guardian_script(links),
+            array_watch_argument(array_job, chunk),
+            purpose=Purpose.GUARDIAN_SUBMIT,
+            dependency=array_dependency(array_job, chunk),
+            begin=f"now+{begin_in_s}" if begin_in_s else None,
+            env=_guardian_env(env),
         )
-    return done.value
+        if done.value is None:
+            print(
+                f"hpctrain: no guardian for tasks {task_ranges(chunk)} of array {array_job} ({done.why()}): if a "
+                "task's batch node is lost, submit its run dir again with hpctrain-submit --retry",
+                file=sys.stderr,
+            )
+        queued.append((done.value, chunk))
+    return queued
 
 
 def array_watch_argument(array_job: str, tasks: list[int]) -> str:
     """The guardian's argument: `36_[0-3,7]` (hpctrain.recovery.array_guardian.watched reads it)."""
     return f"{array_job}_[{task_ranges(tasks)}]"
+
+
+# Tasks one array guardian watches: `afternotok:36000_4999?` is about 25 bytes a task.
+ARRAY_GUARDIAN_TASKS = 4000
 
 
 def array_dependency(array_job: str, tasks: list[int]) -> str:

@@ -159,10 +159,10 @@ def _guard_array(batch: _Batch, job_id: str, points: list[Point]) -> None:
     """The array's one guardian, named in each of its points' submission.json (`array_guardian_job_id`:
     not `guardian_job_id`, which hpctrain-cancel cancels with a point's job)."""
     assert batch.links is not None
-    guardian = submit_array_guardian(batch.links, job_id, list(range(len(batch.points))))
-    if guardian is not None:
-        for index in batch.points:
-            points[index].run.update_submission(fenced=False, array_guardian_job_id=guardian)
+    for guardian, tasks in submit_array_guardian(batch.links, job_id, list(range(len(batch.points)))):
+        if guardian is not None:
+            for task in tasks:
+                points[batch.points[task]].run.update_submission(fenced=False, array_guardian_job_id=guardian)
 
 
 def _queue(batch: _Batch, points: list[Point], claims: dict[int, generations.Generation]) -> str:
