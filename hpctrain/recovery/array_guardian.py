@@ -25,13 +25,12 @@ import time
 from pathlib import Path
 
 from hpctrain.recovery.guardian import Guardian
-from hpctrain.run.paths import RunDir
 from hpctrain.slurm import client
 from hpctrain.slurm.client import Purpose
 from hpctrain.slurm.jobid import expand, split
 from hpctrain.slurm.records import JobRecord
 from hpctrain.slurm.states import LIVE_STATES
-from hpctrain.submit.guardian_job import submit_array_guardian
+from hpctrain.submit.guardian_job import guard_array_tasks
 
 # Slurm not answering the one look: asked again with these pauses, for at most LOOK_FOR_S of the
 # guardian's 15 minutes; without an answer it cannot tell a task that ended from one still running.
@@ -131,21 +130,7 @@ class ArrayGuardian:
         return failed
 
     def guard(self, tasks: list[int], begin_in_s: int | None = None) -> None:
-        """Guardians for `tasks` (a few thousand each), named in their points' submission.json
-        while that still names the task (a run that moved on to a job of its own is left as is)."""
-        guardians = submit_array_guardian(
-            self.links, self.array_job, tasks, env=os.environ.copy(), begin_in_s=begin_in_s
-        )
-        for guardian, chunk in guardians:
-            if guardian is None:
-                continue
-            for task in chunk:
-                run = RunDir(self.run_dir(task))
-                try:
-                    if run.read_submission().get("job_id") == f"{self.array_job}_{task}":
-                        run.update_submission(fenced=False, array_guardian_job_id=guardian)
-                except (OSError, ValueError) as error:
-                    print(f"hpctrain guardian: task {task}: submission.json: {error}", file=sys.stderr)
+        guard_array_tasks(self.links, self.array_job, tasks, env=os.environ.copy(), begin_in_s=begin_in_s)
 
     def judge(self, task: int, record: JobRecord | None) -> int:
         """A point guardian's judgement of one ended task; whatever goes wrong with one task (its
@@ -157,7 +142,7 @@ class ArrayGuardian:
             guardian = Guardian(run_dir, f"{self.array_job}_{task}")
             guardian.wait_for_a_submission_under_way()
             # A replacement that waits is not watched here: that would hold the others' judgement.
-            return guardian.judge(record, watch_replacement=False)
+            return guardian.judge(record, watch_moved_on=False)
         except Exception as error:  # noqa: BLE001 - one task's trouble must not end the array's guardian
             print(f"hpctrain guardian: task {task} ({run_dir}): {type(error).__name__}: {error}", file=sys.stderr)
             return 1

@@ -32,24 +32,23 @@ from pathlib import Path
 from hpctrain import faults
 from hpctrain.recovery.decide import History, decide_guard, lineage
 from hpctrain.recovery.decision import Decision
-from hpctrain.recovery.facts import Budgets, JobEnd, NodeState, parse_sinfo_nodes
-from hpctrain.recovery.starved import WAITING_FOR_NODES, reason_word, to_release
+from hpctrain.recovery.facts import Budgets, JobEnd
+from hpctrain.recovery.release import watch_replacement
 from hpctrain.run import fencing, generations
 from hpctrain.run.causes import Action
-from hpctrain.run.events import BY_GUARDIAN, Failure, Journal, Released, read_events
+from hpctrain.run.events import Failure, Journal, read_events
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.paths import RunDir, is_array_links, no_room_message
 from hpctrain.slurm import client
-from hpctrain.slurm.client import NodeColumns, Purpose
+from hpctrain.slurm.client import Purpose
 from hpctrain.slurm.hostlist import expand
 from hpctrain.slurm.records import JobRecord
 from hpctrain.submit.guardian_job import submit_guardian
 from hpctrain.submit.outside_job import outside_job_env
 
-# A replacement waiting for nodes it excludes: looked at every RELEASE_PAUSE_S, for RELEASE_WATCH_S.
+# A replacement waiting for nodes it excludes (hpctrain.recovery.release) is watched for up to
+# RELEASE_WATCH_S, and never past WATCH_UNTIL_S after the guardian started (its limit: 15 minutes).
 RELEASE_WATCH_S = 600.0
-RELEASE_PAUSE_S = 15.0
-# Nothing of the watch after this long since the guardian started (its time limit: 15 minutes).
 WATCH_UNTIL_S = 780.0
 
 
@@ -82,7 +81,7 @@ class Guardian:
         self.wait_for_a_submission_under_way()
         return self.judge(self.look())
 
-    def judge(self, record: JobRecord | None, watch_replacement: bool = True) -> int:
+    def judge(self, record: JobRecord | None, watch_moved_on: bool = True) -> int:
         """What the guarded job's end asks for, done: `record` is Slurm's record of the ended job
         (None: Slurm has none now). An array's guardian (hpctrain.recovery.array_guardian) calls
         it for each task it found ended, with the record of one look at the whole array."""
@@ -120,61 +119,10 @@ class Guardian:
         if decision.action is Action.FAIL:
             self._run_ended("fail")
             return 1
-        if moved_on is not None and watch_replacement:  # the keeper's or a refused requeue's new job: it may starve
-            self.watch_replacement(moved_on)
+        if moved_on is not None and watch_moved_on:  # the keeper's or a refused requeue's new job: it may starve
+            deadline = min(time.monotonic() + RELEASE_WATCH_S, self.started + WATCH_UNTIL_S)
+            watch_replacement(moved_on, self.user_exclude, self.journal, deadline)
         return 0
-
-    def watch_replacement(self, job_id: str) -> None:
-        """While the job the run goes on in waits, let back in the nodes it excludes once they are
-        in service and it cannot start without them (hpctrain.recovery.starved), for up to
-        RELEASE_WATCH_S (the guardian's own time limit is 15 minutes)."""
-        # Every call within the deadline too: the guardian ends well inside its time limit.
-        deadline = min(time.monotonic() + RELEASE_WATCH_S, self.started + WATCH_UNTIL_S)
-        while time.monotonic() + RELEASE_PAUSE_S < deadline:
-            record = client.show_job(job_id, Purpose.GUARDIAN_LOOK, until=deadline).value
-            if record is None or record.state != "PENDING":
-                return  # it started, ended, or Slurm has no word: nothing to let in
-            if reason_word(record.reason) in WAITING_FOR_NODES:
-                try:
-                    nodes, partition = self._node_states(deadline), self._partition(record, deadline)
-                    back = to_release(record, self.user_exclude, nodes, partition)
-                except ValueError as error:  # a node list it cannot read: left as it is
-                    print(f"hpctrain guardian: {error}", file=sys.stderr)
-                    return
-                if back and self._let_in(record, back, deadline):
-                    return
-            time.sleep(RELEASE_PAUSE_S)
-
-    def _let_in(self, record: JobRecord, back: list[str], until: float) -> bool:
-        keep = sorted(set(expand(record.exc_node_list or "")) - set(back))
-        done = client.update_job(record.job_id, {"ExcNodeList": ",".join(keep)}, Purpose.UPDATE_PENDING, until=until)
-        if not done.ok:
-            print(f"hpctrain guardian: could not let {','.join(back)} in ({done.last_line})", file=sys.stderr)
-            return False
-        self.journal.write_event(Released(job_id=record.job_id, nodes=back, reason=record.reason, by=BY_GUARDIAN))
-        print(
-            f"hpctrain guardian: job {record.job_id} waited ({record.reason}) for nodes it excluded itself; "
-            f"{','.join(back)} back in service: let in",
-            file=sys.stderr,
-        )
-        return True
-
-    def _node_states(self, until: float) -> dict[str, NodeState]:
-        listed = client.nodes(NodeColumns.STATES, Purpose.GUARDIAN_LOOK, until=until)
-        try:
-            return parse_sinfo_nodes(listed.value) if listed.ok else {}
-        except ValueError:
-            return {}
-
-    @staticmethod
-    def _partition(record: JobRecord, until: float) -> tuple[str, ...]:
-        if record.partition is None:
-            return ()
-        nodes = client.show_partition(record.partition, Purpose.GUARDIAN_LOOK, until=until).value.get("Nodes")
-        try:
-            return tuple(expand(nodes)) if nodes and nodes != "(null)" else ()
-        except ValueError:
-            return ()
 
     def wait_for_a_submission_under_way(self) -> None:
         """Another actor (the keeper, the job's control step, a user's --retry) that took the

@@ -32,7 +32,7 @@ from hpctrain.slurm.states import LIVE_STATES
 from hpctrain.submit import sbatch
 from hpctrain.submit.arrays import free_number, header_of, plan_arrays, write_array
 from hpctrain.submit.code_snapshot import CodeSnapshot, summary
-from hpctrain.submit.guardian_job import submit_array_guardian, submit_guardian
+from hpctrain.submit.guardian_job import guard_array_tasks, submit_guardian
 from hpctrain.submit.limits import SlurmLimitsError, check, read_limits
 from hpctrain.submit.render import render, render_guardian
 
@@ -145,7 +145,7 @@ def submit_all(points: list[Point], parallelism: int, records: Callable[[list[st
         list(pool.map(submit_guardian, [points[i].run for i in alone], [ids[i] for i in alone]))
     for batch, job_id in zip(batches, job_ids):
         if batch.links is not None and array_guardian_script(batch.links).is_file():
-            _guard_array(batch, str(job_id), points)
+            guard_array_tasks(batch.links, str(job_id), list(range(len(batch.points))))
     if records is not None:  # the caller's own records of the new jobs (a --retry's events)
         records(ids)
     # Last, each generation names its job: the job's first life begins only after that, so
@@ -153,16 +153,6 @@ def submit_all(points: list[Point], parallelism: int, records: Callable[[list[st
     for index, claim in claims.items():
         generations.name_job(points[index].run.root, claim, ids[index])
     return ids
-
-
-def _guard_array(batch: _Batch, job_id: str, points: list[Point]) -> None:
-    """The array's one guardian, named in each of its points' submission.json (`array_guardian_job_id`:
-    not `guardian_job_id`, which hpctrain-cancel cancels with a point's job)."""
-    assert batch.links is not None
-    for guardian, tasks in submit_array_guardian(batch.links, job_id, list(range(len(batch.points)))):
-        if guardian is not None:
-            for task in tasks:
-                points[batch.points[task]].run.update_submission(fenced=False, array_guardian_job_id=guardian)
 
 
 def _queue(batch: _Batch, points: list[Point], claims: dict[int, generations.Generation]) -> str:

@@ -27,6 +27,9 @@ class Course:
         self.ctx = ctx
         # The configured split of a step's batch; a resume may change it (use_layout).
         self.layout = Layout(ctx.world_size, config.data.batch_size, config.trainer.grad_accum)
+        # What this rank's micro-batch losses are weighted by in the layout (None: the plain mean
+        # over grad_accum; hpctrain.trainer.layout), computed once per layout, not every step.
+        self.loss_weights = self.layout.loss_weights(ctx.rank)
         self.train_loader: DataLoader | None = None  # opened once the data is built (`open`)
         self.total_steps = 0
 
@@ -54,6 +57,7 @@ class Course:
         """Train in `new`'s layout: the loader's micro-batches, and the steps of an epoch-counted
         run (a scheduler told the total is rebuilt, before its state is loaded)."""
         self.layout = new
+        self.loss_weights = new.loss_weights(self.ctx.rank)
         self.train_loader = self._loader(parts.splits)
         total = self.total_steps_for(parts.splits)
         if total != self.total_steps:
@@ -83,8 +87,3 @@ class Course:
     def _loader(self, splits: Splits) -> DataLoader:
         layout = self.layout
         return loaders.train_loader(splits.train, self.config.data, self.ctx, self.config.trainer.seed, layout)
-
-    def loss_weights(self) -> list[float] | None:
-        """What this rank's micro-batch losses are weighted by in the current layout (None: the
-        plain mean over grad_accum; see hpctrain.trainer.layout)."""
-        return self.layout.loss_weights(self.ctx.rank)

@@ -98,7 +98,7 @@ class Trainer:
         self.parts.model.train()
         last: dict[str, Any] = {}
         while self.state.step < self.course.total_steps:
-            progress.add(self.stepper.step(batches, self.course.layout.grad_accum, self.course.loss_weights()))
+            progress.add(self.stepper.step(batches, self.course.layout.grad_accum, self.course.loss_weights))
             self.state.step += 1
             faults.point("trainer.step")
             self.watchdog.stepped()
