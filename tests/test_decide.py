@@ -24,7 +24,16 @@ from hpctrain.recovery.decide import (
     lineage,
 )
 from hpctrain.recovery.decision import Shape
-from hpctrain.recovery.facts import Budgets, ClusterView, JobSeen, Outcome, Refusal, Requested, parse_sinfo_nodes
+from hpctrain.recovery.facts import (
+    Budgets,
+    Checked,
+    ClusterView,
+    JobSeen,
+    Outcome,
+    Refusal,
+    Requested,
+    parse_sinfo_nodes,
+)
 from hpctrain.recovery.history import saved_for
 from hpctrain.recovery.judge import classify
 from hpctrain.run import exitcodes
@@ -1217,3 +1226,116 @@ def test_time_limit_s_reads_every_form_sbatch_takes(text: str, seconds: float | 
     from hpctrain.slurm.times import time_limit_s
 
     assert time_limit_s(text) == seconds
+
+
+# ---- a relaunch's node check (hpctrain.recovery.node_check): what it found, decided again ----
+# Four nodes: node1 and node2 trained (slurm.nodes=2), node3 and node4 the spares; node2 lost.
+FOUR = ("node1", "node2", "node3", "node4")
+FOUR_LEFT = ("node1", "node3", "node4")  # node2 left the allocation (--no-kill)
+
+
+def _four_nodes_up() -> dict:
+    return parse_sinfo_nodes("\n".join(f"{n}|mixed|none" for n in FOUR_LEFT) + "\nnode2|down|hpctrain-test\n")
+
+
+CHECK_ROWS = {
+    # (what the check found, the action, the relaunch's nodes, its excluded (a requeue's), its
+    # spares left (a requeue's node count), a failure's nodes and detected_by)
+    "nothing found: the relaunch as decided, the old processes it ended counted": (
+        Checked(frozenset(FOUR_LEFT), ended=1),
+        Action.RELAUNCH,
+        ["node1", "node3"],
+        ["node2"],
+        1,
+        (["node2"], "slurm"),
+    ),
+    "a spare that died while idle: left out, the other spare taken": (
+        Checked(frozenset(FOUR_LEFT), unanswering=frozenset({"node3"})),
+        Action.RELAUNCH,
+        ["node1", "node4"],
+        ["node2", "node3"],
+        0,
+        (["node2"], "slurm"),
+    ),
+    "old processes that would not end on the surviving node: left out, both spares taken": (
+        Checked(frozenset(FOUR_LEFT), lingering=frozenset({"node1"})),
+        Action.RELAUNCH,
+        ["node3", "node4"],
+        ["node1", "node2"],
+        0,
+        (["node2"], "slurm"),
+    ),
+    # The requeue ends the job, and Slurm every process of it: the lingering node is no loss and
+    # stays in; the dead spare is kept out as the lost node is. 2 nodes left for its 4: it starts
+    # again on 2, the spares given up.
+    "old processes that would not end, and a dead spare: too few left, requeue": (
+        Checked(frozenset(FOUR_LEFT), unanswering=frozenset({"node3"}), lingering=frozenset({"node1"})),
+        Action.REQUEUE,
+        None,
+        ["node2", "node3"],
+        2,
+        (["node2"], "slurm"),
+    ),
+    # One node left that answers, for 2 to train: as for any too-few, only slurm.exclude is kept
+    # out and the job asks for its training nodes, so any node coming back will do.
+    "both spares dead: requeue for the training nodes, whichever come back": (
+        Checked(frozenset(FOUR_LEFT), unanswering=frozenset({"node3", "node4"})),
+        Action.REQUEUE,
+        None,
+        [],
+        2,
+        (["node2"], "slurm"),
+    ),
+    "the surviving training node silent to the check: lost too, detected by it": (
+        Checked(frozenset(FOUR_LEFT), unanswering=frozenset({"node1"})),
+        Action.RELAUNCH,
+        ["node3", "node4"],
+        ["node1", "node2"],
+        0,
+        (["node1", "node2"], "slurm"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", CHECK_ROWS)
+def test_a_relaunch_is_decided_again_on_what_its_node_check_found(name: str) -> None:
+    checked, action, nodes, excluded, spares, (failed, detected) = CHECK_ROWS[name]
+    history = History(JOB, 0, EARLIER, (start("node1", "node2"),))
+    outcome = Outcome(exit_code=137, nodes_wanted=2, signal_delay_s=30.0)
+    cluster = ClusterView(_four_nodes_up(), FOUR_LEFT, FOUR, 3000.0, checked=checked)
+    decision = decide(history, outcome, cluster, Budgets(DEFAULTS))
+    assert decision.action is action, decision.message
+    (failure,) = [e for e in decision.events if isinstance(e, Failure)]
+    assert (failure.nodes, failure.detected_by) == (failed, detected)
+    relaunches = [e for e in decision.events if isinstance(e, Relaunch)]
+    if action is Action.RELAUNCH:
+        (relaunch,) = relaunches
+        assert (relaunch.nodes, relaunch.excluded, relaunch.spare_nodes) == (nodes, excluded, spares)
+        assert decision.excluded == tuple(excluded)
+        assert (relaunch.unanswered, relaunch.lingering) == (sorted(checked.unanswering), sorted(checked.lingering))
+        assert relaunch.stale_ended == checked.ended
+    else:
+        assert relaunches == []
+        (requeue,) = [e for e in decision.events if isinstance(e, Requeue)]
+        assert (requeue.excluded, requeue.nodes) == (excluded, spares)
+
+
+def test_a_node_lost_only_to_the_check_is_detected_by_it() -> None:
+    # No node down in Slurm's eyes: the step ended (a crash of the ranks' collective) and the
+    # relaunch's check got no answer from node2, which trained.
+    up = parse_sinfo_nodes("\n".join(f"{n}|mixed|none" for n in FOUR) + "\n")
+    checked = Checked(frozenset(FOUR), unanswering=frozenset({"node2"}))
+    history = History(JOB, 0, EARLIER, (start("node1", "node2"),))
+    cluster = ClusterView(up, FOUR, FOUR, 3000.0, checked=checked)
+    decision = decide(history, Outcome(exit_code=137, nodes_wanted=2, signal_delay_s=30.0), cluster, Budgets(DEFAULTS))
+    (failure,) = [e for e in decision.events if isinstance(e, Failure)]
+    assert (failure.cause, failure.nodes, failure.detected_by) == (Cause.NODE_FAILURE, ["node2"], "check")
+    assert decision.action is Action.RELAUNCH and "node2" in decision.excluded
+
+
+def test_no_check_made_leaves_the_relaunch_without_its_count() -> None:
+    history = History(JOB, 0, EARLIER, (start("node1", "node2"),))
+    cluster = ClusterView(_four_nodes_up(), FOUR_LEFT, FOUR, 3000.0)
+    decision = decide(history, Outcome(exit_code=137, nodes_wanted=2, signal_delay_s=30.0), cluster, Budgets(DEFAULTS))
+    (relaunch,) = [e for e in decision.events if isinstance(e, Relaunch)]
+    assert (relaunch.stale_ended, relaunch.unanswered, relaunch.lingering) == (None, [], [])

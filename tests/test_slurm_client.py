@@ -187,6 +187,7 @@ NUMBERS = {
     Purpose.REQUEUE: (15.0, math.inf, False),
     Purpose.UPDATE_PENDING: (15.0, 0.0, True),
     Purpose.KEEPER_PROBE: (20.0, 0.0, True),
+    Purpose.NODE_CHECK: (15.0, 0.0, True),
 }
 
 

@@ -22,7 +22,8 @@ that cannot take the task on), the task starts the worker itself, cold, as befor
 
 The worker runs under the standby's step (its cgroup, its memory accounting), not the relaunched
 step's: Slurm's per-step figures (sacct MaxRSS) of a relaunched step show the task alone. Each
-forked worker names itself `hpctrain-rN` (rank N) for ps and top.
+forked worker names itself `hpctrain-rN` (rank N) for ps and top, and for the node check before a
+relaunch (hpctrain.run.rank_processes), which ends a worker of a step Slurm could not end.
 
 The standby forks while it has only its main thread and before any CUDA call: that is what
 makes fork safe with torch. The stop signals stay blocked in it (a preemption reaches every
@@ -43,6 +44,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpctrain.process.early_signals import HELD
+from hpctrain.run import rank_processes
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
 
@@ -219,7 +221,7 @@ def _die_with_parent(parent: int) -> None:
 
 def _run_worker(task: dict) -> int:
     """In the forked worker: run the task's module as `python -m` would; its exit code."""
-    _name_process(f"hpctrain-r{task['env'].get('SLURM_PROCID', '')}")
+    _name_process(rank_processes.worker_name(task["env"].get("SLURM_PROCID", "")))
     from hpctrain.process import startup_clock
 
     startup_clock.mark("began", task["began"])  # the task's own start: launch_s stays Slurm's part

@@ -36,11 +36,13 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from hpctrain import faults
 from hpctrain.config.slurm_file import slurm_settings
 from hpctrain.recovery.apply import Applier, stamped
+from hpctrain.recovery.check_nodes import check_nodes
 from hpctrain.recovery.decide import (
     decide,
     decide_cancelled,
@@ -66,6 +68,8 @@ from hpctrain.slurm.client import Purpose
 SLURM_BUDGET_S = 20.0
 # A requeue without an answer, and the keeper: how long to wait for slurmctld to come back.
 REQUEUE_WAIT_S = client.RESTART_WAIT_S
+# A relaunch's node check, all nodes at once: a node that answers does in a second or two.
+NODE_CHECK_BUDGET_S = 20.0
 # Exported by the batch shell before after-step: when the training step's srun returned.
 STEP_ENDED_AT_ENV = "HPCTRAIN_STEP_ENDED_AT"
 
@@ -122,7 +126,22 @@ class Controller:
         """The answer line for the batch shell (exit_code None: no step was launched)."""
         faults.point("control.after_step")
         outcome = self.gather.outcome(exit_code, terminated, warned, excluded)
-        decision = decide(self.gather.history(launched_at), outcome, self.gather.cluster(), self.gather.budgets())
+        history, budgets = self.gather.history(launched_at), self.gather.budgets()
+        cluster = self.gather.cluster()
+        decision = decide(history, outcome, cluster, budgets)
+        # A relaunch checks the nodes it may use first (hpctrain.recovery.node_check): each
+        # answers, and no process of the old step is left there. Decided again on what the
+        # check found, until every node the relaunch may use was checked (or it is no relaunch).
+        while decision.action is Action.RELAUNCH:
+            unchecked = [n for n in cluster.allocated if n not in decision.excluded and n not in cluster.checked.nodes]
+            if not unchecked:
+                break
+            self.within.renew(NODE_CHECK_BUDGET_S)
+            found = check_nodes(self.gather.number or self.gather.job_id, unchecked, sys.executable, until=self.within.until)
+            if found is None:
+                break
+            cluster = replace(cluster, checked=cluster.checked | found)
+            decision = decide(history, outcome, cluster, budgets)
         self.apply.record(stamped(decision, self.env.get(STEP_ENDED_AT_ENV, "")))
         if decision.ends_run:
             self._run_ended(decision.action.value)

@@ -43,6 +43,7 @@ from hpctrain.run.causes import Action, Cause, StopReason
 from hpctrain.run.events import (
     BY_SLURM,
     CANCELLED_BY_COMMAND,
+    DETECTED_BY_CHECK,
     DETECTED_BY_HEARTBEAT,
     DETECTED_BY_SLURM,
     Cancelled,
@@ -88,7 +89,12 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
     written: list[Event] = []
     if lost:
         heard_silent = silent_nodes(since)
-        detected = DETECTED_BY_HEARTBEAT if set(lost) & heard_silent else DETECTED_BY_SLURM
+        if set(lost) & heard_silent:
+            detected = DETECTED_BY_HEARTBEAT
+        elif set(lost) <= cluster.checked.unanswering:
+            detected = DETECTED_BY_CHECK
+        else:
+            detected = DETECTED_BY_SLURM
         written.append(
             Failure(**mark, cause=Cause.NODE_FAILURE, nodes=lost, exit_code=outcome.exit_code, detected_by=detected)
         )

@@ -91,6 +91,24 @@ def parse_time_left(text: str) -> float | None:
 
 
 @dataclass(frozen=True)
+class Checked:
+    """What a relaunch's node check (hpctrain.recovery.node_check) found on the nodes it ran on."""
+
+    nodes: frozenset[str] = frozenset()  # every node checked
+    unanswering: frozenset[str] = frozenset()  # no answer in time: lost, whatever Slurm lists
+    lingering: frozenset[str] = frozenset()  # the old step's processes would not end there
+    ended: int = 0  # old training processes the checks ended
+
+    def __or__(self, other: Checked) -> Checked:
+        return Checked(
+            self.nodes | other.nodes,
+            self.unanswering | other.unanswering,
+            self.lingering | other.lingering,
+            self.ended + other.ended,
+        )
+
+
+@dataclass(frozen=True)
 class ClusterView:
     """The allocation and every node as Slurm sees them when a step has ended."""
 
@@ -119,10 +137,15 @@ class ClusterView:
     # The nodes with the GPUs and memory per node the job asks for (hpctrain.recovery.node_sizes);
     # None: it asks for neither, or it is not known (every node counts).
     big_enough_nodes: frozenset[str] | None = None
+    # A relaunch's check of the nodes it may use (empty until the control step made one).
+    checked: Checked = field(default_factory=Checked)
 
     def service(self, node: str) -> Service:
-        """A node sinfo does not list was removed: not in service. Without sinfo's answer at
-        all (a container without Slurm's commands) every node counts as up."""
+        """A node sinfo does not list was removed: not in service. A node that did not answer a
+        relaunch's check is lost, though Slurm lists it as up for SlurmdTimeout yet. Without
+        sinfo's answer at all (a container without Slurm's commands) every node counts as up."""
+        if node in self.checked.unanswering:
+            return Service.FAILED
         if not self.nodes:
             return Service.UP
         state = self.nodes.get(node)

@@ -70,17 +70,24 @@ def relaunch(
 ) -> Relaunch | None:
     """A relaunch on the nodes left, when enough of them are in service (a drained spare is
     not) and the allocation has time for at least one checkpoint interval before its warning,
-    and no preemption's grace is running (Slurm would not warn the new step again). Enough: the
+    and no preemption's grace is running (Slurm would not warn the new step again), leaving out
+    the nodes its node check found unfit (cluster.checked). Enough: the
     training nodes (a spare takes a lost one's place), or with slurm.nodes a range its low end
     (the step goes on with the survivors, fewer processes: trainer.elastic)."""
     if outcome.warned or cluster.time_left_s is None or cluster.preempting:
         return None
-    survivors = [n for n in cluster.allocated if n not in kept_out and cluster.service(n) is Service.UP]
+    checked = cluster.checked
+    # Not a node that did not answer the node check (service: failed), nor one where the old
+    # step's processes would not end (hpctrain.recovery.node_check).
+    unfit = set(checked.unanswering) | set(checked.lingering)
+    survivors = [
+        n for n in cluster.allocated if n not in kept_out | unfit and cluster.service(n) is Service.UP
+    ]
     interval = checkpoint_interval_s(history.events) or outcome.signal_delay_s
     least = outcome.fewest_nodes
     if len(survivors) < least or cluster.time_left_s < outcome.signal_delay_s + interval:
         return None
-    excluded = sorted(kept_out | set(cluster.drained(cluster.allocated)))
+    excluded = sorted(kept_out | set(cluster.drained(cluster.allocated)) | (unfit & set(cluster.allocated)))
     step = survivors[: outcome.nodes_wanted]
     return Relaunch(
         **marks(history),
@@ -89,14 +96,19 @@ def relaunch(
         excluded=excluded,
         nodes=step,
         spare_nodes=len(survivors) - len(step),
+        stale_ended=checked.ended if checked.nodes else None,
+        unanswered=sorted(checked.unanswering),
+        lingering=sorted(checked.lingering),
     )
 
 
 def keep_out(outcome: Outcome, cluster: ClusterView, lost: list[str]) -> set[str]:
-    """The user's slurm.exclude, the nodes lost now, and nodes excluded earlier that Slurm has
-    not returned to service: one that is back is allowed again."""
+    """The user's slurm.exclude, the nodes lost now (a spare that did not answer a relaunch's
+    node check too), and nodes excluded earlier that Slurm has not returned to service: one that
+    is back is allowed again."""
     earlier = {n for n in outcome.excluded if cluster.service(n) is not Service.UP}
-    return set(outcome.user_exclude) | set(lost) | (earlier - set(outcome.user_exclude))
+    dead = set(cluster.checked.unanswering)
+    return set(outcome.user_exclude) | set(lost) | dead | (earlier - set(outcome.user_exclude))
 
 
 def requeue_shape(kept_out: set[str], outcome: Outcome, cluster: ClusterView) -> tuple[set[str], int | None]:

@@ -39,6 +39,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from hpctrain import faults
 from hpctrain.config.slurm_file import slurm_settings
 from hpctrain.recovery.hearing import StepHearing
 from hpctrain.run.events import Journal, Silent
@@ -196,6 +197,9 @@ class Watcher:
         return srun
 
     def _kill_step(self, step: str) -> None:
+        # `sleep:S` here: Slurm's kill of the step reaches its nodes late (slurmctld busy with the
+        # silent node), and the relaunch's node check ends the old ranks in its place.
+        faults.point("watch.before_step_kill")
         client.signal(step, "KILL", Purpose.IN_JOB, env=self.env)
 
 

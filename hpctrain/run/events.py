@@ -143,6 +143,12 @@ class Relaunch(Event):
     excluded: list[str] = field(default_factory=list)  # srun --exclude of the new step
     nodes: list[str] = field(default_factory=list)  # nodes the new step may run on
     spare_nodes: int = 0  # nodes left over after this relaunch
+    # The node check before the relaunch (hpctrain.recovery.node_check): old training processes it
+    # ended, the nodes that did not answer it (lost) and those where old processes would not end
+    # (left out); None: no check ran (no srun where the control step runs).
+    stale_ended: int | None = None
+    unanswered: list[str] = field(default_factory=list)
+    lingering: list[str] = field(default_factory=list)
     # Seconds from the old step's end (its srun returned to the batch shell) to this decision.
     decided_s: float | None = None
 
@@ -160,7 +166,8 @@ class Failure(Event):
     action: str | None = None  # what came next: an Action's word (resubmit, requeue, fail)
     new_job_id: str | None = None  # requeue_refused, resubmitted: the job the run goes on in
     # node_failure: how the loss was seen: DETECTED_BY_SLURM (the node DOWN or gone from the job)
-    # or DETECTED_BY_HEARTBEAT (its processes fell silent: a `silent` event came first).
+    # or DETECTED_BY_HEARTBEAT (its processes fell silent: a `silent` event came first) or
+    # DETECTED_BY_CHECK (it did not answer the node check of a relaunch that would have used it).
     detected_by: str | None = None
 
 
@@ -199,6 +206,7 @@ BY_KEEPER = "keeper"
 # `detected_by` of a node_failure `failure`.
 DETECTED_BY_SLURM = "slurm"
 DETECTED_BY_HEARTBEAT = "heartbeat"
+DETECTED_BY_CHECK = "check"  # no answer to a relaunch's node check (hpctrain.recovery.node_check)
 # hpctrain-cancel's name in `cancelled` events (`by`).
 CANCELLED_BY_COMMAND = "hpctrain-cancel"
 

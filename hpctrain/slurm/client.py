@@ -37,7 +37,7 @@ SACCT = "sacct"
 SINFO = "sinfo"
 SCANCEL = "scancel"
 SACCTMGR = "sacctmgr"
-SRUN = "srun"  # only the keeper's probe of the batch host (probe_process)
+SRUN = "srun"  # one-task steps on one node: the keeper's probe, a relaunch's node check
 COMMANDS = frozenset({SBATCH, SCONTROL, SQUEUE, SACCT, SINFO, SCANCEL, SACCTMGR, SRUN})
 
 
@@ -63,6 +63,7 @@ class Purpose(Enum):
     REQUEUE = "requeue"
     UPDATE_PENDING = "update pending"
     KEEPER_PROBE = "keeper probe"
+    NODE_CHECK = "node check"
 
 
 POLICIES: dict[Purpose, Policy] = {
@@ -107,6 +108,10 @@ POLICIES: dict[Purpose, Policy] = {
     # The keeper's one step on the silent batch host: a node that answers runs it in a second or
     # two; one that is lost never does (Slurm's MessageTimeout is 10 s). Never retried.
     Purpose.KEEPER_PROBE: Policy(timeout_s=20.0),
+    # A relaunch's check of each node it may use (hpctrain.recovery.node_check): a node that
+    # answers runs it in a second or two, one that died silently never (MessageTimeout, 10 s).
+    # Never retried: no answer is the answer.
+    Purpose.NODE_CHECK: Policy(timeout_s=15.0),
 }
 
 
@@ -333,11 +338,16 @@ def job_steps(job_id: str, purpose: Purpose, *, until: float | None = None) -> A
 
 
 def probe_process(job_id: str, node: str, pid: int, purpose: Purpose, *, until: float | None = None) -> Reply:
-    """`srun --overlap --jobid=JOB --nodelist=NODE ... kill -0 PID`: a one-task step of the job on
-    NODE that asks whether process PID lives there. ok: it does (the node and that process are
-    alive); an answer with another exit code: the step ran and the process is gone, or Slurm
-    refused the step; no answer in time: the node did not run it."""
-    command = [
+    """`srun ... kill -0 PID` on NODE (run_on_node): asks whether process PID lives there. ok: it
+    does (the node and that process are alive); an answer with another exit code: the step ran
+    and the process is gone, or Slurm refused the step; no answer in time: the node did not run it."""
+    return run_on_node(job_id, node, ["kill", "-0", str(pid)], purpose, until=until)
+
+
+def run_on_node(job_id: str, node: str, command: list[str], purpose: Purpose, *, until: float | None = None) -> Reply:
+    """`srun --overlap --jobid=JOB --nodelist=NODE --ntasks=1 ... COMMAND`: a one-task step of the
+    job on NODE beside whatever runs there (no GPU, one CPU), its exit code not ending the job."""
+    step = [
         SRUN,
         "--overlap",
         f"--jobid={job_id}",
@@ -347,11 +357,8 @@ def probe_process(job_id: str, node: str, pid: int, purpose: Purpose, *, until: 
         "--cpus-per-task=1",
         "--gres=none",
         "--kill-on-bad-exit=0",
-        "kill",
-        "-0",
-        str(pid),
     ]
-    return _ask(command, purpose, until=until)
+    return _ask([*step, *command], purpose, until=until)
 
 
 # ---- sinfo, sacct, sacctmgr ------------------------------------------------------------------
