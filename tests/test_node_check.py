@@ -54,13 +54,14 @@ def test_the_check_ends_the_jobs_ranks_on_its_node_and_nothing_else(processes: l
     other_node = _sleeper(JOB, "node8", module="hpctrain.worker")
     other_job = _sleeper("88124", NODE, name=worker_name(0))
     not_a_rank = _sleeper(JOB, NODE, name="hpctrain-rx")
-    processes.extend([cold, handed, warm, standby, other_node, other_job, not_a_rank])
+    launcher = _sleeper(JOB, NODE, module="hpctrain.worker", name="srun")  # the batch shell's srun
+    processes.extend([cold, handed, warm, standby, other_node, other_job, not_a_rank, launcher])
     assert training_processes(JOB, NODE) == sorted([cold.pid, handed.pid, warm.pid])
     found = check(JOB, NODE)
     assert (found.node, found.ended, found.lingering) == (NODE, 3, ())
     for ended in (cold, handed, warm):
         assert ended.wait(timeout=5) == -9
-    for spared in (standby, other_node, other_job, not_a_rank):
+    for spared in (standby, other_node, other_job, not_a_rank, launcher):
         assert spared.poll() is None
     # Nothing left: a second check finds nothing to end.
     assert check(JOB, NODE) == NodeCheck(NODE, 0, ())

@@ -7,7 +7,10 @@ all-reduce, and Slurm still lists the node as up for minutes. The batch script's
 slurm.silent_node_timeout_s (10 s, the default): `silent`, then `failure` (node_failure,
 detected_by heartbeat), then
 
-1. with a spare: `relaunch` on the batch node and the spare, the same life training on;
+1. with a spare: `relaunch` on the batch node and the spare, the same life training on; here the
+   first spare died silently too, while idle, and Slurm's kill of the old step comes late: the
+   relaunch's node check leaves the dead spare out (the second spare is taken, no crash is
+   charged) and finds no process of the old step left on the nodes it takes;
 2. without one: `requeue` with the silent node kept out (ExcNodeList). Slurm can only finish the
    requeue once it hears from the node (its tasks must be confirmed gone): the test thaws it then,
    as the site's node returns, and the next life trains on the nodes left.
@@ -46,6 +49,8 @@ from slurmtools import (
 )
 
 from hpctrain import faults
+from hpctrain.run.rank_processes import training_processes
+from hpctrain.slurm.env import parse_node_list
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -106,39 +111,71 @@ def _detected(run_dir: Path, node: str, frozen_at: float) -> float:
 
 
 def test_a_silent_node_with_a_spare_is_relaunched_around_in_seconds(tmp_path: Path) -> None:
+    """With two spares, one of which died silently while idle (Slurm lists it up), and Slurm's
+    kill of the old step late (slurmctld slow to reach the nodes): the relaunch's node check
+    leaves the dead spare out (no crash charged, the other spare taken), and no process of the
+    old step is left on the nodes the relaunch takes."""
     slurm_env = start_site_timeouts_cluster()
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     run_dir = tmp_path / "run"
     trained = Reference(env, tmp_path / "reference", [*TRAIN, "trainer.nprocs=2"])
-    armed = {**env, PAUSE_ENV: "0.1", faults.ENV: SLOW}
+    armed = {**env, PAUSE_ENV: "0.1", faults.ENV: f"{SLOW},watch.before_step_kill=sleep:90"}
     # The relaunch through the warm standbys (the frozen node's own is frozen with it).
-    (job,), _ = submit(armed, run_dir, *TRAIN, "slurm.spare_nodes=1", "slurm.warm_standby=true")
-    frozen: str | None = None
+    (job,), _ = submit(armed, run_dir, *TRAIN, "slurm.spare_nodes=2", "slurm.warm_standby=true")
+    frozen: list[str] = []
     try:
-        frozen, frozen_at = _freeze_when_trained(env, run_dir, job)
+        wait_for_step(run_dir, FREEZE_AT_STEP, timeout_s=400)
+        node = _training_node(env, run_dir, job)
+        batch = job_field(env, job, "BatchHost")
+        spares = sorted(set(parse_node_list(job_field(env, job, "NodeList") or "")) - {node, batch})
+        # The first spare Slurm would give a step dies first, idle: nothing of the run hears it.
+        dead_spare = spares[0]
+        devcluster().freeze_node(SITE_TIMEOUTS_DIR, dead_spare)
+        frozen.append(dead_spare)
+        old_rank = training_processes(job, batch)  # the old step's rank there, its beater, its forks
+        assert old_rank, f"no training process of job {job} on {batch}"
+        devcluster().freeze_node(SITE_TIMEOUTS_DIR, node)
+        frozen.append(node)
+        frozen_at = time.time()
         # No false alarm before: the held write and the slow step outlasted the timeout.
         assert [e["nodes"] for e in _events_of(run_dir, "silent")] == []
-        detected_s = _detected(run_dir, frozen, frozen_at)
-        relaunch = _wait_event(run_dir, "relaunch", 30)
-        assert frozen in relaunch["excluded"] and frozen not in relaunch["nodes"], relaunch
-        again = first_step_after(run_dir, _wait_event(run_dir, "relaunch", 1)["time"], 120)
+        detected_s = _detected(run_dir, node, frozen_at)
+        relaunch = _wait_event(run_dir, "relaunch", 60)
+        assert node in relaunch["excluded"] and node not in relaunch["nodes"], relaunch
+        assert relaunch["unanswered"] == [dead_spare] and dead_spare in relaunch["excluded"], relaunch
+        # Slurm's kill of the step is held back (the fault point), yet the old rank is gone by the
+        # check: the batch node's step daemon ended its tasks once the watcher killed srun. The
+        # check found nothing left to end (tests/test_node_check.py ends such processes).
+        assert relaunch["stale_ended"] == 0 and relaunch["lingering"] == [], relaunch
+        assert [pid for pid in old_rank if _alive(pid)] == [], "the old step's rank trains on beside the new"
+        again = first_step_after(run_dir, relaunch["time"], 120)
         # Slurm has not marked the node DOWN: the detection was hpctrain's own.
         state = subprocess.run(
-            ["sinfo", "-h", "-n", frozen, "-o", "%T"], env=env, capture_output=True, text=True
+            ["sinfo", "-h", "-n", node, "-o", "%T"], env=env, capture_output=True, text=True
         ).stdout.strip()
         assert "down" not in state, state
         print(
             f"silent node with a spare: detected {detected_s:.1f} s after the freeze, training again "
-            f"(step {again['step']}) {again['time'] - frozen_at:.1f} s after it; Slurm says {state}"
+            f"(step {again['step']}) {again['time'] - frozen_at:.1f} s after it; Slurm says {state}; "
+            f"the relaunch's node check waited for the dead spare {dead_spare}"
         )
         print(f"silent node with a spare, the relaunch piece by piece: {told(breakdown(run_dir, frozen_at))}")
         _wait_event(run_dir, "finish", 400)
     finally:
-        if frozen:
-            devcluster().thaw_node(SITE_TIMEOUTS_DIR, frozen)
+        for name in frozen:
+            devcluster().thaw_node(SITE_TIMEOUTS_DIR, name)
     assert wait_finished(slurm_env, job, timeout_s=300) == "COMPLETED", job_output(run_dir)
     assert [s["restart"] for s in _events_of(run_dir, "start")] == [0, 0]  # one life, two steps
+    assert [f["cause"] for f in _events_of(run_dir, "failure")] == ["node_failure"]  # no crash charged
     assert same_weights(run_dir, trained.trained())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def test_a_silent_node_without_a_spare_is_requeued_without_it(tmp_path: Path) -> None:

@@ -13,8 +13,9 @@ A training process of job J on node N is a process of this user whose starting e
   - a worker a warm standby forked (or one of its own forks, a DataLoader's): its name (comm)
     is `hpctrain-rN` (hpctrain.process.standby names it so; a fork keeps the name, and keeps the
     standby's starting environment, which names the same job and node).
-The standby itself, the batch shell, the heartbeat watcher, the keeper and the control steps are
-none of these: a node check never touches them.
+The standby itself, the batch shell and its srun (whose command line names the task's module too),
+the heartbeat watcher, the keeper and the control steps are none of these: a node check never
+touches them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ WORKER_NAME_PREFIX = "hpctrain-r"
 # The modules a training step's task runs (`python -m MODULE RUN_DIR`).
 TASK_MODULES = ("hpctrain.worker", "hpctrain.process.handoff")
 JOB_ENV, NODE_ENV = "SLURM_JOB_ID", "SLURMD_NODENAME"
+LAUNCHER_NAME = "srun"
 
 
 def worker_name(rank: str | int) -> str:
@@ -48,6 +50,8 @@ def is_training_process(folder: Path, job_id: str, node: str) -> bool:
     if f"{NODE_ENV}={node}".encode() not in environ.split(b"\0"):
         return False
     name = (_read(folder / "comm") or b"").decode(errors="replace").strip()
+    if name == LAUNCHER_NAME:  # the batch shell's srun: its command line names the task's module
+        return False
     if name.startswith(WORKER_NAME_PREFIX) and name[len(WORKER_NAME_PREFIX) :].isdigit():
         return True
     words = (_read(folder / "cmdline") or b"").decode(errors="replace").split("\0")
