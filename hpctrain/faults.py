@@ -74,7 +74,7 @@ POINTS = {
     "guardian.before_look": "the guardian started (its job ended not ok), Slurm's record not read yet",
     "guardian.before_claim": "the guardian decided to submit the run again; its generation not taken yet",
     "guardian.before_sbatch": "the guardian's generation taken; its sbatch not run yet",
-    "watch.before_step_kill": "the heartbeat watcher heard a node fall silent; its kill of the step not asked of Slurm yet",
+    "watch.before_step_kill": "the heartbeat watcher heard a node fall silent; the step's kill not asked yet",
     "keeper.before_sbatch": "the keeper decided to submit the run again without the silent batch host; sbatch not run",
 }
 

@@ -34,12 +34,18 @@ def check_nodes(job_id: str, nodes: list[str], python: str, *, until: float | No
     answers = {node: NodeCheck.parse(reply.stdout, node) for node, reply in zip(nodes, replies, strict=True)}
     for node, reply in zip(nodes, replies, strict=True):
         if answers[node] is None:
-            print(f"hpctrain: node {node} did not answer the relaunch's check ({reply.why()}): it is left out", file=sys.stderr)
+            print(
+                f"hpctrain: node {node} did not answer the relaunch's check ({reply.why()}): it is left out",
+                file=sys.stderr,
+            )
     found = [answer for answer in answers.values() if answer is not None]
     for answer in found:
         if answer.lingering:
             pids = ",".join(map(str, answer.lingering))
-            print(f"hpctrain: on {answer.node} the old step's processes {pids} would not end: it is left out", file=sys.stderr)
+            print(
+                f"hpctrain: on {answer.node} the old step's processes {pids} would not end: it is left out",
+                file=sys.stderr,
+            )
     return Checked(
         nodes=frozenset(nodes),
         unanswering=frozenset(node for node, answer in answers.items() if answer is None),

@@ -137,7 +137,9 @@ class Controller:
             if not unchecked:
                 break
             self.within.renew(NODE_CHECK_BUDGET_S)
-            found = check_nodes(self.gather.number or self.gather.job_id, unchecked, sys.executable, until=self.within.until)
+            found = check_nodes(
+                self.gather.number or self.gather.job_id, unchecked, sys.executable, until=self.within.until
+            )
             if found is None:
                 break
             cluster = replace(cluster, checked=cluster.checked | found)

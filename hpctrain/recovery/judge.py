@@ -80,9 +80,7 @@ def relaunch(
     # Not a node that did not answer the node check (service: failed), nor one where the old
     # step's processes would not end (hpctrain.recovery.node_check).
     unfit = set(checked.unanswering) | set(checked.lingering)
-    survivors = [
-        n for n in cluster.allocated if n not in kept_out | unfit and cluster.service(n) is Service.UP
-    ]
+    survivors = [n for n in cluster.allocated if n not in kept_out | unfit and cluster.service(n) is Service.UP]
     interval = checkpoint_interval_s(history.events) or outcome.signal_delay_s
     least = outcome.fewest_nodes
     if len(survivors) < least or cluster.time_left_s < outcome.signal_delay_s + interval:

@@ -36,10 +36,14 @@ def worker_name(rank: str | int) -> str:
     return f"{WORKER_NAME_PREFIX}{rank}"[:15]
 
 
-def training_processes(job_id: str, node: str, proc: Path = Path("/proc"), *, skip: set[int] | None = None) -> list[int]:
+def training_processes(
+    job_id: str, node: str, proc: Path = Path("/proc"), *, skip: set[int] | None = None
+) -> list[int]:
     """The pids of job `job_id`'s training processes on `node` (a process gone meanwhile is left
     out, as is any pid in `skip`)."""
-    return sorted(pid for pid in _pids(proc) if pid not in (skip or set()) and is_training_process(proc / str(pid), job_id, node))
+    return sorted(
+        pid for pid in _pids(proc) if pid not in (skip or set()) and is_training_process(proc / str(pid), job_id, node)
+    )
 
 
 def is_training_process(folder: Path, job_id: str, node: str) -> bool:
