@@ -55,6 +55,7 @@ GATE_POLL_S = 0.05
 POINTS = {
     "batch.before_begin": "the batch script started, its `control begin` not run yet",
     "batch.setup": "the batch script about to run slurm.setup's lines",
+    "batch.before_launch": "the batch script about to srun a training step (each launch of the life)",
     "batch.before_requeue": "the step ended and `requeue` was decided, not asked of Slurm yet",
     "control.after_step": "the control step judging an ended step, nothing decided yet",
     "control.requeue_asked": "`scontrol requeue` accepted, ExcNodeList not set yet",

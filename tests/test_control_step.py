@@ -18,7 +18,7 @@ from fakeslurm import FIXTURES, FakeSlurm, Said, captured, install
 
 from hpctrain.cli import follow
 from hpctrain.config.schema import SlurmConfig
-from hpctrain.recovery import control
+from hpctrain.recovery import control, outage
 from hpctrain.recovery import requeue as requeue_calls
 from hpctrain.recovery.control import Controller
 from hpctrain.recovery.facts import Budgets
@@ -200,11 +200,10 @@ def test_an_outage_is_waited_out_until_the_jobs_time_limit(
     """The job's time limit (slurm.time 01:00:00, started 3,548 s ago) leaves 22 s: slurmctld,
     still away, is asked again with growing pauses for all of it (minus the 30 s margin's
     share), not only REQUEUE_WAIT_S; then the job ends undecided."""
-    from hpctrain.recovery import gather
 
     monkeypatch.setattr(control, "REQUEUE_WAIT_S", 1.0)
-    monkeypatch.setattr(gather, "OUTAGE_FIRST_PAUSE_S", 0.5)
-    monkeypatch.setattr(gather, "OUTAGE_END_MARGIN_S", 18.0)  # 4 s of waiting left: a test's share
+    monkeypatch.setattr(outage, "OUTAGE_FIRST_PAUSE_S", 0.5)
+    monkeypatch.setattr(outage, "OUTAGE_END_MARGIN_S", 18.0)  # 4 s of waiting left: a test's share
     slurm.says("scontrol", captured("stopped_scontrol_show_job")).says("sbatch", Said(out="99\n"))
     root = run_dir(tmp_path / "run")
     started = time.monotonic()

@@ -23,7 +23,7 @@ from hpctrain.recovery.decide import (
     decide_start,
     lineage,
 )
-from hpctrain.recovery.decision import Shape
+from hpctrain.recovery.decision import Decision, Shape
 from hpctrain.recovery.facts import (
     Budgets,
     Checked,
@@ -1339,3 +1339,58 @@ def test_no_check_made_leaves_the_relaunch_without_its_count() -> None:
     decision = decide(history, Outcome(exit_code=137, nodes_wanted=2, signal_delay_s=30.0), cluster, Budgets(DEFAULTS))
     (relaunch,) = [e for e in decision.events if isinstance(e, Relaunch)]
     assert (relaunch.stale_ended, relaunch.unanswered, relaunch.lingering) == (None, [], [])
+
+
+# ---- a step whose srun started no task (hpctrain.run.launch_marks): slurmctld away ----
+def _lost_launch(history_events: tuple = (), **outcome) -> Decision:
+    events = (*EARLIER, start("node1", "node2"), *history_events)
+    history = History(JOB, 0, events, ())
+    fields = {"exit_code": 1, "nodes_wanted": 2, "signal_delay_s": 30.0, "task_began": False, **outcome}
+    cluster = ClusterView(sinfo("idle"), ("node1", "node2"), ("node1", "node2"), 3000.0)
+    return decide(history, Outcome(**fields), cluster, Budgets(DEFAULTS))
+
+
+def _launched_again(t: float) -> Relaunch:
+    return Relaunch(time=t, job_id=JOB, restart=0, cause=Cause.LAUNCH, nodes=["node1", "node2"])
+
+
+def test_a_step_whose_srun_started_no_task_is_launched_again_charged_to_nothing() -> None:
+    decision = _lost_launch()
+    assert decision.action is Action.RELAUNCH, decision.message
+    assert [_named(e) for e in decision.events] == ["relaunch:launch"]  # no failure, no budget
+    assert decision.excluded == ()
+
+
+def test_a_launch_lost_twice_in_a_row_is_then_a_crash() -> None:
+    twice = (_launched_again(200.0), _launched_again(300.0))
+    decision = _lost_launch(twice)
+    assert [_named(e) for e in decision.events] == ["failure:crash", "requeue:crash"]
+    # A `start` between them: the count begins again.
+    decision = _lost_launch((_launched_again(200.0), start("node1", "node2", t=250.0), _launched_again(300.0)))
+    assert [_named(e) for e in decision.events] == ["relaunch:launch"]
+
+
+def test_a_step_whose_tasks_began_is_judged_as_before() -> None:
+    assert [_named(e) for e in _lost_launch(task_began=True).events] == ["failure:crash", "requeue:crash"]
+    assert [_named(e) for e in _lost_launch(task_began=None).events] == ["failure:crash", "requeue:crash"]
+    # A signal to the batch shell, or the time-limit warning, is the step's own end.
+    assert [_named(e) for e in _lost_launch(warned=True).events] == ["requeue:timelimit"]
+
+
+def test_a_lost_launch_without_the_time_to_relaunch_is_requeued_charged_to_nothing() -> None:
+    events = (*EARLIER, start("node1", "node2"))
+    outcome = Outcome(exit_code=1, nodes_wanted=2, signal_delay_s=30.0, task_began=False)
+    away = ClusterView(sinfo("idle"), ("node1", "node2"), ("node1", "node2"), None, answered=False)
+    decision = decide(History(JOB, 0, events, ()), outcome, away, Budgets(DEFAULTS))
+    assert decision.action is Action.REQUEUE
+    assert [_named(e) for e in decision.events] == ["requeue:launch"]
+
+
+def test_launches_again_count_against_no_budget() -> None:
+    # max_restarts 1, spent by nothing: five launches again and a requeue for a time limit pass.
+    again = tuple(_launched_again(200.0 + i) for i in range(5))
+    history = History(JOB, 0, (*EARLIER, start("node1", "node2"), *again), (stop(55, "timelimit", 400.0),))
+    cluster = ClusterView(sinfo("idle"), ("node1", "node2"), ("node1", "node2"), 3000.0)
+    budgets = Budgets({**DEFAULTS, "timelimit": 1}, max_restarts=1)
+    decision = decide(history, Outcome(exit_code=75, nodes_wanted=2, signal_delay_s=30.0), cluster, budgets)
+    assert [_named(e) for e in decision.events] == ["requeue:timelimit"], decision.message

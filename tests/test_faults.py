@@ -40,7 +40,7 @@ def test_armed_points_are_read_from_their_words(text: str, expected: dict[str, A
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("nowhere=kill", "a known point (batch.after_requeue, batch.before_begin, batch.before_requeue"),
+        ("nowhere=kill", "a known point (batch.after_requeue, batch.before_begin, batch.before_launch"),
         ("checkpoint.between_renames", "not NAME=ACTION"),
         ("checkpoint.between_renames=explode", "the action is kill, stop, term"),
         ("checkpoint.between_renames=sleep", "the action is kill, stop, term"),

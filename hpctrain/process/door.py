@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from hpctrain import faults
 from hpctrain.process import ending, heartbeat, startup_clock
 from hpctrain.process.early_signals import HELD, EarlySignals
+from hpctrain.run import launch_marks
 
 if TYPE_CHECKING:
     from hpctrain.dist.context import DistContext
@@ -91,6 +92,11 @@ def _alive(pid: int) -> bool:
 def main(argv: list[str] | None = None) -> None:
     startup_clock.mark("began")
     early = EarlySignals().hold()
+    # Rank 0's mark that the step's tasks began (hpctrain.run.launch_marks): without it, a failed
+    # step is one srun never launched (slurmctld away), charged to no budget.
+    words = sys.argv[1:] if argv is None else argv
+    if words and not words[0].startswith("-"):
+        launch_marks.leave(Path(words[0]), os.environ)
     # Forked by a warm standby (hpctrain.process.standby), the stop signals come blocked: held now, let in.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
     # The beats to the batch script's watcher begin before the imports: a node that dies while

@@ -52,8 +52,11 @@ from hpctrain.recovery.decide import (
     decide_start,
 )
 from hpctrain.recovery.decision import Decision
+from hpctrain.recovery.facts import Budgets, ClusterView, Outcome
 from hpctrain.recovery.gather import Gatherer, Within
-from hpctrain.run import fencing, generations, lives, protocol
+from hpctrain.recovery.history import History
+from hpctrain.recovery.judge import launch_lost
+from hpctrain.run import fencing, generations, launch_marks, lives, protocol
 from hpctrain.run.causes import Action
 from hpctrain.run.jsonlines import locked
 from hpctrain.run.life import LifeStamp
@@ -125,31 +128,47 @@ class Controller:
     ) -> str:
         """The answer line for the batch shell (exit_code None: no step was launched)."""
         faults.point("control.after_step")
-        outcome = self.gather.outcome(exit_code, terminated, warned, excluded)
+        outcome = self.gather.outcome(exit_code, terminated, warned, excluded, launched_at or None)
         history, budgets = self.gather.history(launched_at), self.gather.budgets()
         cluster = self.gather.cluster()
-        decision = decide(history, outcome, cluster, budgets)
-        # A relaunch checks the nodes it may use first (hpctrain.recovery.node_check): each
-        # answers, and no process of the old step is left there. Decided again on what the
-        # check found, until every node the relaunch may use was checked (or it is no relaunch).
-        while decision.action is Action.RELAUNCH:
-            unchecked = [n for n in cluster.allocated if n not in decision.excluded and n not in cluster.checked.nodes]
-            if not unchecked:
-                break
-            self.within.renew(NODE_CHECK_BUDGET_S)
-            found = check_nodes(
-                self.gather.number or self.gather.job_id, unchecked, sys.executable, until=self.within.until
-            )
-            if found is None:
-                break
-            cluster = replace(cluster, checked=cluster.checked | found)
-            decision = decide(history, outcome, cluster, budgets)
+        if launch_lost(history.since_launch, outcome) and not cluster.answered:
+            # srun started no task and slurmctld gives no answer: an outage, nothing failed. Wait
+            # for Slurm (until near the time limit), then launch again, charged to no budget.
+            print("hpctrain: the step's srun started no task and slurmctld gives no answer: waiting for it", flush=True)
+            if self.gather.wait_for_slurm(REQUEUE_WAIT_S):
+                cluster = self.gather.cluster()
+        decision = self._checked(history, outcome, cluster, budgets)
         self.apply.record(stamped(decision, self.env.get(STEP_ENDED_AT_ENV, "")))
+        if launched_at:
+            launch_marks.forget(self.run.root, launched_at)  # judged: the mark's work is done
         if decision.ends_run:
             self._run_ended(decision.action.value)
         # The batch shell's srun --nodes for the survivors, only when slurm.nodes is a range.
         step_nodes = decision.step_nodes if self.slurm.elastic_nodes else None
         return Answer(decision.action, decision.excluded, step_nodes).line()
+
+    def _checked(self, history: History, outcome: Outcome, cluster: ClusterView, budgets: Budgets) -> Decision:
+        """decide's answer; a relaunch after a check of the nodes it may use (hpctrain.recovery.node_check:
+        each answers, and no process of the old step is left there), decided again on what the
+        check found until every node the relaunch may use was checked, or it is no relaunch."""
+        decision = decide(history, outcome, cluster, budgets)
+        while decision.action is Action.RELAUNCH:
+            unchecked = [n for n in cluster.allocated if n not in decision.excluded and n not in cluster.checked.nodes]
+            if not unchecked:
+                break
+            self.within.renew(NODE_CHECK_BUDGET_S)
+            job = self.gather.number or self.gather.job_id
+            found = check_nodes(job, unchecked, sys.executable, until=self.within.until)
+            if found is None:
+                break
+            if found.unanswering == set(unchecked) and self.gather.job("the relaunch's check") is None:
+                # No node answered, and neither does slurmctld: its outage, not theirs (srun could
+                # not create the checks' steps). The relaunch goes as decided, unchecked.
+                print("hpctrain: slurmctld gives no answer: the relaunch's nodes go unchecked", file=sys.stderr)
+                break
+            cluster = replace(cluster, checked=cluster.checked | found)
+            decision = decide(history, outcome, cluster, budgets)
+        return decision
 
     def cancelled(self) -> int:
         """The shell's SIGTERM trap: record `cancelled` now, once per life. Under the journal's

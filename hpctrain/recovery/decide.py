@@ -29,6 +29,7 @@ from hpctrain.recovery.history import (
     checkpoint_interval_s,
     decided_requeue,
     is_failure,
+    launches_lost,
     lineage,
     marks,
     over_budget,
@@ -37,7 +38,7 @@ from hpctrain.recovery.history import (
     saved_for,
     silent_nodes,
 )
-from hpctrain.recovery.judge import classify, keep_out, lost_nodes, relaunch, requeue_shape
+from hpctrain.recovery.judge import classify, keep_out, launch_lost, lost_nodes, relaunch, requeue_shape
 from hpctrain.recovery.lost_host import decide_guard, decide_host_lost, decide_keeper
 from hpctrain.run.causes import Action, Cause, StopReason
 from hpctrain.run.events import (
@@ -54,6 +55,11 @@ from hpctrain.run.events import (
     Start,
     last_checkpoint_step,
 )
+
+# A step whose srun started no task is launched again, charged to nothing, this many times in a row;
+# then it is judged as any failed step (a crash): a srun that can never start (a bad
+# slurm.srun_args) must not loop.
+LAUNCH_AGAIN = 2
 
 __all__ = [
     "Decision",
@@ -85,6 +91,17 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
         # requeues a preempted job whose grace ran out on its own; decide_begin then tells so.
         return decide_cancelled(history, cluster.requeued_by_slurm, cluster.timed_out)
     lost = lost_nodes(since, outcome, cluster)
+    if not lost and launch_lost(since, outcome) and launches_lost(history) < LAUNCH_AGAIN:
+        # srun started no task (slurmctld away; the control step waited for its answer): nothing
+        # failed, nothing is charged. Launched again in the job; without the time or the nodes
+        # for it, requeued (no budget either).
+        again = relaunch(history, outcome, cluster, keep_out(outcome, cluster, []), [], Cause.LAUNCH)
+        if again:
+            said = f"launch again on {','.join(again.nodes)} (its srun started no task)"
+            return Decision(Action.RELAUNCH, (again,), tuple(again.excluded), said, step_nodes=len(again.nodes))
+        shaped, nodes = requeue_shape(keep_out(outcome, cluster, []), outcome, cluster)
+        requeue = Requeue(**mark, cause=Cause.LAUNCH, excluded=sorted(shaped), nodes=nodes)
+        return Decision(Action.REQUEUE, (requeue,), tuple(sorted(shaped)), "requeue (its srun started no task)")
     cause = classify(since, outcome, lost, preempting=cluster.preempting)
     written: list[Event] = []
     if lost:

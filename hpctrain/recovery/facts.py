@@ -139,6 +139,9 @@ class ClusterView:
     big_enough_nodes: frozenset[str] | None = None
     # A relaunch's check of the nodes it may use (empty until the control step made one).
     checked: Checked = field(default_factory=Checked)
+    # slurmctld answered the look at the job (False: no answer in time, Slurm away; the facts above
+    # are fallbacks then).
+    answered: bool = True
 
     def service(self, node: str) -> Service:
         """A node sinfo does not list was removed: not in service. A node that did not answer a
@@ -199,6 +202,9 @@ class Outcome:
     # none to replace it, the step goes on with the survivors while they are this many.
     nodes_least: int | None = None
     signal_delay_s: float = 0.0  # slurm.signal_delay_s: the warning comes this long before the end
+    # Rank 0 of the step left its mark as it began (hpctrain.run.launch_marks): False, srun started
+    # no task (slurmctld away, the step refused); None: not known (a keeper's look, no launch).
+    task_began: bool | None = None
 
     @property
     def fewest_nodes(self) -> int:

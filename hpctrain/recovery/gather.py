@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from hpctrain.config.slurm import SlurmConfig
+from hpctrain.recovery import outage
 from hpctrain.recovery.constraints import nodes_meeting, parse_sinfo_features
 from hpctrain.recovery.facts import (
     Budgets,
@@ -29,6 +31,7 @@ from hpctrain.recovery.facts import (
 from hpctrain.recovery.history import History, last_relaunch_excluded, lineage
 from hpctrain.recovery.node_sizes import memory_mb, nodes_big_enough, parse_sinfo_sizes
 from hpctrain.recovery.requeue import Settled, requeue_without_answer
+from hpctrain.run import launch_marks
 from hpctrain.run.events import read_events
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
@@ -36,7 +39,8 @@ from hpctrain.slurm import client
 from hpctrain.slurm.client import NodeColumns, Purpose, split_columns
 from hpctrain.slurm.env import parse_node_list
 from hpctrain.slurm.records import JobRecord
-from hpctrain.slurm.times import time_limit_s
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -62,15 +66,6 @@ def heard(reply: client.Reply, meaning: str) -> client.Reply:
     return reply
 
 
-# A requeue without answer is asked again with pauses growing from the first to the longest,
-# until this long before the job's time limit (slurmctld back by then ends the job itself), and
-# never longer than OUTAGE_LONGEST_S in one control step.
-OUTAGE_FIRST_PAUSE_S = 5.0
-OUTAGE_LONGEST_PAUSE_S = 60.0
-OUTAGE_END_MARGIN_S = 30.0
-OUTAGE_LONGEST_S = 7 * 24 * 3600.0
-
-
 class Gatherer:
     def __init__(self, run: RunDir, env: Mapping[str, str], slurm: SlurmConfig, within: Within) -> None:
         self.run = run
@@ -84,6 +79,7 @@ class Gatherer:
         self.restart = life.restart
         self.number = life.number or ""  # SLURM_JOB_ID, which the SIGTERM trap's mark carries
         self._listed: dict[NodeColumns, str] = {}  # the last sinfo of the nodes (`cluster`)
+        self._answered = True  # slurmctld answered the last look at the job
 
     # ---- the run dir and the config ----------------------------------------------------------
 
@@ -100,9 +96,15 @@ class Gatherer:
         return self.restart > 0 and self.run.sigterm_mark(self.number, self.restart - 1).exists()
 
     def outcome(
-        self, exit_code: int | None, terminated: bool, warned: bool, excluded: tuple[str, ...] | list[str]
+        self,
+        exit_code: int | None,
+        terminated: bool,
+        warned: bool,
+        excluded: tuple[str, ...] | list[str],
+        launched_at: float | None = None,
     ) -> Outcome:
         exclude = self.slurm.exclude
+        began = None if launched_at is None or exit_code is None else launch_marks.began(self.run.root, launched_at)
         return Outcome(
             exit_code=exit_code,
             terminated=terminated,
@@ -112,6 +114,7 @@ class Gatherer:
             nodes_wanted=self.slurm.max_nodes,
             nodes_least=self.slurm.min_nodes,
             signal_delay_s=float(self.slurm.signal_delay_s),
+            task_began=began,
         )
 
     def last_step(self, history: History) -> Outcome:
@@ -132,7 +135,9 @@ class Gatherer:
         original = self.env.get("SLURM_JOB_NODELIST", "")
         record = self.job(meaning="using SLURM_JOB_NODELIST")
         self._listed = self._list_nodes()  # one sinfo for states, features and sizes
+        answered = self._answered
         return ClusterView(
+            answered=answered,
             nodes=self._node_states(),
             allocated=tuple(self._allocated_nodes(record)),
             original=tuple(parse_node_list(original)) if original else (),
@@ -148,6 +153,8 @@ class Gatherer:
     def job(self, meaning: str, purpose: Purpose = Purpose.IN_JOB) -> JobRecord | None:
         shown = client.show_job(self.job_id, purpose, until=self.within.until)
         heard(shown.reply, meaning)
+        # No answer (not merely no scontrol here): slurmctld is away.
+        self._answered = shown.reply.answered or shown.reply.kind is client.Kind.MISSING
         return shown.value
 
     def seen(self, meaning: str, purpose: Purpose = Purpose.IN_JOB) -> JobSeen:
@@ -190,37 +197,33 @@ class Gatherer:
         )
 
     def outage_deadline(self, wait_s: float) -> float:
-        """How long (monotonic) a requeue without answer is waited for: until shortly before this
-        job's time limit (when Slurm started it, plus slurm.time), however long slurmctld is away
-        (a failover, an upgrade, a database restart); at least `wait_s`. Unknown start or limit:
-        `wait_s`."""
-        started = LifeStamp.from_env(self.env).allocated_at
-        limit = time_limit_s(self.slurm.time)
-        now = time.monotonic()
-        if started is None or limit is None:
-            return now + wait_s
-        left = started + limit - OUTAGE_END_MARGIN_S - time.time()
-        return now + max(wait_s, min(left, OUTAGE_LONGEST_S))
+        """How long (monotonic) an outage is waited out: hpctrain.recovery.outage.deadline."""
+        return outage.deadline(LifeStamp.from_env(self.env).allocated_at, self.slurm.time, wait_s)
 
     def _wait_out_outage(self, wait_s: float) -> tuple[Settled, float]:
         """Ask again and look, with growing pauses, until Slurm answers (requeued, or refused) or
         the outage deadline; (what came of it, seconds waited)."""
-        began = time.monotonic()
-        deadline = self.outage_deadline(wait_s)
-        pause = OUTAGE_FIRST_PAUSE_S
-        while True:
-            self.within.renew(min(wait_s, max(1.0, deadline - time.monotonic())))
+
+        def ask() -> tuple[bool, Settled]:
             settled = requeue_without_answer(self.job_id, self.restart, self.within.until)
-            if settled.requeued or settled.refusal is not None or time.monotonic() + pause >= deadline:
-                return settled, time.monotonic() - began
-            print(
-                f"hpctrain: slurmctld still gives no answer after {time.monotonic() - began:.0f} s; asking again "
-                f"in {pause:g} s (for up to {deadline - time.monotonic():.0f} s more, until the job's time limit)",
-                file=sys.stderr,
-                flush=True,
-            )
-            time.sleep(pause)
-            pause = min(pause * 2, OUTAGE_LONGEST_PAUSE_S)
+            return settled.requeued or settled.refusal is not None, settled
+
+        return self._until_answered(ask, wait_s, "asking again")
+
+    def wait_for_slurm(self, wait_s: float) -> bool:
+        """Look at the job, with growing pauses, until slurmctld answers or the outage deadline:
+        whether it answered."""
+
+        def look() -> tuple[bool, bool]:
+            self.job(meaning="waiting for slurmctld")
+            return self._answered, self._answered
+
+        answered, _ = self._until_answered(look, wait_s, "looking again")
+        return answered
+
+    def _until_answered(self, ask: Callable[[], tuple[bool, _T]], wait_s: float, doing: str) -> tuple[_T, float]:
+        """outage.until_answered, each ask within this step's Slurm budget renewed."""
+        return outage.until_answered(ask, self.within, self.outage_deadline(wait_s), wait_s, doing)
 
     def _big_enough_nodes(self) -> frozenset[str] | None:
         """The nodes with the job's GPUs and memory per node (asked of sinfo only when the job

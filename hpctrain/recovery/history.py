@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hpctrain.recovery.facts import Budgets
-from hpctrain.run.causes import Cause, CheckpointReason, StopReason, stop_reason
+from hpctrain.run.causes import RESTART_CAUSES, Cause, CheckpointReason, StopReason, stop_reason
 from hpctrain.run.events import (
     BY_KEEPER,
     Checkpoint,
@@ -69,8 +69,9 @@ def lineage(events: Sequence[Event], job_id: str, aliases: Sequence[str] = ()) -
 
 
 def restarts_by_cause(events: Sequence[Event]) -> Counter[str]:
-    """Requeues and relaunches by their cause's word (slurm.restart_budget's keys)."""
-    return Counter(str(e.cause) for e in events if isinstance(e, (Requeue, Relaunch)))
+    """Requeues and relaunches by their cause's word (slurm.restart_budget's keys). A step launched
+    again because srun started no task (Cause.LAUNCH) is no restart: nothing of the run failed."""
+    return Counter(str(e.cause) for e in events if isinstance(e, (Requeue, Relaunch)) and e.cause in RESTART_CAUSES)
 
 
 def over_budget(events: Sequence[Event], cause: Cause, budgets: Budgets) -> str | None:
@@ -136,6 +137,20 @@ def is_failure(event: Event, cause: Cause) -> bool:
 def marks(history: History) -> dict:
     """The fields that stamp an event as this life's."""
     return {"job_id": history.job_id, "restart": history.restart}
+
+
+def launches_lost(history: History) -> int:
+    """This life's steps launched again in a row because srun started no task (relaunches with
+    Cause.LAUNCH since the life's last `start`)."""
+    count = 0
+    for event in reversed(history.events):
+        if (event.job_id, event.restart) != (history.job_id, history.restart):
+            continue
+        if isinstance(event, Start):
+            break
+        if isinstance(event, Relaunch) and event.cause is Cause.LAUNCH:
+            count += 1
+    return count
 
 
 def relaunched_for(history: History, cause: Cause) -> bool:

@@ -47,6 +47,19 @@ def classify(since: Sequence[Event], outcome: Outcome, lost: list[str], preempti
     return Cause.CRASH
 
 
+def launch_lost(since: Sequence[Event], outcome: Outcome) -> bool:
+    """srun failed without starting any task: no mark of rank 0 (hpctrain.run.launch_marks),
+    nothing journaled since the launch, no signal taken by the batch shell. slurmctld away (srun
+    gives up after about 20 s) or the step refused: nothing of the run failed."""
+    return (
+        outcome.task_began is False
+        and outcome.exit_code not in (None, 0)
+        and not outcome.terminated
+        and not outcome.warned
+        and not since
+    )
+
+
 def lost_nodes(since: Sequence[Event], outcome: Outcome, cluster: ClusterView) -> list[str]:
     """The step's nodes that failed or left the allocation (an idle spare failing is not the
     step's loss; a drained node is not a failed one)."""

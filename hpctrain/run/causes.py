@@ -88,6 +88,9 @@ class Cause(Word):
     USER_ERROR = "user_error"  # a worker refused a value or file: never retried
     BUDGET = "budget"  # a restart budget is spent: the job ends
     REQUEUE_REFUSED = "requeue_refused"  # scontrol refused the requeue and sbatch the resubmission
+    # The step's srun started no task (slurmctld away, or the step refused): nothing of the run
+    # failed; launched again, charged to no budget (hpctrain.run.launch_marks).
+    LAUNCH = "launch"
 
 
 # Causes that restart the job, each with its own budget (slurm.restart_budget.<cause>).

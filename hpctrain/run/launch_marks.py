@@ -1,0 +1,51 @@
+"""Whether a training step's tasks began at all: the mark rank 0 leaves as it starts.
+
+The batch shell launches each training step (srun) with HPCTRAIN_LAUNCHED_AT, the moment of that
+launch. Rank 0 of the step, as its first act (hpctrain.process.door: before its imports and any
+fault point), leaves an empty file `RUN_DIR/.launched-<moment>`; the control step's after-step
+reads it and removes it:
+  - there: a task of the step ran, and a failure is the step's own (a crash before `start` is a
+    crash, charged as one);
+  - missing, srun having failed: srun started no task. It could not reach slurmctld (it gives up
+    after about 20 s: "Unable to confirm allocation for job N: Socket timed out on send/recv
+    operation", seen on the dev cluster with slurmctld stopped), or Slurm refused the step.
+    Nothing of the run failed: hpctrain.recovery.decide launches the step again, charged to no
+    budget, once Slurm answers.
+The mark is read only by the control step of the life that launched the step, named by the
+moment of its own launch: no other life ever reads it, so it needs no fencing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from hpctrain.process.startup_clock import LAUNCHED_AT_ENV
+
+PREFIX = ".launched-"
+
+
+def mark_path(run_dir: Path, launched_at: str | float) -> Path:
+    """The mark of the step launched at `launched_at` (UNIX seconds, as the batch shell wrote them)."""
+    return Path(run_dir) / f"{PREFIX}{float(launched_at):.6f}"
+
+
+def leave(run_dir: Path, env: Mapping[str, str]) -> None:
+    """Rank 0 of a step the batch shell launched: its mark. Anywhere else (a local run, a user's
+    own srun: no HPCTRAIN_LAUNCHED_AT) nothing. A mark that cannot be written is left out: the
+    control step then takes a failed step for one that never launched, at most twice in a row."""
+    launched_at = env.get(LAUNCHED_AT_ENV, "")
+    if env.get("SLURM_PROCID", "0") != "0" or not launched_at:
+        return
+    try:
+        mark_path(run_dir, launched_at).touch()
+    except (OSError, ValueError):
+        pass
+
+
+def began(run_dir: Path, launched_at: float) -> bool:
+    return mark_path(run_dir, launched_at).exists()
+
+
+def forget(run_dir: Path, launched_at: float) -> None:
+    mark_path(run_dir, launched_at).unlink(missing_ok=True)

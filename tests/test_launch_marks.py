@@ -1,0 +1,48 @@
+"""Rank 0's mark that a step's tasks began (hpctrain.run.launch_marks), left by the worker's door
+as its first act: the control step tells a step srun never launched from one that crashed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hpctrain.process.startup_clock import LAUNCHED_AT_ENV
+from hpctrain.run import launch_marks
+
+LAUNCHED_AT = "1796215044.523456789"  # as the batch shell's `date +%s.%N` writes it
+
+
+def _worker(run_dir: Path, **env: str) -> subprocess.CompletedProcess:
+    # An empty run dir: the worker refuses it (no config.yaml) after its door has run.
+    environ = {k: v for k, v in os.environ.items() if k not in ("SLURM_PROCID", LAUNCHED_AT_ENV)}
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain.worker", str(run_dir)],
+        env={**environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_rank_0_of_a_launched_step_leaves_its_mark_before_anything_can_fail(tmp_path: Path) -> None:
+    done = _worker(tmp_path, SLURM_PROCID="0", **{LAUNCHED_AT_ENV: LAUNCHED_AT})
+    assert done.returncode != 0  # it failed, and still it began: the mark says so
+    assert launch_marks.began(tmp_path, float(LAUNCHED_AT))
+    launch_marks.forget(tmp_path, float(LAUNCHED_AT))
+    assert not launch_marks.began(tmp_path, float(LAUNCHED_AT))
+    assert not list(tmp_path.glob(f"{launch_marks.PREFIX}*"))
+
+
+def test_only_rank_0_of_a_step_the_batch_shell_launched_marks(tmp_path: Path) -> None:
+    _worker(tmp_path, SLURM_PROCID="1", **{LAUNCHED_AT_ENV: LAUNCHED_AT})
+    _worker(tmp_path, SLURM_PROCID="0")  # a user's own srun: no launch moment
+    assert not list(tmp_path.glob(f"{launch_marks.PREFIX}*"))
+
+
+def test_the_mark_of_a_launch_is_its_own(tmp_path: Path) -> None:
+    launch_marks.leave(tmp_path, {"SLURM_PROCID": "0", LAUNCHED_AT_ENV: LAUNCHED_AT})
+    assert launch_marks.began(tmp_path, 1796215044.523457)  # the after-step's float, rounded alike
+    assert not launch_marks.began(tmp_path, 1796215050.0)  # another launch's
+    launch_marks.leave(tmp_path / "missing", {"SLURM_PROCID": "0", LAUNCHED_AT_ENV: LAUNCHED_AT})  # no error
