@@ -451,3 +451,42 @@ def test_follow_without_slurms_commands_says_so(
 ) -> None:
     code, _, err = followed(run_dir(tmp_path / "run"), capsys)
     assert code == 1 and "squeue: not found on PATH" in err
+
+
+# ---- a step whose srun started no task, slurmctld away -------------------------------------------
+
+
+def test_a_launch_lost_to_an_outage_waits_for_slurm_then_launches_again(
+    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """srun gave up on a stopped slurmctld (no task began: no launch mark) and the look at the job
+    gets no answer: the control step looks again with growing pauses, and once Slurm answers it
+    launches the step again, charged to no budget; the launch mark's file is gone after."""
+    monkeypatch.setattr(outage, "OUTAGE_FIRST_PAUSE_S", 0.2)
+    away = captured("stopped_scontrol_show_job")
+    slurm.says("scontrol.show", away, away, Said(out=RUNNING))
+    slurm.says("sinfo", Said(out="node1|mixed|||0|none\n"))
+    slurm.says("squeue", Said(out="59:00\n"))
+    slurm.says("srun", Said(out="hpctrain-node-check node1 ended=0 lingering=\n"))
+    root = run_dir(tmp_path / "run")
+    launched_at = time.time() - 25.0
+    env = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_RESTART_COUNT": "0"}
+    action = Controller(root, env=env).after_step(1, False, [], False, launched_at)
+    assert action.split()[0] == Action.RELAUNCH.value, capsys.readouterr()
+    assert [(e["event"], e.get("cause")) for e in events(root)] == [("relaunch", "launch")]
+    assert len(slurm.calls("scontrol")) >= 3  # no answer, no answer, then the record
+    assert "slurmctld still gives no answer" in capsys.readouterr().err
+    assert not list(root.glob(".launched-*"))
+
+
+def test_a_launch_whose_rank_0_began_is_a_crash_whatever_slurm_says(tmp_path: Path, slurm: FakeSlurm) -> None:
+    slurm.says("scontrol.show", Said(out=RUNNING)).says("sinfo", Said(out="node1|mixed|||0|none\n"))
+    slurm.says("squeue", Said(out="59:00\n"))
+    root = run_dir(tmp_path / "run")
+    launched_at = time.time() - 25.0
+    (root / f".launched-{launched_at:.6f}").touch()  # rank 0's mark: its task began
+    env = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_RESTART_COUNT": "0"}
+    action = Controller(root, env=env).after_step(1, False, [], False, launched_at)
+    assert action == "requeue"
+    assert [(e["event"], e.get("cause")) for e in events(root)] == [("failure", "crash"), ("requeue", "crash")]
+    assert not list(root.glob(".launched-*"))  # judged: the mark is removed
