@@ -1,5 +1,5 @@
 """Slurm away for 30 s at the worst moments: slurmctld stopped while a job asks for its own requeue,
-while lives start, and while a step is judged.
+while another launches its first step, while lives start, and while a step is judged.
 
 A one-node job gets the time-limit warning at step 40, saves and stops; its batch script decides
 the requeue and waits at a fault point (`batch.before_requeue=sleep:5`) while the test stops
@@ -7,7 +7,11 @@ slurmctld (SIGSTOP: alive, silent, as during a restart or a network blip) for 30
 step's `scontrol requeue` gets no answer; it looks again (`scontrol show job`) and asks again
 within REQUEUE_WAIT_S (60 s), and never submits a second job while the first may still come back.
 Once slurmctld answers, the job is requeued, resumes from its time-limit save and ends
-bit-identical to an uninterrupted run, with one requeue and no failure in its journal.
+bit-identical to an uninterrupted run, with one requeue and no failure in its journal. Beside it, a
+second job held just before its first srun (`batch.before_launch`) is let go into the outage:
+srun gives up on slurmctld ("Unable to confirm allocation") without starting a task, and the step
+is launched again in the job once Slurm answers (`relaunch`, cause `launch`, charged to no budget;
+before, a crash, whose budget is 1), one life, bit-identical.
 
 The same 30 s while lives start, while a forced save is written, while a step is judged and while
 a job waits out its requeue hold, seven jobs side by side, each held while slurmctld is stopped,
@@ -103,6 +107,11 @@ def test_slurmctld_stopped_for_30_s_during_the_requeue(slurm_env, tmp_path: Path
     run_dir = tmp_path / "run"
     gates = tmp_path / "gates"
     (job,), _ = submit({**env, PAUSE_ENV: "0.1", faults.ENV: ARMING, faults.GATES_ENV: str(gates)}, run_dir, *TRAIN)
+    # Beside it, a job held just before its first srun, let go into the same outage: srun gives up
+    # on the stopped slurmctld without starting a task.
+    launch_dir, launch_gates = tmp_path / "launch", tmp_path / "launch-gates"
+    armed = {**env, PAUSE_ENV: "0.05", faults.ENV: "batch.before_launch=gate:600", faults.GATES_ENV: str(launch_gates)}
+    (launch_job,), _ = submit(armed, launch_dir, *TRAIN)
     controller = controller_pid()
     try:
         reached, opened = faults.gate_files(gates, "trainer.step")
@@ -110,17 +119,35 @@ def test_slurmctld_stopped_for_30_s_during_the_requeue(slurm_env, tmp_path: Path
         subprocess.run(["scancel", "--batch", "--signal=USR2", job], env=slurm_env, check=True)
         opened.touch()
         wait_for_output(run_dir, DECIDED, 120)
+        launch_reached, launch_opened = faults.gate_files(launch_gates, "batch.before_launch")
+        wait_at_gate(slurm_env, launch_job, launch_reached, 300)
         os.kill(controller, signal.SIGSTOP)
         stopped_at = time.time()
+        launch_opened.touch()
         time.sleep(OUTAGE_S)
     finally:
         os.kill(controller, signal.SIGCONT)
     back_at = time.time()
     try:
         state = wait_finished(slurm_env, job, timeout_s=600, lift_holds=True)
+        launch_state = wait_finished(slurm_env, launch_job, timeout_s=600, lift_holds=True)
     finally:
-        subprocess.run(["scancel", job], env=slurm_env, capture_output=True)
+        subprocess.run(["scancel", job, launch_job], env=slurm_env, capture_output=True)
     trained.trained()
+
+    # The launch lost to the outage: srun's own words, then the step launched again in the job,
+    # charged to no budget (before: a crash, whose budget is 1).
+    launched = events(launch_dir)
+    told = f"{launched}\n{job_output(launch_dir)}"
+    assert launch_state == "COMPLETED", told
+    assert "srun: error: Unable to confirm allocation" in job_output(launch_dir), told
+    assert [(e["event"], e.get("cause")) for e in launched if e["event"] in ("relaunch", "requeue", "failure")] == [
+        ("relaunch", "launch")
+    ], told
+    assert [(s["restart"], s["resumed_from_step"]) for s in of("start", launch_dir)] == [(0, 0)], told
+    assert same_weights(launch_dir, reference)
+    (again,) = of("relaunch", launch_dir)
+    print(f"a launch lost to the outage: launched again {again['time'] - back_at:.1f} s after slurmctld was back")
 
     journal = events(run_dir)
     assert state == "COMPLETED", f"{journal}\n{job_output(run_dir)}"
