@@ -16,8 +16,11 @@ A fault waits until it can apply: the job RUNNING and training again since the l
 With `--overlap P` (the overlap soak) each fault comes, with chance P, 0.5 to 6 s after the one
 before it instead, while the job still recovers from it (a node down, then a rank killed as the
 relaunched step starts; a preemption, then a node down inside the grace), and the catalogue
-adds an administrator's `scontrol requeue` and the loss of the node running the batch script
-(the job ends FAILED and its guardian submits the run again; the soak follows the new job):
+adds an administrator's `scontrol requeue`, the loss of the node running the batch script (the
+job ends FAILED and its guardian submits the run again; the soak follows the new job), and a
+training node or the batch host frozen (every process stopped: a node that dies silently) and
+thawed 40 s later, while the run recovers or just after (the keeper's new job, the old batch
+shell fenced):
 
     python scripts/chaos.py --minutes 30 --seed 7 --overlap 0.5
 
@@ -55,7 +58,10 @@ KINDS = (
 )
 # The overlap soak's catalogue adds what only lands well beside another fault: an administrator's
 # `scontrol requeue` and the loss of the node running the batch script (the guardian's path).
-FULL_KINDS = (*KINDS, "admin_requeue", "batch_node_down")
+# And a node that dies silently and comes back 40 s later (node_freeze: the heartbeat watcher's
+# path, the thaw racing the relaunch), and the batch host doing so (batch_freeze: the keeper's
+# path; the thawed batch shell finds its life replaced).
+FULL_KINDS = (*KINDS, "admin_requeue", "batch_node_down", "node_freeze", "batch_freeze")
 OVERLAP_DELAY_S = (0.5, 6.0)  # an overlapping fault comes this long after the one before it
 WARMUP_S = 20.0  # training first runs this long undisturbed
 MEAN_GAP_S = 25.0  # by default a fault every ~25 s of training, so each one's recovery is seen
@@ -168,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         when = f"{fault.overlap_s:4.1f} s after #{fault.number - 1}" if fault.overlap_s is not None else ""
         print(f"  #{fault.number:<2} at {fault.at_s:7.1f} s  {fault.kind:<16} rank {fault.rank}  {when}".rstrip())
     out = (args.out or REPO / "runs" / f"chaos-seed{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    soak = Soak(args.seed, args.minutes, out / "run", out / "reference")
+    soak = Soak(args.seed, args.minutes, out / "run", out / "reference", cluster_dir=args.dir)
     env = faults.cluster_env(args.dir, args.port_base)
     config = overrides(training_steps(args.minutes, len(plan)))
     # A SIGTERM ends the soak like Ctrl-C: through the clean-up below.

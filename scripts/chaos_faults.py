@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ from hpctrain.run.events import Start, read_events
 REPO = Path(__file__).resolve().parents[1]
 PAUSE_ENV = "HPCTRAIN_TEST_STEP_PAUSE_S"
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
+# A frozen node (node_freeze, batch_freeze) comes back this long after: while its run is still
+# recovering or just after (the thaw races the relaunch, the keeper's new job, Slurm's DOWN).
+THAW_AFTER_S = 40.0
 FAULT_WAIT_S = 300.0  # how long a fault may wait for the job to be RUNNING and training again
 STUCK_S = 60.0  # PENDING this long for a reason no wait cures: the soak says so and stops
 WAITING_REASONS = {"BeginTime", "Priority", "Resources", "None"}
@@ -79,6 +83,8 @@ class Soak:
     skipped: list[str] = field(default_factory=list)
     t0: float = 0.0  # when training first logged a step: fault times count from here
     touched_nodes: set[str] = field(default_factory=set)  # downed or drained, to resume
+    cluster_dir: str | None = None  # the dev cluster's folder (devcluster.py freeze/thaw act there)
+    thaws: list[threading.Timer] = field(default_factory=list)  # frozen nodes' thaws to come
     final_state: str = "UNKNOWN"
     jobs_left: list[str] = field(default_factory=list)
     processes_left: list[int] = field(default_factory=list)
@@ -348,13 +354,13 @@ def _wait_overlapping(env: dict[str, str], soak: Soak, fault: Fault) -> bool:
 
 
 def _applies(env: dict[str, str], soak: Soak, fault: Fault) -> bool:
-    if fault.kind in ("node_down", "node_drain"):
+    if fault.kind in ("node_down", "node_drain", "node_freeze"):
         return _victim_node(env, soak, fault) is not None
     if fault.kind in ("kill_rank", "stop_rank"):
         return _rank_pid(soak, fault.rank) is not None
     if fault.kind == "torn_checkpoint":
         return len(_checkpoints(soak.run_dir)) >= 2  # one to tear and one to resume from
-    if fault.kind == "batch_node_down":
+    if fault.kind in ("batch_node_down", "batch_freeze"):
         return _batch_host(env, soak) is not None
     if fault.kind in ("time_limit", "admin_requeue"):  # signals and requeues of a running job
         return job_state(env, soak.job_ids[-1])[0] == "RUNNING"
@@ -419,6 +425,46 @@ def batch_node_down(env: dict[str, str], soak: Soak, fault: Fault, config: list[
     slurm(env, "scontrol", "update", f"nodename={node}", "state=down", "reason=chaos")
     soak.touched_nodes.add(node)
     return done
+
+
+def freeze(env: dict[str, str], soak: Soak, fault: Fault, node: str, what: str) -> Injected:
+    """Every process of `node` stopped at once, as a node that dies silently (devcluster.py freeze),
+    and continued THAW_AFTER_S later, as a node whose hang or partition heals: what was frozen
+    (the old step's ranks, a batch shell) wakes while the run has moved on."""
+    import devcluster
+
+    folder = soak.cluster_dir or devcluster.DEFAULT_DIR
+    done = _injected(soak, fault, f"{node} ({what}), thawed {THAW_AFTER_S:g} s later")
+    devcluster.freeze_node(folder, node)
+    thaw = threading.Timer(THAW_AFTER_S, devcluster.thaw_node, args=(folder, node))
+    thaw.daemon = True
+    thaw.start()
+    soak.thaws.append(thaw)
+    soak.touched_nodes.add(node)  # Slurm may have set it DOWN meanwhile
+    return done
+
+
+def thaw_all(soak: Soak) -> None:
+    """Every thaw still to come, now (the soak's end: no process left stopped)."""
+    for thaw in soak.thaws:
+        if thaw.is_alive():
+            thaw.cancel()
+            thaw.function(*thaw.args)
+    soak.thaws.clear()
+
+
+def node_freeze(env: dict[str, str], soak: Soak, fault: Fault, config: list[str]) -> Injected:
+    node = _victim_node(env, soak, fault)
+    assert node is not None  # _applies checked it
+    return freeze(env, soak, fault, node, "a training node")
+
+
+def batch_freeze(env: dict[str, str], soak: Soak, fault: Fault, config: list[str]) -> Injected:
+    """The batch host silent: its keeper submits the run again and cancels the job; the thawed
+    batch shell then finds its life replaced (fencing) and writes nothing."""
+    node = _batch_host(env, soak)
+    assert node is not None  # _applies checked it
+    return freeze(env, soak, fault, node, "the batch host")
 
 
 def admin_requeue(env: dict[str, str], soak: Soak, fault: Fault, config: list[str]) -> Injected:
@@ -492,6 +538,8 @@ INJECT = {
     "cancel_resubmit": cancel_resubmit,
     "admin_requeue": admin_requeue,
     "batch_node_down": batch_node_down,
+    "node_freeze": node_freeze,
+    "batch_freeze": batch_freeze,
 }
 
 
@@ -520,6 +568,7 @@ def wait_done(env: dict[str, str], soak: Soak, timeout_s: float) -> None:
 
 def clean_up(env: dict[str, str], soak: Soak) -> None:
     """Note what outlived the run (a check), then make sure nothing does."""
+    thaw_all(soak)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (_jobs_left(env, soak) or alive_processes(soak.run_dir)):
         time.sleep(1.0)
