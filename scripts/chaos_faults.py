@@ -27,9 +27,11 @@ from hpctrain.run.events import Start, read_events
 REPO = Path(__file__).resolve().parents[1]
 PAUSE_ENV = "HPCTRAIN_TEST_STEP_PAUSE_S"
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
-# A frozen node (node_freeze, batch_freeze) comes back this long after: while its run is still
-# recovering or just after (the thaw races the relaunch, the keeper's new job, Slurm's DOWN).
-THAW_AFTER_S = 40.0
+# A frozen node comes back this long after: while its run is still recovering or just after (the
+# thaw races the relaunch, the keeper's new job, Slurm's DOWN). The batch host later: its keeper
+# acts about 30 s after the freeze at the defaults (10 s of silence, a look, a 20 s probe), more
+# on a loaded machine; thawed at 40 s it had not acted yet in a soak here.
+THAW_AFTER_S = {"node_freeze": 40.0, "batch_freeze": 75.0}
 FAULT_WAIT_S = 300.0  # how long a fault may wait for the job to be RUNNING and training again
 STUCK_S = 60.0  # PENDING this long for a reason no wait cures: the soak says so and stops
 WAITING_REASONS = {"BeginTime", "Priority", "Resources", "None"}
@@ -429,14 +431,15 @@ def batch_node_down(env: dict[str, str], soak: Soak, fault: Fault, config: list[
 
 def freeze(env: dict[str, str], soak: Soak, fault: Fault, node: str, what: str) -> Injected:
     """Every process of `node` stopped at once, as a node that dies silently (devcluster.py freeze),
-    and continued THAW_AFTER_S later, as a node whose hang or partition heals: what was frozen
+    and continued THAW_AFTER_S later (by kind), as a node whose hang or partition heals: what was frozen
     (the old step's ranks, a batch shell) wakes while the run has moved on."""
     import devcluster
 
     folder = soak.cluster_dir or devcluster.DEFAULT_DIR
-    done = _injected(soak, fault, f"{node} ({what}), thawed {THAW_AFTER_S:g} s later")
+    after_s = THAW_AFTER_S[fault.kind]
+    done = _injected(soak, fault, f"{node} ({what}), thawed {after_s:g} s later")
     devcluster.freeze_node(folder, node)
-    thaw = threading.Timer(THAW_AFTER_S, devcluster.thaw_node, args=(folder, node))
+    thaw = threading.Timer(after_s, devcluster.thaw_node, args=(folder, node))
     thaw.daemon = True
     thaw.start()
     soak.thaws.append(thaw)
