@@ -1,5 +1,6 @@
-"""Rank 0's mark that a step's tasks began (hpctrain.run.launch_marks), left by the worker's door
-as its first act: the control step tells a step srun never launched from one that crashed."""
+"""The mark that a step's tasks began (hpctrain.run.launch_marks), left by the worker's door as its
+first act on the first task of each node: the control step tells a step srun never launched from
+one that crashed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ LAUNCHED_AT = "1796215044.523456789"  # as the batch shell's `date +%s.%N` write
 
 def _worker(run_dir: Path, **env: str) -> subprocess.CompletedProcess:
     # An empty run dir: the worker refuses it (no config.yaml) after its door has run.
-    environ = {k: v for k, v in os.environ.items() if k not in ("SLURM_PROCID", LAUNCHED_AT_ENV)}
+    environ = {k: v for k, v in os.environ.items() if k not in ("SLURM_PROCID", "SLURM_LOCALID", LAUNCHED_AT_ENV)}
     return subprocess.run(
         [sys.executable, "-m", "hpctrain.worker", str(run_dir)],
         env={**environ, **env},
@@ -26,8 +27,9 @@ def _worker(run_dir: Path, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_rank_0_of_a_launched_step_leaves_its_mark_before_anything_can_fail(tmp_path: Path) -> None:
-    done = _worker(tmp_path, SLURM_PROCID="0", **{LAUNCHED_AT_ENV: LAUNCHED_AT})
+def test_the_first_task_of_a_node_leaves_the_mark_before_anything_can_fail(tmp_path: Path) -> None:
+    # Rank 3, the first task of its node: any node's first task began, the step did.
+    done = _worker(tmp_path, SLURM_PROCID="3", SLURM_LOCALID="0", **{LAUNCHED_AT_ENV: LAUNCHED_AT})
     assert done.returncode != 0  # it failed, and still it began: the mark says so
     assert launch_marks.began(tmp_path, float(LAUNCHED_AT))
     launch_marks.forget(tmp_path, float(LAUNCHED_AT))
@@ -35,9 +37,9 @@ def test_rank_0_of_a_launched_step_leaves_its_mark_before_anything_can_fail(tmp_
     assert not list(tmp_path.glob(f"{launch_marks.PREFIX}*"))
 
 
-def test_only_rank_0_of_a_step_the_batch_shell_launched_marks(tmp_path: Path) -> None:
-    _worker(tmp_path, SLURM_PROCID="1", **{LAUNCHED_AT_ENV: LAUNCHED_AT})
-    _worker(tmp_path, SLURM_PROCID="0")  # a user's own srun: no launch moment
+def test_only_the_first_task_of_a_node_of_a_step_the_batch_shell_launched_marks(tmp_path: Path) -> None:
+    _worker(tmp_path, SLURM_PROCID="1", SLURM_LOCALID="1", **{LAUNCHED_AT_ENV: LAUNCHED_AT})
+    _worker(tmp_path, SLURM_PROCID="0", SLURM_LOCALID="0")  # a user's own srun: no launch moment
     assert not list(tmp_path.glob(f"{launch_marks.PREFIX}*"))
 
 

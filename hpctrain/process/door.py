@@ -92,8 +92,8 @@ def _alive(pid: int) -> bool:
 def main(argv: list[str] | None = None) -> None:
     startup_clock.mark("began")
     early = EarlySignals().hold()
-    # Rank 0's mark that the step's tasks began (hpctrain.run.launch_marks): without it, a failed
-    # step is one srun never launched (slurmctld away), charged to no budget.
+    # The mark that the step's tasks began (hpctrain.run.launch_marks; the first task of each node):
+    # without it, a failed step is one srun never launched (slurmctld away), charged to no budget.
     words = sys.argv[1:] if argv is None else argv
     if words and not words[0].startswith("-"):
         launch_marks.leave(Path(words[0]), os.environ)

@@ -202,7 +202,7 @@ class Outcome:
     # none to replace it, the step goes on with the survivors while they are this many.
     nodes_least: int | None = None
     signal_delay_s: float = 0.0  # slurm.signal_delay_s: the warning comes this long before the end
-    # Rank 0 of the step left its mark as it began (hpctrain.run.launch_marks): False, srun started
+    # A task of the step left its mark as it began (hpctrain.run.launch_marks): False, srun started
     # no task (slurmctld away, the step refused); None: not known (a keeper's look, no launch).
     task_began: bool | None = None
 

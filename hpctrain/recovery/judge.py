@@ -48,7 +48,7 @@ def classify(since: Sequence[Event], outcome: Outcome, lost: list[str], preempti
 
 
 def launch_lost(since: Sequence[Event], outcome: Outcome) -> bool:
-    """srun failed without starting any task: no mark of rank 0 (hpctrain.run.launch_marks),
+    """srun failed without starting any task: no task's mark (hpctrain.run.launch_marks),
     nothing journaled since the launch, no signal taken by the batch shell. slurmctld away (srun
     gives up after about 20 s) or the step refused: nothing of the run failed."""
     return (

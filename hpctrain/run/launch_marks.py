@@ -1,9 +1,12 @@
-"""Whether a training step's tasks began at all: the mark rank 0 leaves as it starts.
+"""Whether a training step's tasks began at all: the mark its tasks leave as they start.
 
 The batch shell launches each training step (srun) with HPCTRAIN_LAUNCHED_AT, the moment of that
-launch. Rank 0 of the step, as its first act (hpctrain.process.door: before its imports and any
-fault point), leaves an empty file `RUN_DIR/.launched-<moment>`; the control step's after-step
-reads it and removes it:
+launch. The first task of each node of the step (SLURM_LOCALID 0), as its first act
+(hpctrain.process.door: before its imports and any fault point), touches one empty file
+`RUN_DIR/.launched-<moment>`: one touch a node, not a rank. Any task may be the first to begin
+and the first to die (a rank killed as it starts takes the step down with it, srun's
+--kill-on-bad-exit, before another has run a line). The control step's after-step reads the
+mark and removes it:
   - there: a task of the step ran, and a failure is the step's own (a crash before `start` is a
     crash, charged as one);
   - missing, srun having failed: srun started no task. It could not reach slurmctld (it gives up
@@ -31,11 +34,12 @@ def mark_path(run_dir: Path, launched_at: str | float) -> Path:
 
 
 def leave(run_dir: Path, env: Mapping[str, str]) -> None:
-    """Rank 0 of a step the batch shell launched: its mark. Anywhere else (a local run, a user's
-    own srun: no HPCTRAIN_LAUNCHED_AT) nothing. A mark that cannot be written is left out: the
-    control step then takes a failed step for one that never launched, at most twice in a row."""
+    """The first task on its node of a step the batch shell launched: the mark. Anywhere else (a
+    local run, a user's own srun: no HPCTRAIN_LAUNCHED_AT) nothing. A mark that cannot be written
+    is left out: the control step then takes a failed step for one that never launched, at most
+    twice in a row."""
     launched_at = env.get(LAUNCHED_AT_ENV, "")
-    if env.get("SLURM_PROCID", "0") != "0" or not launched_at:
+    if env.get("SLURM_LOCALID", env.get("SLURM_PROCID", "0")) != "0" or not launched_at:
         return
     try:
         mark_path(run_dir, launched_at).touch()
