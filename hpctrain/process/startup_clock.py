@@ -19,7 +19,8 @@ import os
 import time
 from collections.abc import Mapping
 
-LAUNCHED_AT_ENV = "HPCTRAIN_LAUNCHED_AT"
+from hpctrain.run.launch_marks import LAUNCHED_AT_ENV
+
 # The phases in order: each is the time from the moment before it to its own.
 PHASES = (("launch_s", "began"), ("imports_s", "imported"), ("rendezvous_s", "joined"), ("resume_s", "ready"))
 

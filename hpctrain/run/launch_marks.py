@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpctrain.process.startup_clock import LAUNCHED_AT_ENV
-
+# The moment the batch shell launched the step (`date +%s.%N`), exported for its tasks; the
+# start-up clock (hpctrain.process.startup_clock) times a task's launch from it too.
+LAUNCHED_AT_ENV = "HPCTRAIN_LAUNCHED_AT"
 PREFIX = ".launched-"
 
 
