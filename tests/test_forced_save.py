@@ -549,3 +549,17 @@ def test_a_jobs_qos_is_read_from_its_record() -> None:
     record = parse_job_record(line)
     assert record is not None and record.qos == "normal" and record.partition == "batch"
     assert parse_job_record(line.replace("QOS=normal", "QOS=(null)")).qos is None  # type: ignore[union-attr]
+
+
+def test_a_short_kill_wait_keeps_half_for_the_save_however_slow_the_controller() -> None:
+    """KillWait 5 s after an admin's requeue, `control begin` measured at 1.7 s on a loaded
+    machine (a margin of 3 x 1.7 + 2 = 7.1 s): before, nothing fit and a 0.02 s save of the stop
+    step was skipped (seen in the suite's run); half the deadline stays the save's."""
+    from hpctrain.checkpoint.deadline import CONTROL_S_ENV, after_save_s
+
+    after = after_save_s({CONTROL_S_ENV: "1.7"})
+    assert after == pytest.approx(7.1)
+    assert usable_s(5.0, after) == pytest.approx(2.5)
+    assert plan_forced_save(69, 5.0, 0.02, None, None, 60, after).choice == "written"
+    # A long deadline keeps the whole measured margin (the time limit's requeue must be asked).
+    assert usable_s(120.0, after) == pytest.approx(120.0 - 18.0)
