@@ -22,7 +22,7 @@ from hpctrain.recovery import control, outage
 from hpctrain.recovery import requeue as requeue_calls
 from hpctrain.recovery.control import Controller
 from hpctrain.recovery.facts import Budgets
-from hpctrain.run import exitcodes, protocol
+from hpctrain.run import exitcodes, fencing, generations, protocol
 from hpctrain.run.causes import Action
 
 RUNNING = (FIXTURES / "scontrol" / "running.txt").read_text()  # JobId=1, Restarts=0
@@ -490,3 +490,30 @@ def test_a_launch_whose_tasks_began_is_a_crash_whatever_slurm_says(tmp_path: Pat
     assert action == "requeue"
     assert [(e["event"], e.get("cause")) for e in events(root)] == [("failure", "crash"), ("requeue", "crash")]
     assert not list(root.glob(".launched-*"))  # judged: the mark is removed
+
+
+def test_a_relaunch_takes_its_generation_before_it_is_recorded(
+    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relaunch's generation fences the replaced step's ranks (hpctrain.run.fencing); after a
+    newer act (the keeper's submission), the control step is fenced and records nothing."""
+    slurm.says("scontrol.show", Said(out=RUNNING)).says("sinfo", Said(out="node1|mixed|||0|none\n"))
+    slurm.says("squeue", Said(out="59:00\n"))
+    slurm.says("srun", Said(out="hpctrain-node-check node1 ended=0 lingering=\n"))
+    root = run_dir(tmp_path / "run")
+    generations.take(root, 0, generations.Generation(0, generations.LIFE, "slurm", job_id="1", restart=0))
+    env = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_RESTART_COUNT": "0"}
+    for name, value in env.items():  # the journal's fencing reads this process's own environment
+        monkeypatch.setenv(name, value)
+    launched_at = time.time() - 25.0  # no launch mark: a launch lost, relaunched uncharged
+    action = Controller(root, env=env).after_step(1, False, [], False, launched_at)
+    assert action.split()[0] == Action.RELAUNCH.value
+    taken = generations.read(root, 2)
+    assert taken is not None and (taken.kind, taken.job_id, taken.restart) == (generations.RELAUNCH, "1", 0)
+    assert [e["event"] for e in events(root)] == ["relaunch"]
+    fencing.forget(root)
+    generations.take(root, 2, generations.submission("keeper", generations.new_token()))
+    with pytest.raises(fencing.Fenced):
+        Controller(root, env=env).after_step(1, False, [], False, time.time() - 25.0)
+    assert [e["event"] for e in events(root)] == ["relaunch"]
+    fencing.forget(root)

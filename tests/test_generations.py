@@ -19,8 +19,9 @@ from helpers.generation_racer import race
 from hpctrain.checkpoint import store
 from hpctrain.run import fencing, generations, lives
 from hpctrain.run.events import Journal, Start
-from hpctrain.run.generations import LIFE, REQUEUE, SUBMIT, Generation, Superseded
+from hpctrain.run.generations import LIFE, RELAUNCH, REQUEUE, SUBMIT, Generation, Superseded
 from hpctrain.run.jsonlines import JsonLines
+from hpctrain.run.launch_marks import LAUNCHED_AT_ENV
 from hpctrain.run.lives import LifeClaim
 
 T1, T2 = "token-of-the-first-submission", "token-of-the-keepers-submission"
@@ -52,10 +53,16 @@ ROWS = {
     "the control step's requeue of its own job": Row(
         Generation(3, REQUEUE, "hpctrain", job_id="36"), LifeClaim("36", 1, token=T1), True
     ),
+    "Slurm's requeue after a relaunch in restart 0": Row(
+        Generation(3, RELAUNCH, "hpctrain", job_id="36", restart=0), LifeClaim("36", 1, token=T1), True
+    ),
     "an array task named by its own number": Row(life(2, "40_3", 0, names=("43",)), LifeClaim("43", 1, token=T1), True),
     # ---- a life that must not begin ----
     "a stale start of a life that began already": Row(life(2, "36", 1), LifeClaim("36", 1, token=T1), False),
     "an older life of its job after a newer one": Row(life(2, "36", 2), LifeClaim("36", 1, token=T1), False),
+    "a stale start of a life that relaunched a step already": Row(
+        Generation(3, RELAUNCH, "hpctrain", job_id="36", restart=1), LifeClaim("36", 1, token=T1), False
+    ),
     "the old job after the keeper's submission of a new one": Row(
         submitted(3, "41", T2, by="keeper"), LifeClaim("36", 1, token=T1), False
     ),
@@ -298,3 +305,66 @@ def test_a_withdrawn_submission_leaves_no_gap(tmp_path: Path) -> None:
     generations.take(tmp_path, 2, Generation(0, REQUEUE, "hpctrain", job_id="36", restart=0))
     assert lives.begin_life(tmp_path, LifeClaim("36", 1, token=T1), wait_s=0).number == 4
     fencing.forget(tmp_path)
+
+
+# ---- a relaunch within a life fences the step it replaced --------------------------------------
+
+
+@pytest.fixture
+def relaunched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, float, float]:
+    """Job 36's first life (generation 2) launched a step at `old`, lost a node, and its control
+    step took a relaunch (generation 3); the new step was launched at `new`, after it."""
+    monkeypatch.setenv("SLURM_JOB_ID", "36")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    for name in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", LAUNCHED_AT_ENV):
+        monkeypatch.delenv(name, raising=False)
+    generations.take(tmp_path, 0, submitted(0, "36", T1))
+    generations.take(tmp_path, 1, life(0, "36", 0))
+    old = time.time()
+    time.sleep(0.01)
+    generations.take(tmp_path, 2, Generation(0, RELAUNCH, "hpctrain", job_id="36", restart=0))
+    time.sleep(0.01)
+    new = time.time()
+    yield tmp_path, old, new
+    fencing.join_step({})
+    fencing.forget(tmp_path)
+
+
+def test_a_rank_of_the_replaced_step_writes_nothing_after_the_relaunch(relaunched: tuple[Path, float, float]) -> None:
+    """A node frozen with its rank, thawed once the relaunch trains on: that rank's `hang` (its
+    watchdog saw the frozen minutes) and its metrics are refused, nothing of them on disk."""
+    run, old, _new = relaunched
+    fencing.join_step({LAUNCHED_AT_ENV: f"{old:.6f}"})
+    with pytest.raises(fencing.Fenced) as fenced:
+        Journal(run / "events.jsonl").write_event(Start(job_id="36", restart=0, world_size=2))
+    assert "generation 3: relaunch of job 36 restart 0 by hpctrain" in str(fenced.value)
+    with pytest.raises(fencing.Fenced):
+        JsonLines(run / "metrics.jsonl").write({"step": 10, "loss": 1.0})
+    assert not (run / "events.jsonl").exists() and not (run / "metrics.jsonl").exists()
+
+
+def test_the_new_steps_ranks_and_the_lifes_other_processes_write_on(relaunched: tuple[Path, float, float]) -> None:
+    run, _old, new = relaunched
+    fencing.join_step({LAUNCHED_AT_ENV: f"{new:.6f}"})  # a rank of the relaunched step
+    Journal(run / "events.jsonl").write_event(Start(job_id="36", restart=0, world_size=2))
+    assert fencing.own(run) == 3
+    # The watcher, the keeper, the control step: of no step. One that looked before the relaunch
+    # (its own found then) is not fenced by it either, and writes under it from then on.
+    fencing.join_step({})
+    fencing.adopt(run, generations.read(run, 2))  # type: ignore[arg-type]
+    JsonLines(run / "metrics.jsonl").write({"step": 11})
+    assert fencing.own(run) == 3
+    assert len((run / "events.jsonl").read_text().splitlines()) == 1 and (run / "metrics.jsonl").exists()
+
+
+def test_a_relaunch_after_a_newer_act_is_refused(relaunched: tuple[Path, float, float]) -> None:
+    """The keeper submitted the run again while this life's batch host was frozen: the control
+    step that comes back decides a relaunch, takes nothing and is fenced (it launches nothing)."""
+    run, _old, _new = relaunched
+    fencing.join_step({})
+    assert fencing.own(run) == 3
+    generations.take(run, 3, submitted(0, "41", T2, by="keeper"))
+    with pytest.raises(Superseded):
+        generations.take(run, 3, Generation(0, RELAUNCH, "hpctrain", job_id="36", restart=0))
+    with pytest.raises(fencing.Fenced):
+        fencing.check(run)

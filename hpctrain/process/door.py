@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from hpctrain import faults
 from hpctrain.process import ending, heartbeat, startup_clock
 from hpctrain.process.early_signals import HELD, EarlySignals
-from hpctrain.run import launch_marks
+from hpctrain.run import fencing, launch_marks
 
 if TYPE_CHECKING:
     from hpctrain.dist.context import DistContext
@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     words = sys.argv[1:] if argv is None else argv
     if words and not words[0].startswith("-"):
         launch_marks.leave(Path(words[0]), os.environ)
+    # A rank of this launch: a relaunch decided after it fences this process (hpctrain.run.fencing).
+    fencing.join_step(os.environ)
     # Forked by a warm standby (hpctrain.process.standby), the stop signals come blocked: held now, let in.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
     # The beats to the batch script's watcher begin before the imports: a node that dies while

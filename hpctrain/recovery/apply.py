@@ -61,15 +61,22 @@ class Applier:
         """A `requeue` generation after this process's own, before Slurm is asked: the requeued
         job's next life begins after it. Raises Fenced when a newer act owns the run (a keeper's
         resubmission while this shell was frozen): nothing is asked."""
+        self._claim(generations.REQUEUE)
+
+    def claim_relaunch(self) -> None:
+        """A `relaunch` generation after this process's own, before the relaunch is recorded and
+        its step launched: the replaced step's ranks are fenced by it (a node that froze, thawing
+        later, writes nothing more). Raises Fenced when a newer act owns the run."""
+        self._claim(generations.RELAUNCH)
+
+    def _claim(self, kind: str) -> None:
         own = fencing.own(self.run.root, self.env)
         if own is None:  # a life that took no generation (a run dir from before them)
             return
         life = LifeStamp.from_env(self.env)
-        requeue = generations.Generation(
-            0, generations.REQUEUE, "hpctrain", job_id=self.job_id, restart=life.restart, names=life.aliases
-        )
+        act = generations.Generation(0, kind, "hpctrain", job_id=self.job_id, restart=life.restart, names=life.aliases)
         try:
-            taken = generations.take(self.run.root, own, requeue)
+            taken = generations.take(self.run.root, own, act)
         except generations.Superseded:
             raise fencing.Fenced(self.run.root, own) from None
         fencing.adopt(self.run.root, taken)

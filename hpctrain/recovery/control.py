@@ -138,6 +138,8 @@ class Controller:
             if self.gather.wait_for_slurm(REQUEUE_WAIT_S):
                 cluster = self.gather.cluster()
         decision = self._checked(history, outcome, cluster, budgets)
+        if decision.action is Action.RELAUNCH:
+            self.apply.claim_relaunch()  # raises Fenced: another act owns the run, launch nothing
         self.apply.record(stamped(decision, self.env.get(STEP_ENDED_AT_ENV, "")))
         if launched_at:
             launch_marks.forget(self.run.root, launched_at)  # judged: the mark's work is done

@@ -9,6 +9,14 @@ submission.json) `check` stats the next generation's name; when it exists, this 
 fenced: `Fenced` is raised, and the process leaves without writing anything
 (hpctrain.process.life exits WORKER_FENCED, the control step CONTROL_FENCED).
 
+Within a life, the control step's relaunch of a failed step takes a `relaunch` generation before
+the new step launches. The ranks of a step say which launch they belong to (`join_step`, the
+moment the batch shell launched them): a rank of the old step, on a node that froze and thaws
+after the relaunch, is fenced by it (it writes no `hang` of its own into the new step's journal,
+no shard over the new step's); the new step's ranks, launched after it, write under it. The
+life's processes that outlive its steps (the control step, the watcher, the keeper, the warm
+standby) belong to no step and walk past its relaunches, as past its own requeue.
+
 A process outside Slurm (hpctrain-train on a workstation, hpctrain-status, hpctrain-cancel on a
 login node) and a life that took no generation (a user's own batch script, a run dir from
 before generations) are not fenced: the run dir's lock (hpctrain.run.lock) and Slurm's record
@@ -24,10 +32,13 @@ from pathlib import Path
 
 from hpctrain.run import generations, lives
 from hpctrain.run.generations import Generation
+from hpctrain.run.launch_marks import LAUNCHED_AT_ENV
 from hpctrain.run.life import LifeStamp
 
 # run dir (resolved) -> the generation this process writes under
 _own: dict[str, int] = {}
+# The launch moment of the step this process is a rank of (join_step); None: of no step.
+_step_launched_at: float | None = None
 
 
 class Fenced(Exception):
@@ -60,6 +71,18 @@ def withdraw(run_root: Path, generation: Generation) -> None:
         _own[_key(run_root)] = generation.number - 1
 
 
+def join_step(env: Mapping[str, str]) -> None:
+    """This process is a rank of the step the batch shell launched at LAUNCHED_AT_ENV (a task of
+    srun, or a warm standby's fork taking one on): a relaunch decided after that moment fences
+    it. Forgets what a forking parent had found (a standby belongs to no step)."""
+    global _step_launched_at
+    try:
+        _step_launched_at = float(env.get(LAUNCHED_AT_ENV, ""))
+    except ValueError:  # a local run, a user's own srun: no launch moment, fenced by lives alone
+        _step_launched_at = None
+    _own.clear()
+
+
 def forget(run_root: Path) -> None:
     """For tests: this process knows no generation of `run_root` again."""
     _own.pop(_key(run_root), None)
@@ -74,25 +97,39 @@ def own(run_root: Path, env: Mapping[str, str] | None = None) -> int | None:
     life = LifeStamp.from_env(os.environ if env is None else env)
     if life.job_id is None or not os.path.isdir(generations.folder(run_root)):
         return None
-    ids = (life.job_id, *life.aliases)
-    found = lives.life_of(run_root, ids, life.restart)
+    found = lives.life_of(run_root, (life.job_id, *life.aliases), life.restart)
     if found is None:
         return None
-    number = found.number
-    # This life's own requeue (taken by an earlier control step of it, `control requeue`, before
-    # `requeue-refused` runs in a process of its own) is this life's too.
-    while (after := generations.read(run_root, number + 1)) is not None and (
-        after.kind == generations.REQUEUE and after.restart == life.restart and after.names_job(ids)
-    ):
+    _own[key] = _past_own_acts(run_root, found.number, life)
+    return _own[key]
+
+
+def _past_own_acts(run_root: Path, number: int, life: LifeStamp) -> int:
+    """`number`, or the newest generation after it that is this life's own act for this process:
+    its requeue (taken by an earlier control step of it, `control requeue`, before
+    `requeue-refused` runs in a process of its own), and its relaunches, except for a rank of a
+    step launched before the relaunch (the step it replaced)."""
+    ids = (life.job_id or "", *life.aliases)
+    while (after := generations.read(run_root, number + 1)) is not None:
+        ours = after.restart == life.restart and after.names_job(ids)
+        if not ours or after.kind not in (generations.REQUEUE, generations.RELAUNCH):
+            break
+        if after.kind == generations.RELAUNCH and _step_launched_at is not None and after.time > _step_launched_at:
+            break  # this process is a rank of a step the relaunch replaced
         number = after.number
-    _own[key] = number
     return number
 
 
 def check(run_root: Path) -> None:
-    """Raise Fenced when a newer generation than this process's exists in `run_root`."""
+    """Raise Fenced when a newer generation than this process's exists in `run_root` (and is not
+    its own life's requeue or relaunch, taken since it looked: one stat() on the way there)."""
     number = own(run_root)
-    if number is not None and generations.superseded(run_root, number):
+    if number is None or not generations.superseded(run_root, number):
+        return
+    life = LifeStamp.from_env(os.environ)
+    if life.job_id is not None:
+        number = _own[_key(run_root)] = _past_own_acts(run_root, number, life)
+    if generations.superseded(run_root, number):
         raise Fenced(run_root, number)
 
 

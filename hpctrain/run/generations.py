@@ -22,7 +22,9 @@ wins; the others are told who did and stop.
 - Each life of a job (`control begin`, hpctrain.run.lives) takes a `life` generation, allowed only when the newest
   is its own job's (a submission whose token it carries, or its own job's earlier life or
   requeue). A life that finds a newer act than its job's is fenced: it launches nothing.
-- The control step's requeue takes a `requeue` generation after its own life's.
+- The control step's requeue takes a `requeue` generation after its own life's, and its
+  relaunch of a step within the life a `relaunch` generation: the old step's ranks (a node that
+  froze and thaws) are fenced by it, the life's other processes are not (hpctrain.run.fencing).
 - Every write a life makes (journal, metrics, checkpoints, prune, model.pt) asks `superseded`
   first: one stat() of the next generation's name. A fenced process exits at once, writing
   nothing (hpctrain.run.fencing).
@@ -54,8 +56,8 @@ FOLDER = "generations"
 # environment across requeues, so every life of that job carries it.
 TOKEN_ENV = "HPCTRAIN_CLAIM"
 
-SUBMIT, LIFE, REQUEUE = "submit", "life", "requeue"
-KINDS = (SUBMIT, LIFE, REQUEUE)
+SUBMIT, LIFE, REQUEUE, RELAUNCH = "submit", "life", "requeue", "relaunch"
+KINDS = (SUBMIT, LIFE, REQUEUE, RELAUNCH)
 # A submission's generation whose sbatch has not answered yet: another actor that finds it
 # newest waits for its job (or for this long: an sbatch that hung, a submitter that died).
 PENDING_SUBMIT_S = 300.0
@@ -68,7 +70,7 @@ class Generation:
     """One act on the run: who took it, for which job."""
 
     number: int
-    kind: str  # SUBMIT, LIFE or REQUEUE
+    kind: str  # SUBMIT, LIFE, REQUEUE or RELAUNCH
     by: str  # hpctrain-submit, retry, guardian, keeper, hpctrain (the control step), slurm
     job_id: str | None = None  # the job: a submission's once sbatch answered (None before)
     restart: int | None = None  # a life's SLURM_RESTART_COUNT
@@ -84,9 +86,9 @@ class Generation:
         return bool(ids & {self.job_id, *self.names})
 
     def describe(self) -> str:
-        what = {SUBMIT: "submission", LIFE: "life", REQUEUE: "requeue"}.get(self.kind, self.kind)
+        what = {SUBMIT: "submission", LIFE: "life", REQUEUE: "requeue", RELAUNCH: "relaunch"}.get(self.kind, self.kind)
         job = f" of job {self.job_id}" if self.job_id else " (its sbatch not answered yet)"
-        restart = f" restart {self.restart}" if self.kind == LIFE and self.restart is not None else ""
+        restart = f" restart {self.restart}" if self.kind in (LIFE, RELAUNCH) and self.restart is not None else ""
         return f"generation {self.number}: {what}{job}{restart} by {self.by} on {self.host or '?'}"
 
     def to_record(self) -> dict[str, Any]:

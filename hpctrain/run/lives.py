@@ -14,6 +14,7 @@ from pathlib import Path
 from hpctrain.run.generations import (
     LIFE,
     PENDING_SUBMIT_S,
+    RELAUNCH,
     SUBMIT,
     Generation,
     Superseded,
@@ -44,17 +45,19 @@ def may_begin(current: Generation | None, life: LifeClaim, began_before: bool = 
     """Whether `life` may take the generation after `current`, and why (a pure rule, the table of
     tests/test_generations.py). It may after: nothing (a run dir's first act, or one from before
     generations); the submission that queued its job (its token, or its job named); its own job's
-    requeue; its own job's earlier life. Not after: its own job's same or later life (a stale
-    shell's second start); any act for another job, unless it is the first life to begin of a job
-    that carries no token (submitted by hand: the user's word takes the run over; requeued before
-    it began, its restart may be past 0). A later life of it (`began_before`: a life of its job
-    took a generation already), requeued after the run went on elsewhere, does not."""
+    requeue; its own job's earlier life (or a relaunch in it). Not after: its own job's same or
+    later life or a relaunch in it (a stale shell's second start); any act for another job,
+    unless it is the first life to begin of a job that carries no token (submitted by hand: the
+    user's word takes the run over; requeued before it began, its restart may be past 0). A
+    later life of it (`began_before`: a life of its job took a generation already), requeued
+    after the run went on elsewhere, does not."""
     if current is None:
         return True, "the run's first generation"
     if current.kind == SUBMIT and life.token is not None and current.token == life.token:
         return True, f"after the submission that queued job {life.job_id}"
     if current.names_job(life.ids):
-        if current.kind == LIFE and current.restart is not None and current.restart >= life.restart:
+        # A relaunch is a step of a life that began: as much its life's as the life's own generation.
+        if current.kind in (LIFE, RELAUNCH) and current.restart is not None and current.restart >= life.restart:
             return False, f"job {life.job_id} restart {current.restart} began already"
         return True, f"after job {life.job_id}'s own {current.kind}"
     if life.token is None and not began_before:
