@@ -302,7 +302,9 @@ def job_story(env: dict[str, str], job_id: str) -> str:
 
 
 def job_output(run_dir: Path) -> str:
-    return "\n".join(p.read_text(errors="replace") for p in sorted(run_dir.glob("slurm-*.out")))
+    """Every job's output, then every keeper's (its own file, written on its node)."""
+    files = [*sorted(run_dir.glob("slurm-*.out")), *sorted(run_dir.glob("keeper-*.out"))]
+    return "\n".join(p.read_text(errors="replace") for p in files)
 
 
 def lift_requeue_hold(env: dict[str, str], job_id: str, timeout_s: float = 120) -> None:

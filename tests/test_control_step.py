@@ -517,3 +517,34 @@ def test_a_relaunch_takes_its_generation_before_it_is_recorded(
         Controller(root, env=env).after_step(1, False, [], False, time.time() - 25.0)
     assert [e["event"] for e in events(root)] == ["relaunch"]
     fencing.forget(root)
+
+
+def _launch_lost_relaunch(slurm: FakeSlurm, root: Path, look_after_check: Said) -> str:
+    """A launch lost and relaunched on node1, whose check's srun gave up as srun does with
+    slurmctld stopped; `look_after_check` is Slurm's answer to the look that follows."""
+    slurm.says("scontrol.show", Said(out=RUNNING), look_after_check)
+    slurm.says("sinfo", Said(out="node1|mixed|||0|none\n")).says("squeue", Said(out="59:00\n"))
+    slurm.says("srun", captured("stopped_srun_step"))
+    env = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_RESTART_COUNT": "0"}
+    return Controller(root, env=env).after_step(1, False, [], False, time.time() - 25.0)
+
+
+def test_a_node_that_does_not_answer_the_check_while_slurm_does_is_left_out(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = run_dir(tmp_path / "run")
+    action = _launch_lost_relaunch(slurm, root, Said(out=RUNNING))
+    assert action.split()[0] == Action.REQUEUE.value, action  # no other node to relaunch on
+    assert "node node1 did not answer the relaunch's check" in capsys.readouterr().err
+    (failure,) = [e for e in events(root) if e["event"] == "failure"]
+    assert (failure["cause"], failure["nodes"], failure["detected_by"]) == ("node_failure", ["node1"], "check")
+
+
+def test_no_answer_from_any_node_nor_from_slurm_is_slurms_outage_the_relaunch_goes_unchecked(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = run_dir(tmp_path / "run")
+    action = _launch_lost_relaunch(slurm, root, captured("stopped_scontrol_show_job"))
+    assert action.split()[0] == Action.RELAUNCH.value, action
+    assert "slurmctld gives no answer: the relaunch's nodes go unchecked" in capsys.readouterr().err
+    assert [e["event"] for e in events(root)] == ["relaunch"]

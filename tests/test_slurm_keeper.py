@@ -137,6 +137,9 @@ def test_a_silent_batch_host_is_left_behind_by_the_keeper(tmp_path: Path) -> Non
     print(f"the old job {job} after its node {thawed} thawed:\n{old_output[-1500:]}")
     # Its batch shell's trap and after-step ran on the thawed node, and stopped at the fence.
     assert f"was replaced (generation 3: submission of job {new_job} by keeper" in old_output, old_output[-3000:]
+    # The keeper's words, in its own file: its srun was on the frozen node and told nothing.
+    kept = (run_dir / f"keeper-{job}.out").read_text()
+    assert f"no answer from the batch host {thawed}" in kept and f"the run goes on in job {new_job}" in kept, kept
     assert same_weights(run_dir, trained.trained())
 
 

@@ -163,7 +163,7 @@ class Controller:
             found = check_nodes(job, unchecked, sys.executable, until=self.within.until)
             if found is None:
                 break
-            if found.unanswering == set(unchecked) and self.gather.job("the relaunch's check") is None:
+            if found.unanswering == set(unchecked) and not self.gather.slurm_answers("the relaunch's check"):
                 # No node answered, and neither does slurmctld: its outage, not theirs (srun could
                 # not create the checks' steps). The relaunch goes as decided, unchecked.
                 print("hpctrain: slurmctld gives no answer: the relaunch's nodes go unchecked", file=sys.stderr)

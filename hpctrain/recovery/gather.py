@@ -157,6 +157,12 @@ class Gatherer:
         self._answered = shown.reply.answered or shown.reply.kind is client.Kind.MISSING
         return shown.value
 
+    def slurm_answers(self, meaning: str) -> bool:
+        """One look at the job: whether slurmctld answered it (a job it no longer knows is an
+        answer too; only no answer at all is its outage)."""
+        self.job(meaning)
+        return self._answered
+
     def seen(self, meaning: str, purpose: Purpose = Purpose.IN_JOB) -> JobSeen:
         return self.seen_in(self.job(meaning, purpose))
 

@@ -40,6 +40,9 @@ def in_code_snapshot(location: str | Path) -> bool:
 
 # sbatch's --output in a run dir: every life of a job appends to its file (%j: the job id).
 SLURM_OUTPUT_PATTERN = "slurm-%j.out"
+# The batch host's keeper's own output (srun --output, written on the keeper's node): its words
+# outlive the batch host's loss, which takes the batch script's srun with it.
+KEEPER_OUTPUT_PATTERN = "keeper-%j.out"
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from hpctrain import __version__
 from hpctrain.config import Config
 from hpctrain.config.schema import SlurmConfig
 from hpctrain.run import exitcodes
-from hpctrain.run.paths import SLURM_OUTPUT_PATTERN, RunDir
+from hpctrain.run.paths import KEEPER_OUTPUT_PATTERN, SLURM_OUTPUT_PATTERN, RunDir
 from hpctrain.run.protocol import TEMPLATE_WORDS
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.:,=/@+\-\[\]]+$")
@@ -135,6 +135,7 @@ def render(config: Config, run_dir: Path, submit_dir: Path, code_dir: Path | Non
             submit_dir=str(submit_dir),
             code_dir=str(code_dir) if code_dir else "",
             output=filename_pattern(run_dir) + "/" + SLURM_OUTPUT_PATTERN,
+            keeper_output=KEEPER_OUTPUT_PATTERN,
             python=python,
             task_command=task_command,
             control_command=control_command,
