@@ -34,6 +34,7 @@ requeued (the batch script finished, requeued, or the guardian will act).
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import socket
@@ -52,6 +53,8 @@ UNARMED_NOTE_S = 60.0
 # listens again after a pause that doubles each time up to this: a watcher gone for good (its
 # batch script alive) costs one probe step every few minutes, not one every timeout.
 LONGEST_PAUSE_S = 300.0
+# Once it acts, every this long without an end: its stacks, in its output.
+ACT_STACKS_S = 30.0
 
 
 @dataclass
@@ -145,12 +148,18 @@ def main(argv: list[str]) -> int:
             time.sleep(pause_s)  # a watcher gone for good is probed less and less often
             armed, pause_s = True, min(pause_s * 2, LONGEST_PAUSE_S)
             continue
+        print(f"hpctrain keeper: acting on the silence of {host}", file=sys.stderr, flush=True)
+        # An act that takes long (Slurm slow to answer while it gives up on the lost node) says
+        # where it is, every ACT_STACKS_S: a keeper killed mid-act leaves that much behind.
+        faulthandler.dump_traceback_later(ACT_STACKS_S, repeat=True, file=sys.stderr)
         try:
             fencing.check(run_dir)  # the run went on elsewhere meanwhile (a --retry, the guardian)
             return Controller(run_dir, dict(os.environ)).batch_host_lost(host, silent_s)
         except fencing.Fenced as fenced:
             fencing.say(fenced, "hpctrain keeper")
             return Exit.FENCED
+        finally:
+            faulthandler.cancel_dump_traceback_later()
 
 
 def look_before_acting(host: str, batch_shell_pid: int | None, env: Mapping[str, str] | None = None) -> str | None:
