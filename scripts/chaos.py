@@ -20,7 +20,9 @@ adds an administrator's `scontrol requeue`, the loss of the node running the bat
 job ends FAILED and its guardian submits the run again; the soak follows the new job), and a
 training node frozen (every process stopped: a node that dies silently) and thawed 40 s later,
 while the run recovers or just after (`--batch-freeze` adds the batch host frozen, thawed 75 s
-later: the keeper's path):
+later: the keeper's path). `--udp-blocked` runs the soak on a site that blocks UDP between its
+nodes (scripts/chaos_udp.py): every fault but the batch host's freeze must still be recovered, no
+silent node may be heard and the keeper must say it is not armed:
 
     python scripts/chaos.py --minutes 30 --seed 7 --overlap 0.5
 
@@ -44,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))  # chaos_faults and devcluster sit beside this file
 
 import chaos_faults as faults  # noqa: E402
+import chaos_udp  # noqa: E402
 from chaos_faults import PACE_S, Fault, Soak  # noqa: E402
 
 KINDS = (
@@ -162,6 +165,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="add the batch host frozen and thawed 75 s later to the catalogue (the keeper's path)",
     )
+    parser.add_argument(
+        "--udp-blocked",
+        action="store_true",
+        help="a site that blocks UDP between its nodes: every UDP datagram on the loopback dropped for the "
+        "whole soak (tc, root; run it alone, never beside the test suite). The heartbeats and the keeper's "
+        "pings never arrive: no silent node may be heard, and the keeper must say it is not armed",
+    )
     parser.add_argument("--dir", default=None, help="the dev cluster's folder (scripts/devcluster.py)")
     parser.add_argument("--port-base", type=int, default=None, help="the dev cluster's first port")
     parser.add_argument("--out", type=Path, default=None, help="where the run dir and the reference go")
@@ -170,6 +180,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--minutes: must be > 0 (got {args.minutes:g})")
     if not 0.0 <= args.overlap <= 1.0:
         parser.error(f"--overlap: a chance from 0 to 1 (got {args.overlap:g})")
+    if args.udp_blocked and args.batch_freeze:
+        # Without the keeper's ears a frozen batch host leaves the job RUNNING without its batch
+        # script until its time limit (docs/lost-nodes.md): nothing the soak could wait out.
+        parser.error("--udp-blocked with --batch-freeze: the keeper cannot hear a batch host where UDP is blocked")
     if args.faults is not None and args.faults < 1:
         parser.error(f"--faults: must be >= 1 (got {args.faults})")
     return args
@@ -185,7 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  #{fault.number:<2} at {fault.at_s:7.1f} s  {fault.kind:<16} rank {fault.rank}  {when}".rstrip())
     out = (args.out or REPO / "runs" / f"chaos-seed{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     soak = Soak(args.seed, args.minutes, out / "run", out / "reference", cluster_dir=args.dir)
+    soak.udp_blocked = args.udp_blocked
     env = faults.cluster_env(args.dir, args.port_base)
+    if args.udp_blocked:
+        try:
+            chaos_udp.block()
+        except chaos_udp.UdpBlockError as error:
+            sys.exit(f"chaos: --udp-blocked: {error}")
+        print("chaos: every UDP datagram on the loopback is dropped until the soak ends")
     config = overrides(training_steps(args.minutes, len(plan)))
     # A SIGTERM ends the soak like Ctrl-C: through the clean-up below.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -200,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         soak.skipped.append(str(error))
     finally:
         faults.clean_up(env, soak)
+        if args.udp_blocked:
+            chaos_udp.unblock()
         if reference.poll() is None:
             reference.kill()
             reference.wait()

@@ -87,6 +87,7 @@ class Soak:
     touched_nodes: set[str] = field(default_factory=set)  # downed or drained, to resume
     cluster_dir: str | None = None  # the dev cluster's folder (devcluster.py freeze/thaw act there)
     thaws: list[threading.Timer] = field(default_factory=list)  # frozen nodes' thaws to come
+    udp_blocked: bool = False  # --udp-blocked: no heartbeat or keeper ping arrives
     final_state: str = "UNKNOWN"
     jobs_left: list[str] = field(default_factory=list)
     processes_left: list[int] = field(default_factory=list)

@@ -12,7 +12,18 @@ from typing import TYPE_CHECKING, Any
 from job_processes import is_task, processes
 
 from hpctrain.run.causes import CheckpointReason
-from hpctrain.run.events import Cancelled, Checkpoint, Event, Failure, Relaunch, Requeue, Start, Stop, read_events
+from hpctrain.run.events import (
+    Cancelled,
+    Checkpoint,
+    Event,
+    Failure,
+    Relaunch,
+    Requeue,
+    Silent,
+    Start,
+    Stop,
+    read_events,
+)
 from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.status.detail import duration, summary
 from hpctrain.status.goodput import goodput
@@ -44,6 +55,8 @@ def report(soak: Soak, max_steps: int) -> dict[str, Any]:
         "no job left": (not soak.jobs_left, f"left: {soak.jobs_left}"),
         "no process left": (not soak.processes_left, f"left: {soak.processes_left}"),
     }
+    if soak.udp_blocked:
+        checks.update(_udp_blocked_checks(soak.run_dir, events))
     ends = [i.at for i in soak.injected[1:]] + [float("inf")]
     rows = [_row(soak, item, end, events) for item, end in zip(soak.injected, ends)]
     return {
@@ -56,6 +69,18 @@ def report(soak: Soak, max_steps: int) -> dict[str, Any]:
         "goodput": goodput(events, metrics).to_json(),
         "checks": {name: {"passed": ok, "detail": detail} for name, (ok, detail) in checks.items()},
         "passed": all(ok for ok, _ in checks.values()),
+    }
+
+
+def _udp_blocked_checks(run_dir: Path, events: list[Event]) -> dict[str, tuple[bool, str]]:
+    """On a site that blocks UDP: the watcher heard no one, so it must never have called a node
+    silent; and every keeper that ran long enough must have said that it is not armed."""
+    silent = [e for e in events if isinstance(e, Silent)]
+    said = "\n".join(p.read_text(errors="replace") for p in sorted(run_dir.glob("keeper-*.out")))
+    unarmed = said.count("UDP between the nodes blocked?")
+    return {
+        "no silent node heard (UDP blocked)": (not silent, f"{len(silent)} `silent` events"),
+        "the keeper said it is not armed": (unarmed > 0, f"said {unarmed} times in keeper-*.out"),
     }
 
 

@@ -99,3 +99,50 @@ def test_the_overlap_soak_draws_its_overlaps_from_the_seed_and_keeps_the_rest() 
     assert sum(f.overlap_s is not None for f in others) > len(overlapping)
     # Without overlap, the classic catalogue and no overlapping fault.
     assert all(f.overlap_s is None and f.kind in chaos.KINDS for f in chaos.schedule(9, 30))
+
+
+def test_on_a_site_that_blocks_udp_a_silent_node_or_a_keeper_that_never_said_so_fails(tmp_path: Path) -> None:
+    """--udp-blocked: the watcher hears no one, so a `silent` event is a false alarm; and the
+    keeper, never armed, must have said so in its own output."""
+    import chaos_faults
+    import chaos_report
+
+    weights = {"w": torch.arange(4.0)}
+    reference = _run_dir(tmp_path / "reference", [1, 2, 3], weights)
+    quiet = _run_dir(tmp_path / "quiet", [1, 2, 3], weights)
+    (quiet / "keeper-5.out").write_text(
+        "hpctrain keeper: no answer from the batch host's watcher at node1:40000 in 60 s (UDP between the nodes "
+        "blocked?): the batch host is not watched\n"
+    )
+    soak = chaos_faults.Soak(1, 6, quiet, reference, job_ids=["5"], udp_blocked=True)
+    soak.final_state = "COMPLETED"
+    result = chaos_report.report(soak, max_steps=3)
+    assert result["passed"] and "the keeper said it is not armed" in result["checks"], result["checks"]
+
+    heard = _run_dir(tmp_path / "heard", [1, 2, 3], weights)
+    with open(heard / "events.jsonl", "a") as journal:
+        journal.write(
+            json.dumps(
+                {
+                    "event": "silent",
+                    "time": 101.5,
+                    "nodes": ["node2"],
+                    "ranks": [1],
+                    "silent_s": 10.2,
+                    "timeout_s": 10.0,
+                }
+            )
+            + "\n"
+        )
+    loud = chaos_faults.Soak(1, 6, heard, reference, job_ids=["5"], udp_blocked=True)
+    loud.final_state = "COMPLETED"
+    failed = {name for name, check in chaos_report.report(loud, max_steps=3)["checks"].items() if not check["passed"]}
+    assert failed == {"no silent node heard (UDP blocked)", "the keeper said it is not armed"}
+
+
+def test_udp_blocked_and_the_batch_hosts_freeze_are_refused_together() -> None:
+    import pytest
+
+    with pytest.raises(SystemExit):
+        chaos.parse(["--minutes", "6", "--seed", "1", "--udp-blocked", "--batch-freeze"])
+    assert chaos.parse(["--minutes", "6", "--seed", "1", "--udp-blocked"]).udp_blocked
