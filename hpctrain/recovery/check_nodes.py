@@ -1,5 +1,6 @@
 """The control step's side of a relaunch's node check: hpctrain.recovery.node_check run on each
-node at once, each its own one-task step, and what came back as a fact (facts.Checked).
+node at once, each its own one-task step, what came back as a fact (facts.Checked), and the
+relaunch decided again on it (`checked_relaunch`).
 
 One step per node, not one over all: a step over a node that died silently would wait for that
 node, and so would the answer of every other. A node that printed no answer within the check's
@@ -9,15 +10,52 @@ time (Purpose.NODE_CHECK) did not run it: lost, whatever Slurm still lists.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
-from hpctrain.recovery.facts import Checked
+from hpctrain.recovery.decision import Decision
+from hpctrain.recovery.facts import Checked, ClusterView
+from hpctrain.recovery.gather import Within
 from hpctrain.recovery.node_check import NodeCheck
+from hpctrain.run.causes import Action
 from hpctrain.slurm import client
 from hpctrain.slurm.client import Purpose
 
 # Nodes checked at once: each check is an srun waiting on its node, no work here.
 MOST_AT_ONCE = 64
+# A relaunch's node check, all nodes at once: a node that answers does in a second or two.
+NODE_CHECK_BUDGET_S = 20.0
+
+
+def checked_relaunch(
+    decided: Callable[[ClusterView], Decision],
+    cluster: ClusterView,
+    job_id: str,
+    python: str,
+    within: Within,
+    slurm_answers: Callable[[], bool],
+) -> Decision:
+    """`decided(cluster)`; a relaunch once every node it may use was checked (each answers, and
+    no process of the old step is left there), decided again on what the check found until it is
+    no relaunch or nothing is left to check. No node answering while slurmctld does not answer
+    either (`slurm_answers`) is slurmctld's outage, not the nodes' (srun could not create the
+    checks' steps): the relaunch goes as decided, unchecked."""
+    decision = decided(cluster)
+    while decision.action is Action.RELAUNCH:
+        unchecked = [n for n in cluster.allocated if n not in decision.excluded and n not in cluster.checked.nodes]
+        if not unchecked:
+            break
+        within.renew(NODE_CHECK_BUDGET_S)
+        found = check_nodes(job_id, unchecked, python, until=within.until)
+        if found is None:
+            break
+        if found.unanswering == set(unchecked) and not slurm_answers():
+            print("hpctrain: slurmctld gives no answer: the relaunch's nodes go unchecked", file=sys.stderr)
+            break
+        cluster = replace(cluster, checked=cluster.checked | found)
+        decision = decided(cluster)
+    return decision
 
 
 def check_nodes(job_id: str, nodes: list[str], python: str, *, until: float | None = None) -> Checked | None:

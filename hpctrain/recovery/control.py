@@ -36,13 +36,12 @@ import os
 import signal
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from hpctrain import faults
 from hpctrain.config.slurm_file import slurm_settings
 from hpctrain.recovery.apply import Applier, stamped
-from hpctrain.recovery.check_nodes import check_nodes
+from hpctrain.recovery.check_nodes import checked_relaunch
 from hpctrain.recovery.decide import (
     decide,
     decide_cancelled,
@@ -52,9 +51,7 @@ from hpctrain.recovery.decide import (
     decide_start,
 )
 from hpctrain.recovery.decision import Decision
-from hpctrain.recovery.facts import Budgets, ClusterView, Outcome
 from hpctrain.recovery.gather import Gatherer, Within
-from hpctrain.recovery.history import History
 from hpctrain.recovery.judge import launch_lost
 from hpctrain.run import fencing, generations, launch_marks, lives, protocol
 from hpctrain.run.causes import Action
@@ -71,8 +68,6 @@ from hpctrain.slurm.client import Purpose
 SLURM_BUDGET_S = 20.0
 # A requeue without an answer, and the keeper: how long to wait for slurmctld to come back.
 REQUEUE_WAIT_S = client.RESTART_WAIT_S
-# A relaunch's node check, all nodes at once: a node that answers does in a second or two.
-NODE_CHECK_BUDGET_S = 20.0
 # Exported by the batch shell before after-step: when the training step's srun returned.
 STEP_ENDED_AT_ENV = "HPCTRAIN_STEP_ENDED_AT"
 
@@ -137,7 +132,15 @@ class Controller:
             print("hpctrain: the step's srun started no task and slurmctld gives no answer: waiting for it", flush=True)
             if self.gather.wait_for_slurm(REQUEUE_WAIT_S):
                 cluster = self.gather.cluster()
-        decision = self._checked(history, outcome, cluster, budgets)
+        job = self.gather.number or self.gather.job_id  # the raw SLURM_JOB_ID the node checks' tasks carry
+        decision = checked_relaunch(
+            lambda view: decide(history, outcome, view, budgets),
+            cluster,
+            job,
+            sys.executable,
+            self.within,
+            lambda: self.gather.slurm_answers("the relaunch's check"),
+        )
         if decision.action is Action.RELAUNCH:
             self.apply.claim_relaunch()  # raises Fenced: another act owns the run, launch nothing
         self.apply.record(stamped(decision, self.env.get(STEP_ENDED_AT_ENV, "")))
@@ -148,29 +151,6 @@ class Controller:
         # The batch shell's srun --nodes for the survivors, only when slurm.nodes is a range.
         step_nodes = decision.step_nodes if self.slurm.elastic_nodes else None
         return Answer(decision.action, decision.excluded, step_nodes).line()
-
-    def _checked(self, history: History, outcome: Outcome, cluster: ClusterView, budgets: Budgets) -> Decision:
-        """decide's answer; a relaunch after a check of the nodes it may use (hpctrain.recovery.node_check:
-        each answers, and no process of the old step is left there), decided again on what the
-        check found until every node the relaunch may use was checked, or it is no relaunch."""
-        decision = decide(history, outcome, cluster, budgets)
-        while decision.action is Action.RELAUNCH:
-            unchecked = [n for n in cluster.allocated if n not in decision.excluded and n not in cluster.checked.nodes]
-            if not unchecked:
-                break
-            self.within.renew(NODE_CHECK_BUDGET_S)
-            job = self.gather.number or self.gather.job_id
-            found = check_nodes(job, unchecked, sys.executable, until=self.within.until)
-            if found is None:
-                break
-            if found.unanswering == set(unchecked) and not self.gather.slurm_answers("the relaunch's check"):
-                # No node answered, and neither does slurmctld: its outage, not theirs (srun could
-                # not create the checks' steps). The relaunch goes as decided, unchecked.
-                print("hpctrain: slurmctld gives no answer: the relaunch's nodes go unchecked", file=sys.stderr)
-                break
-            cluster = replace(cluster, checked=cluster.checked | found)
-            decision = decide(history, outcome, cluster, budgets)
-        return decision
 
     def cancelled(self) -> int:
         """The shell's SIGTERM trap: record `cancelled` now, once per life. Under the journal's
