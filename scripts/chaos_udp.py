@@ -3,8 +3,8 @@
 The dev cluster's nodes all live on this machine's loopback, so dropping every UDP datagram on
 `lo` is what a firewall between real nodes does to hpctrain: the ranks' heartbeats never reach
 the batch script's watcher, and the keeper's pings never reach it either. Slurm itself speaks
-TCP and munge a UNIX socket: neither is touched. The drop is a `tc` filter on lo's egress (both
-IPv4 and IPv6), added before the job is submitted and removed at the soak's end; it needs root.
+TCP and munge a UNIX socket: neither is touched. The drop is `tc` on lo (IPv4 and IPv6), set
+before the job is submitted and removed at the soak's end; it needs root.
 Nothing else on the machine can use UDP on the loopback meanwhile: run it alone, never beside
 the test suite.
 """
@@ -15,12 +15,19 @@ import socket
 import subprocess
 
 DEVICE = "lo"
-_ADD_QDISC = ["tc", "qdisc", "add", "dev", DEVICE, "root", "handle", "1:", "prio"]
-_FILTERS = [
+# Kernels without tc's `drop` action (act_gact) are common in VMs and containers: each UDP
+# datagram is instead classified to a leaf class whose queue holds at most 1 byte (bfifo), where
+# it is dropped on arrival; everything else goes to a default class at 100 Gbit/s (unshaped).
+_COMMANDS = [
+    ["tc", "qdisc", "add", "dev", DEVICE, "root", "handle", "1:", "htb", "default", "10"],
+    ["tc", "class", "add", "dev", DEVICE, "parent", "1:", "classid", "1:10", "htb", "rate", "100gbit"],
+    ["tc", "class", "add", "dev", DEVICE, "parent", "1:", "classid", "1:20", "htb"]
+    + ["rate", "8bit", "ceil", "8bit", "burst", "1b", "cburst", "1b"],
+    ["tc", "qdisc", "add", "dev", DEVICE, "parent", "1:20", "handle", "20:", "bfifo", "limit", "1"],
     ["tc", "filter", "add", "dev", DEVICE, "parent", "1:", "protocol", "ip", "prio", "1", "u32"]
-    + ["match", "ip", "protocol", "17", "0xff", "action", "drop"],
+    + ["match", "ip", "protocol", "17", "0xff", "flowid", "1:20"],
     ["tc", "filter", "add", "dev", DEVICE, "parent", "1:", "protocol", "ipv6", "prio", "2", "u32"]
-    + ["match", "ip6", "protocol", "17", "0xff", "action", "drop"],
+    + ["match", "ip6", "protocol", "17", "0xff", "flowid", "1:20"],
 ]
 _REMOVE = ["tc", "qdisc", "del", "dev", DEVICE, "root", "handle", "1:"]
 
@@ -39,14 +46,14 @@ def _tc(command: list[str]) -> subprocess.CompletedProcess[str]:
 def block() -> None:
     """Every UDP datagram on the loopback dropped from now on; raises UdpBlockError (saying why)
     when that cannot be done, leaving nothing half set."""
-    added = _tc(_ADD_QDISC)
-    if added.returncode != 0:
-        raise UdpBlockError(f"`{' '.join(_ADD_QDISC)}` failed (root? a qdisc already there?): {added.stderr.strip()}")
-    for command in _FILTERS:
+    for number, command in enumerate(_COMMANDS):
         done = _tc(command)
         if done.returncode != 0:
-            unblock()
-            raise UdpBlockError(f"`{' '.join(command)}` failed: {done.stderr.strip()}")
+            if number:  # the root qdisc is ours: removing it removes the rest
+                unblock()
+            raise UdpBlockError(
+                f"`{' '.join(command)}` failed (root? a root qdisc on {DEVICE} already?): {done.stderr.strip()}"
+            )
     if delivered():
         unblock()
         raise UdpBlockError("a UDP datagram to this machine still arrived with the filter in place")
