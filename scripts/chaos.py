@@ -172,6 +172,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "whole soak (tc, root; run it alone, never beside the test suite). The heartbeats and the keeper's "
         "pings never arrive: no silent node may be heard, and the keeper must say it is not armed",
     )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="the job's trainer.max_steps (default: sized for a busy 2-core machine, each step twice the pace; "
+        "on a quiet machine the run can end before the last faults, which are then reported skipped)",
+    )
     parser.add_argument("--dir", default=None, help="the dev cluster's folder (scripts/devcluster.py)")
     parser.add_argument("--port-base", type=int, default=None, help="the dev cluster's first port")
     parser.add_argument("--out", type=Path, default=None, help="where the run dir and the reference go")
@@ -184,6 +191,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         # Without the keeper's ears a frozen batch host leaves the job RUNNING without its batch
         # script until its time limit (docs/lost-nodes.md): nothing the soak could wait out.
         parser.error("--udp-blocked with --batch-freeze: the keeper cannot hear a batch host where UDP is blocked")
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps: must be >= 1 (got {args.steps})")
     if args.faults is not None and args.faults < 1:
         parser.error(f"--faults: must be >= 1 (got {args.faults})")
     return args
@@ -207,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         except chaos_udp.UdpBlockError as error:
             sys.exit(f"chaos: --udp-blocked: {error}")
         print("chaos: every UDP datagram on the loopback is dropped until the soak ends")
-    config = overrides(training_steps(args.minutes, len(plan)))
+    max_steps = args.steps or training_steps(args.minutes, len(plan))
+    config = overrides(max_steps)
     # A SIGTERM ends the soak like Ctrl-C: through the clean-up below.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     reference = faults.start_reference(env, soak.reference, config)
@@ -226,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         if reference.poll() is None:
             reference.kill()
             reference.wait()
-    report = faults.report(soak, training_steps(args.minutes, len(plan)))
+    report = faults.report(soak, max_steps)
     (out / "chaos-report.json").write_text(json.dumps(report, indent=2, default=str))
     print(faults.render(report))
     return 0 if report["passed"] else 1
