@@ -96,11 +96,19 @@ def rank_pids(job_id: str, rank: int, among: list[Process] | None = None) -> lis
     ]
     in_job = {p.pid for p in of_job}
     tasks = [p for p in of_job if p.parent not in in_job]
-    newest = max((int(p.environ["SLURM_STEP_ID"]) for p in tasks), default=None)
-    latest = [p for p in tasks if int(p.environ["SLURM_STEP_ID"]) == newest]
+    # Step ids start again at 0 in each life of a requeued job: the life (SLURM_RESTART_COUNT)
+    # first, so an earlier life's task still ending (its relaunch's step 3) is never taken for
+    # the new life's step 0.
+    newest = max(map(_launch, tasks), default=None)
+    latest = [p for p in tasks if _launch(p) == newest]
     if any(is_handoff(p) for p in latest):
         return standby_worker(job_id, rank, everyone)
     return [p.pid for p in latest]
+
+
+def _launch(process: Process) -> tuple[int, int]:
+    restart = process.environ.get("SLURM_RESTART_COUNT", "0")
+    return (int(restart) if restart.isdigit() else 0, int(process.environ["SLURM_STEP_ID"]))
 
 
 def rank_pid(job_id: str, rank: int) -> int | None:

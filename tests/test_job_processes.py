@@ -27,8 +27,9 @@ def started() -> Iterator[list[subprocess.Popen[bytes]]]:
         proc.wait()
 
 
-def task(started: list[subprocess.Popen[bytes]], step: str, rank: str, command: str) -> int:
+def task(started: list[subprocess.Popen[bytes]], step: str, rank: str, command: str, restart: str = "0") -> int:
     env = {**os.environ, "SLURM_JOB_ID": JOB, "SLURM_STEP_ID": step, "SLURM_PROCID": rank}
+    env["SLURM_RESTART_COUNT"] = restart
     started.append(subprocess.Popen(["sh", "-c", command], env=env))
     return started[-1].pid
 
@@ -56,3 +57,11 @@ def test_a_task_is_the_newest_steps_process_whose_parent_is_not_a_task(started) 
     # The batch step's shell and srun carry the job's variables too: never a task.
     task(started, "batch", "0", "exec sleep 63")
     assert settled(JOB, 0, 4) == []
+
+
+def test_a_requeued_lifes_step_0_is_newer_than_an_earlier_lifes_relaunch(started) -> None:
+    """Step ids start again at 0 in each life: the earlier life's relaunched rank (step 3), still
+    ending, is not the rank of the life that trains now."""
+    task(started, "3", "0", "exec sleep 64", restart="1")
+    requeued = task(started, "0", "0", "exec sleep 65", restart="2")
+    assert settled(JOB, 0, 2) == [requeued]
