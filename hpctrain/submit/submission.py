@@ -46,8 +46,9 @@ _OURS = {
     *(p.name for p in (_NAMES.config, _NAMES.job_script, _NAMES.guardian_script, _NAMES.submission, _NAMES.code)),
     _NAMES.lock.name,  # this command's own lock (hpctrain.run.lock)
 }
-# What Hydra writes in a fresh sweep dir besides the points' run dirs (and the shared code/).
-_SWEEP_FILES = {"multirun.yaml", _NAMES.code.name}
+# What Hydra writes in a fresh sweep dir besides the points' run dirs (and the shared code/),
+# and its lock (hpctrain.run.lock.hold_sweep).
+_SWEEP_FILES = {"multirun.yaml", _NAMES.code.name, _NAMES.lock.name}
 
 
 @dataclass

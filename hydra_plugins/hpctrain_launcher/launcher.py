@@ -44,9 +44,11 @@ class SubmitLauncher(Launcher):
         self.hydra_context = hydra_context
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from hpctrain.cli.common import fail
         from hpctrain.cli.submit import discard_sweep, prepare_point, submit_or_exit
         from hpctrain.config import resolved_yaml
         from hpctrain.config.points import PointChecker
+        from hpctrain.run import lock
         from hpctrain.run.paths import RunDir
         from hpctrain.submit.code_snapshot import CodeSnapshot
 
@@ -55,6 +57,13 @@ class SubmitLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        try:  # one lock for the sweep: its points are checked free one by one (hpctrain.run.lock)
+            lock.hold_sweep(sweep_dir)
+        except lock.RunDirInUse as holder:
+            fail(
+                f"{sweep_dir} is in use by a live hpctrain command ({holder}); "
+                "wait for it or pick a new hydra.sweep.dir"
+            )
         log.info("checking and rendering %d sweep points in %s", len(job_overrides), sweep_dir)
         points: list = []
         returns: list[JobReturn] = []

@@ -11,13 +11,18 @@ from pathlib import Path
 
 _HOLD = (
     "import sys, time; from pathlib import Path; from hpctrain.run import lock; from hpctrain.run.paths import RunDir;"
-    "r = RunDir(Path(sys.argv[1])); lock.hold(r); lock.announce(r); print('held', flush=True); time.sleep(600)"
+    "r = RunDir(Path(sys.argv[1]))\n"
+    "if sys.argv[2] == 'sweep': lock.hold_sweep(r.root)\n"
+    "else: lock.hold(r); lock.announce(r)\n"
+    "print('held', flush=True); time.sleep(600)"
 )
 
 
 @contextmanager
-def holding(run_dir: Path) -> Iterator[subprocess.Popen[str]]:
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+def holding(run_dir: Path, sweep: bool = False) -> Iterator[subprocess.Popen[str]]:
+    """`sweep`: the lock a sweep's submission holds on its sweep dir (lock.hold_sweep)."""
+    what = "sweep" if sweep else "run"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(run_dir), what], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         yield holder
