@@ -61,3 +61,20 @@ def test_only_the_jobs_partition_counts() -> None:
     # node2 down in a partition of node1 and node2: even with node1 back it cannot start, and
     # nothing is gained by letting it in now.
     assert to_release(STARVED, (), sinfo("node_down_while_held"), ("node1", "node2")) == []
+
+
+def test_status_names_a_starved_job_with_the_command_that_lets_it_start() -> None:
+    from hpctrain.status.starved_note import note, waits_for_nodes
+
+    assert STARVED is not None
+    line = note(STARVED, (), sinfo("node3_drained"), ())
+    assert line == (
+        "job 26817026 waits (ReqNodeNotAvail,_UnavailableNodes:node3) for nodes it excludes itself: node1 is back "
+        "in service; `scontrol update JobId=26817026 ExcNodeList=` lets it start"
+    )
+    assert note(STARVED, (), sinfo("idle"), ()) is None  # it waits for its turn
+    # The user's own exclusion stays in the command.
+    both = replace(STARVED, exc_node_list="node1,node4")
+    assert note(both, ("node4",), sinfo("node3_drained"), ()) == line.replace("ExcNodeList=", "ExcNodeList=node4")
+    assert waits_for_nodes("PENDING", "ReqNodeNotAvail, UnavailableNodes:node3")
+    assert not waits_for_nodes("PENDING", "BeginTime") and not waits_for_nodes("RUNNING", None)

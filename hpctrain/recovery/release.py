@@ -27,7 +27,8 @@ def watch_replacement(job_id: str, user_exclude: tuple[str, ...], journal: Journ
             return  # it started, ended, or Slurm has no word: nothing to let in
         if reason_word(record.reason) in WAITING_FOR_NODES:
             try:
-                back = to_release(record, user_exclude, _node_states(deadline), _partition(record, deadline))
+                nodes = node_states(Purpose.GUARDIAN_LOOK, deadline)
+                back = to_release(record, user_exclude, nodes, partition_nodes(record, Purpose.GUARDIAN_LOOK, deadline))
             except ValueError as error:  # a node list it cannot read: left as it is
                 print(f"hpctrain guardian: {error}", file=sys.stderr)
                 return
@@ -51,18 +52,20 @@ def _let_in(record: JobRecord, back: list[str], journal: Journal, until: float) 
     return True
 
 
-def _node_states(until: float) -> dict[str, NodeState]:
-    listed = client.nodes(NodeColumns.STATES, Purpose.GUARDIAN_LOOK, until=until)
+def node_states(purpose: Purpose, until: float | None = None) -> dict[str, NodeState]:
+    """Every node's state as sinfo says it ({} when it does not answer)."""
+    listed = client.nodes(NodeColumns.STATES, purpose, until=until)
     try:
         return parse_sinfo_nodes(listed.value) if listed.ok else {}
     except ValueError:
         return {}
 
 
-def _partition(record: JobRecord, until: float) -> tuple[str, ...]:
+def partition_nodes(record: JobRecord, purpose: Purpose, until: float | None = None) -> tuple[str, ...]:
+    """The nodes of the job's partition (() when Slurm does not say)."""
     if record.partition is None:
         return ()
-    nodes = client.show_partition(record.partition, Purpose.GUARDIAN_LOOK, until=until).value.get("Nodes")
+    nodes = client.show_partition(record.partition, purpose, until=until).value.get("Nodes")
     try:
         return tuple(expand(nodes)) if nodes and nodes != "(null)" else ()
     except ValueError:

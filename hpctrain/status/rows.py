@@ -13,7 +13,7 @@ import yaml
 from hpctrain.run.events import read_events
 from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.run.paths import RunDir
-from hpctrain.status import slurm_query
+from hpctrain.status import slurm_query, starved_note
 from hpctrain.status.checkpoint_age import newest_checkpoint
 from hpctrain.status.cost import Cost, read_plan, run_cost
 from hpctrain.status.goodput import goodput
@@ -82,7 +82,15 @@ def collect(runs: list[Path], now: float | None = None, with_goodput: bool = Fal
         else _unreadable(run, summary)
         for run, summary in zip(runs, summaries)
     ]
-    return Status(rows, answer.notes)
+    waiting = [
+        (s.job_id, RunDir(run).config)
+        for run, s in zip(runs, summaries)
+        if isinstance(s, JournalSummary)
+        and s.job_id
+        and (job := answer.jobs.get(s.job_id)) is not None
+        and starved_note.waits_for_nodes(job.state, job.reason)
+    ]
+    return Status(rows, answer.notes + starved_note.notes(waiting))
 
 
 def _row(run: Path, journal: JournalSummary, answer: slurm_query.SlurmAnswer, now: float, with_goodput: bool) -> Row:

@@ -67,6 +67,9 @@ class Point:
     # refused while another actor's submission waits for its sbatch.
     by: str = "hpctrain-submit"
     after: int | None = None
+    # job.sbatch's #SBATCH lines, as written (a sweep groups its points into arrays by them);
+    # None: read from the script.
+    header: tuple[str, ...] | None = None
 
     @property
     def script(self) -> Path:
@@ -78,6 +81,7 @@ def write_script(point: Point, submit_dir: Path) -> str:
     code = point.code.folder if point.code else None
     rendered = render(point.config, point.run.root, submit_dir, code)
     _write_executable(point.script, rendered.script)
+    point.header = header_of(rendered.script)
     if point.config.slurm.guardian:
         _write_executable(point.run.guardian_script, render_guardian(point.config, point.run.root, submit_dir, code))
     return rendered.script
@@ -194,7 +198,8 @@ def _plan(points: list[Point]) -> list[_Batch]:
     except SlurmLimitsError as error:
         raise sbatch.SbatchError(str(error)) from None
     guarded = [p.config.slurm.guardian for p in points]
-    plans = plan_arrays([header_of(p.script.read_text()) for p in points], limits.max_array_size) if as_arrays else []
+    headers = [p.header if p.header is not None else header_of(p.script.read_text()) for p in points]
+    plans = plan_arrays(headers, limits.max_array_size) if as_arrays else []
     # A guardian for each point of its own, one for each array (hpctrain.recovery.array_guardian).
     guardians = sum(any(guarded[i] for i in plan.points) for plan in plans) if as_arrays else sum(guarded)
     verdict = check(len(points), limits, slurm.array_parallelism if as_arrays else None, guardians)

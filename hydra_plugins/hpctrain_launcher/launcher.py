@@ -7,10 +7,12 @@ when any point's config is wrong.
 
 import functools
 import logging
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
@@ -20,6 +22,9 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.hpctrain_launcher.compose import sweep_configs
+
+if TYPE_CHECKING:
+    from hpctrain.submit.submission import Point
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +50,10 @@ class SubmitLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hpctrain.cli.common import fail
-        from hpctrain.cli.submit import discard_sweep, prepare_point, submit_or_exit
-        from hpctrain.config import resolved_yaml
-        from hpctrain.config.points import PointChecker
+        from hpctrain.cli.submit import discard_sweep, submit_or_exit
         from hpctrain.run import lock
         from hpctrain.run.paths import RunDir
+        from hpctrain.submit import forked
         from hpctrain.submit.code_snapshot import CodeSnapshot
 
         assert self.config is not None and self.hydra_context is not None
@@ -65,46 +69,132 @@ class SubmitLauncher(Launcher):
                 "wait for it or pick a new hydra.sweep.dir"
             )
         log.info("checking and rendering %d sweep points in %s", len(job_overrides), sweep_dir)
-        points: list = []
-        returns: list[JobReturn] = []
+        sweep = _Sweep(self.hydra_context.config_loader, self.config, sweep_dir, initial_job_idx)  # type: ignore[arg-type]
         # One copy of the code for every point, taken when the first point asks for it.
-        resolved_sweep_dir = sweep_dir.resolve()
-        shared_code = CodeSnapshot(RunDir(resolved_sweep_dir).code)
-        # The first point of each structure is checked in full, the others by what they change.
-        checker = PointChecker()
+        shared_code = CodeSnapshot(RunDir(sweep.resolved_dir).code)
+        made: list[tuple[Point, str]] = []
         try:
-            configs = sweep_configs(self.hydra_context.config_loader, self.config, job_overrides)  # type: ignore[arg-type]
-            for offset, sweep_config in enumerate(configs):
-                # What Hydra's run_job does that a submission needs: the point's number and output
-                # dir, and HydraConfig set so ${hydra:...} interpolations resolve.
-                run_dir = _set_point(sweep_config, initial_job_idx + offset, sweep_dir, resolved_sweep_dir)
-                _publish(sweep_config)
-                run_dir.mkdir(parents=True, exist_ok=True)
-                (run_dir / ".hydra").mkdir(exist_ok=True)
-                task = [str(line) for line in sweep_config.hydra.overrides.task]
-                (run_dir / ".hydra" / "overrides.yaml").write_text(resolved_yaml(task))
-                structure = id(sweep_config)  # one config object per structure (compose.py)
-                check = functools.partial(checker.check, structure=structure)
-                point = prepare_point(sweep_config, shared_code, check)
-                points.append(point)
-                # No config kept per point: Hydra's sweeper reads only the return value.
-                returns.append(
-                    JobReturn(
-                        overrides=task,
-                        working_dir=str(run_dir),
-                        task_name="hpctrain",
-                        status=JobStatus.COMPLETED,
-                        _return_value=point,
-                    )
-                )
-            log.info("checked %d points, %d of them in full", len(points), checker.full_checks)
+            # Many points: the first here (its code copied, its structure checked in full), the
+            # others in forked children (hpctrain.submit.forked). Else all of them here.
+            parts = forked.children_for(len(job_overrides) - 1)
+            if parts > 1:
+                full_checks = sweep.prepare(job_overrides[:1], 0, shared_code, made)
+                full_checks += _prepare_in_children(sweep, job_overrides[1:], parts, shared_code, made)
+            else:
+                full_checks = sweep.prepare(job_overrides, 0, shared_code, made)
+            points = [point for point, _ in made]
+            log.info(
+                "checked %d points, %d of them in full%s",
+                len(points),
+                full_checks,
+                f", in {parts} processes" if parts > 1 else "",
+            )
             if points and not points[0].config.dry_run:
                 submit_or_exit(points)
         except BaseException:
             # A bad point, a composition error, a refusal: no point of this sweep stays behind.
-            discard_sweep(sweep_dir, points)
+            discard_sweep(sweep_dir, [point for point, _ in made])
             raise
-        return returns
+        # No config kept per point: Hydra's sweeper reads only the return value.
+        return [
+            JobReturn(
+                overrides=list(point.overrides),
+                working_dir=working_dir,
+                task_name="hpctrain",
+                status=JobStatus.COMPLETED,
+                _return_value=point,
+            )
+            for point, working_dir in made
+        ]
+
+
+class _Sweep:
+    """What every point of one sweep shares: Hydra's loader and master config, the sweep dir."""
+
+    def __init__(self, loader: Any, master: DictConfig, sweep_dir: Path, initial_job_idx: int) -> None:
+        self.loader = loader
+        self.master = master
+        self.dir = sweep_dir
+        self.resolved_dir = sweep_dir.resolve()
+        self.initial_job_idx = initial_job_idx
+
+    def prepare(
+        self, job_overrides: Sequence[Sequence[str]], first: int, code: Any, made: list[tuple["Point", str]]
+    ) -> int:
+        """Check and write the points `first`, `first + 1`, ... (their overrides given), appending
+        each (Point, its working dir) to `made`; returns how many needed the full check."""
+        from hpctrain.cli.submit import prepare_point
+        from hpctrain.config import resolved_yaml
+        from hpctrain.config.points import PointChecker
+
+        # The first point of each structure is checked in full, the others by what they change.
+        checker = PointChecker()
+        for offset, sweep_config in enumerate(sweep_configs(self.loader, self.master, job_overrides), start=first):
+            # What Hydra's run_job does that a submission needs: the point's number and output
+            # dir, and HydraConfig set so ${hydra:...} interpolations resolve.
+            run_dir = _set_point(sweep_config, self.initial_job_idx + offset, self.dir, self.resolved_dir)
+            _publish(sweep_config)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / ".hydra").mkdir(exist_ok=True)
+            task = [str(line) for line in sweep_config.hydra.overrides.task]
+            (run_dir / ".hydra" / "overrides.yaml").write_text(resolved_yaml(task))
+            structure = id(sweep_config)  # one config object per structure (compose.py)
+            check = functools.partial(checker.check, structure=structure)
+            made.append((prepare_point(sweep_config, code, check), str(run_dir)))
+        return checker.full_checks
+
+
+class _CodeWanted:
+    """A child's stand-in for the sweep's code snapshot: the targets its points import, for the
+    parent to copy once (two children copying one package at once would tear it)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.targets: set[str] = set()
+
+    def include(self, targets: Any, submit_dir: Path) -> None:
+        self.targets.update(targets)
+
+
+def _prepare_in_children(
+    sweep: _Sweep, job_overrides: Sequence[Sequence[str]], parts: int, shared_code: Any, made: list[tuple["Point", str]]
+) -> int:
+    """Points 1.. of the sweep in `parts` forked children (hpctrain.submit.forked), appended to
+    `made` in order; then the code they import copied here. Exits as the first failed child did
+    (it printed what to change) once every child's points are in `made` to be removed."""
+    from hpctrain.cli.common import fail
+    from hpctrain.submit import forked
+
+    def work(share: Sequence[tuple[int, Sequence[str]]], out: list[tuple["Point", str]]) -> tuple[int, set[str]]:
+        wanted = _CodeWanted(shared_code.folder)
+        full = sweep.prepare([overrides for _, overrides in share], share[0][0], wanted, out)
+        for point, _ in out:
+            point.code = None  # the parent's snapshot, set there
+        return full, wanted.targets
+
+    shares = forked.in_children(work, list(enumerate(job_overrides, start=1)), parts)
+    full_checks, targets = 0, set()
+    for share in shares:
+        made.extend(share.made)
+        if share.extra is not None:
+            full_checks += share.extra[0]
+            targets |= share.extra[1]
+    failed = next((share.exit_code for share in shares if share.exit_code), 0)
+    if failed:
+        sys.exit(failed)
+    if any(point.config.slurm.code_snapshot for point, _ in made):
+        try:
+            shared_code.include(targets, Path(os.getcwd()))
+        except OSError as error:  # a full disk, an unreadable source file (as prepare_point says it)
+            fail(
+                f"slurm.code_snapshot: could not copy the code into {shared_code.folder}: {error}; "
+                "free space there or set slurm.code_snapshot=false"
+            )
+        except ValueError as error:
+            fail(str(error))
+    for point, _ in made:
+        point.code = shared_code if point.config.slurm.code_snapshot else None
+    return full_checks
 
 
 def _publish(config: DictConfig) -> None:

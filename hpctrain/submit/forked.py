@@ -1,0 +1,111 @@
+"""Work on a sweep's points in forked processes, one share each, all at once.
+
+Checking and writing a point costs about 2 ms of Python and a handful of file creations: 10,000
+points took 25 s in one process. The points are independent once the sweep is composed, so a
+login node's cores share them: each child is a fork of the submitting process (its Hydra
+state, its sweep lock, its imports: nothing to start), works through its own slice in order and
+hands back what it made through a temporary file. The parent keeps the order of the points.
+
+A child that fails (a bad point: `fail` has printed what to change) still hands back the points
+it made before, so the caller can remove every run dir of the sweep; its exit code is the
+command's. A child never returns into the caller's code: it ends with os._exit, so nothing the
+parent holds (its lock's descriptor, buffered output, atexit handlers) is touched twice.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+Item = TypeVar("Item")
+Made = TypeVar("Made")
+
+# Below this many items a child costs more than it saves (a fork, composing the sweep's
+# structure again: about 0.2 s).
+MIN_PER_CHILD = 250
+
+
+@dataclass
+class Share(Generic[Made]):
+    """What one child made, in order, and how it ended (0: all of its slice)."""
+
+    made: list[Made]
+    extra: Any  # what the work handed back besides its items (its counters, its wishes)
+    exit_code: int
+
+
+def children_for(count: int, cores: int | None = None) -> int:
+    """How many children `count` items are worth on this machine's cores (1: do them here)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0))
+    if threading.active_count() > 1:  # forking a process with threads can copy a held lock
+        return 1
+    return max(1, min(cores, count // MIN_PER_CHILD))
+
+
+def slices(count: int, parts: int) -> list[range]:
+    """0..count-1 in `parts` contiguous ranges as even as can be (the first ones one longer)."""
+    size, longer = divmod(count, parts)
+    ranges, start = [], 0
+    for part in range(parts):
+        end = start + size + (1 if part < longer else 0)
+        ranges.append(range(start, end))
+        start = end
+    return [r for r in ranges if len(r)]
+
+
+def in_children(
+    work: Callable[[Sequence[Item], list[Made]], Any], items: Sequence[Item], parts: int
+) -> list[Share[Made]]:
+    """`work(slice, made)` for each of `parts` slices of `items`, each in a forked child, at the
+    same time; `work` appends what it makes to `made` and returns an extra value. The shares come
+    back in the order of the slices."""
+    children: list[tuple[int, Any]] = []
+    for share in slices(len(items), parts):
+        sink = tempfile.TemporaryFile()  # noqa: SIM115 (closed once its child is waited for)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            _child(work, [items[i] for i in share], sink)
+        children.append((pid, sink))
+    shares: list[Share[Made]] = []
+    for pid, sink in children:
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        sink.seek(0)
+        try:
+            made, extra, said = pickle.load(sink)
+        except (EOFError, pickle.UnpicklingError):  # killed before it could say (a signal, no memory)
+            made, extra, said = [], None, code or 1
+        finally:
+            sink.close()
+        shares.append(Share(made, extra, said if said else (1 if code else 0)))
+    return shares
+
+
+def _child(work: Callable[[Sequence[Item], list[Made]], Any], items: Sequence[Item], sink: Any) -> None:
+    made: list[Made] = []
+    extra: Any = None
+    code = 0
+    try:
+        extra = work(items, made)
+    except SystemExit as stop:  # `fail` said what is wrong
+        code = stop.code if isinstance(stop.code, int) and stop.code else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    try:
+        pickle.dump((made, extra, code), sink, protocol=pickle.HIGHEST_PROTOCOL)
+        sink.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
