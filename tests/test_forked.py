@@ -67,9 +67,10 @@ def _square_all(items: Sequence[int], made: list[tuple[int, int]]) -> int:
 
 
 def test_shares_come_back_in_order_each_from_its_own_child() -> None:
-    shares = forked.in_children(_square_all, list(range(11)), 3)
+    made: list[tuple[int, int]] = []
+    shares = forked.in_children(_square_all, list(range(11)), 3, into=made)
     assert [share.exit_code for share in shares] == [0, 0, 0]
-    assert [m for share in shares for m in share.made] == [(i, i * i) for i in range(11)]
+    assert made == [(i, i * i) for i in range(11)]
     pids = {share.extra for share in shares}
     assert len(pids) == 3 and os.getpid() not in pids
 
@@ -82,10 +83,10 @@ def _fail_at_seven(items: Sequence[int], made: list[int]) -> None:
 
 
 def test_a_failed_child_hands_back_what_it_made_and_its_exit_code() -> None:
-    shares = forked.in_children(_fail_at_seven, list(range(10)), 2)  # 0..4 and 5..9
+    made: list[int] = []
+    shares = forked.in_children(_fail_at_seven, list(range(10)), 2, into=made)  # 0..4 and 5..9
     assert [share.exit_code for share in shares] == [0, 2]
-    assert shares[0].made == [0, 1, 2, 3, 4]
-    assert shares[1].made == [5, 6]  # the run dirs it wrote before the bad point, to remove
+    assert made == [0, 1, 2, 3, 4, 5, 6]  # and the run dirs the failed one wrote, to remove
 
 
 def _killed(items: Sequence[int], made: list[int]) -> None:
@@ -94,15 +95,31 @@ def _killed(items: Sequence[int], made: list[int]) -> None:
 
 
 def test_a_child_killed_is_a_failure() -> None:
-    shares = forked.in_children(_killed, [1, 2], 1)
-    assert shares[0].exit_code != 0 and shares[0].made == []
+    made: list[int] = []
+    shares = forked.in_children(_killed, [1, 2], 1, into=made)
+    assert shares[0].exit_code != 0 and made == []
+
+
+def _interrupted_at_three(items: Sequence[int], made: list[int]) -> None:
+    for item in items:
+        if item == 3:
+            os.kill(os.getppid(), signal.SIGINT)  # Ctrl-C reaches the parent (and, in a shell, every child)
+            raise KeyboardInterrupt
+        made.append(item)
+
+
+def test_ctrl_c_waits_for_every_child_and_keeps_what_they_made() -> None:
+    made: list[int] = []
+    with pytest.raises(KeyboardInterrupt):
+        forked.in_children(_interrupted_at_three, list(range(6)), 2, into=made)  # 0..2 and 3..5
+    assert made == [0, 1, 2]  # the first child's share whole, the second's nothing: both to remove
 
 
 def test_a_bug_in_a_child_is_a_failure_with_its_traceback(capfd: pytest.CaptureFixture[str]) -> None:
     def broken(items: Sequence[int], made: list[int]) -> None:
         raise KeyError("no such thing")
 
-    shares = forked.in_children(broken, [1], 1)
+    shares = forked.in_children(broken, [1], 1, into=[])
     assert shares[0].exit_code == 1
     assert "KeyError: 'no such thing'" in capfd.readouterr().err
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 Item = TypeVar("Item")
 Made = TypeVar("Made")
@@ -33,11 +34,11 @@ MIN_PER_CHILD = 250
 
 
 @dataclass
-class Share(Generic[Made]):
-    """What one child made, in order, and how it ended (0: all of its slice)."""
+class Share:
+    """How one child ended (0: all of its slice done) and what its work returned besides the
+    items it made (its counters, its wishes; None when it failed)."""
 
-    made: list[Made]
-    extra: Any  # what the work handed back besides its items (its counters, its wishes)
+    extra: Any
     exit_code: int
 
 
@@ -62,23 +63,40 @@ def slices(count: int, parts: int) -> list[range]:
 
 
 def in_children(
-    work: Callable[[Sequence[Item], list[Made]], Any], items: Sequence[Item], parts: int
-) -> list[Share[Made]]:
+    work: Callable[[Sequence[Item], list[Made]], Any], items: Sequence[Item], parts: int, into: list[Made]
+) -> list[Share]:
     """`work(slice, made)` for each of `parts` slices of `items`, each in a forked child, at the
-    same time; `work` appends what it makes to `made` and returns an extra value. The shares come
-    back in the order of the slices."""
+    same time; `work` appends what it makes to `made` and returns an extra value. Every child's
+    items are appended to `into` in the order of the slices, a failed child's too (what it made
+    before it failed), and its Share says how it ended. Ctrl-C reaches the children too: every
+    child is waited for and its items taken before KeyboardInterrupt goes on."""
     children: list[tuple[int, Any]] = []
-    for share in slices(len(items), parts):
-        sink = tempfile.TemporaryFile()  # noqa: SIM115 (closed once its child is waited for)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            _child(work, [items[i] for i in share], sink)
-        children.append((pid, sink))
-    shares: list[Share[Made]] = []
+    interrupted = False
+    try:
+        for share in slices(len(items), parts):
+            sink = tempfile.TemporaryFile()  # noqa: SIM115 (closed once its child is waited for)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # Ctrl-C held back across the fork: in the child it is taken inside _child's handler
+            # (never in the caller's code), in the parent once the child is on the list.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                pid = os.fork()
+                if pid == 0:  # the child: never returns
+                    _child(work, [items[i] for i in share], sink)
+                children.append((pid, sink))
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    except KeyboardInterrupt:  # no more children; those started are waited for
+        interrupted = True
+    shares: list[Share] = []
     for pid, sink in children:
-        _, status = os.waitpid(pid, 0)
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except KeyboardInterrupt:  # the children have it too: they end, handing back what they made
+                interrupted = True
         code = os.waitstatus_to_exitcode(status)
         sink.seek(0)
         try:
@@ -87,7 +105,10 @@ def in_children(
             made, extra, said = [], None, code or 1
         finally:
             sink.close()
-        shares.append(Share(made, extra, said if said else (1 if code else 0)))
+        into.extend(made)
+        shares.append(Share(extra, said if said else (1 if code else 0)))
+    if interrupted:
+        raise KeyboardInterrupt
     return shares
 
 
@@ -96,9 +117,12 @@ def _child(work: Callable[[Sequence[Item], list[Made]], Any], items: Sequence[It
     extra: Any = None
     code = 0
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         extra = work(items, made)
     except SystemExit as stop:  # `fail` said what is wrong
         code = stop.code if isinstance(stop.code, int) and stop.code else 1
+    except KeyboardInterrupt:  # Ctrl-C: the parent says so
+        code = 130
     except BaseException:
         traceback.print_exc()
         code = 1

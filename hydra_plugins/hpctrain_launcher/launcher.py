@@ -172,10 +172,9 @@ def _prepare_in_children(
             point.code = None  # the parent's snapshot, set there
         return full, wanted.targets
 
-    shares = forked.in_children(work, list(enumerate(job_overrides, start=1)), parts)
+    shares = forked.in_children(work, list(enumerate(job_overrides, start=1)), parts, into=made)
     full_checks, targets = 0, set()
     for share in shares:
-        made.extend(share.made)
         if share.extra is not None:
             full_checks += share.extra[0]
             targets |= share.extra[1]
