@@ -4,6 +4,7 @@ MaxArraySize, refusal over MaxSubmitJobs. (A plain sweep as one array: test_slur
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -174,3 +175,37 @@ def test_an_array_task_relaunches_on_its_hot_spare(tmp_path: Path) -> None:
     reference = tmp_path / "reference"
     train_locally(env, reference, *config[:-1], "optim.lr=2e-3", "trainer.nprocs=2")
     assert same_weights(sweep / "1", reference)
+
+
+def test_a_large_sweep_is_recorded_point_by_point_by_forked_children(tmp_path: Path) -> None:
+    """501 points, queued held as one array: their run dirs written by forked children
+    (hpctrain.submit.forked: 2 cores or more), and after the sbatch each point's records too:
+    submission.json names its task and its array's guardian, its generation names the task."""
+    import os
+
+    from hpctrain.run import generations
+    from hpctrain.submit import forked
+
+    count = forked.MIN_PER_CHILD * 2 + 1
+    env = start_cluster()
+    sweep = tmp_path / "sweep"
+    crashes = ",".join(str(i) for i in range(count))
+    guardians: set[str] = set()
+    arrays, out = submit(env, sweep, "slurm.extra=[--hold]", f"slurm.restart_budget.crash={crashes}", multirun=True)
+    try:
+        (array,) = arrays
+        ids = {Path(d).name: j for d, j in point_jobs(out).items()}
+        assert ids == {str(t): f"{array}_{t}" for t in range(count)}
+        for t in range(count):
+            record = json.loads((sweep / str(t) / "submission.json").read_text())
+            assert (record["job_id"], record["array_job_id"], record["array_task_id"]) == (f"{array}_{t}", array, t)
+            guardians.add(record["array_guardian_job_id"])
+            assert generations.numbers(sweep / str(t)) == [1]
+            claim = generations.read(sweep / str(t), 1)
+            assert claim is not None and (claim.kind, claim.job_id) == (generations.SUBMIT, f"{array}_{t}"), claim
+        (guardian,) = guardians
+        assert job_field(env, guardian, "Dependency").startswith(f"afternotok:{array}_0"), guardian
+    finally:
+        subprocess.run(["scancel", *arrays, *guardians], env=env)
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert re.search(rf"checked {count} points, \d+ of them in full, in 2 processes", out), out[:2000]

@@ -114,8 +114,19 @@ def write_array(
     """Write array `k`'s links (task t -> its point's run dir, relative) and its script."""
     links = sweep.links(k)
     links.mkdir(parents=True)
+    here = links.resolve()
+    # Each distinct parent resolved once: Path.resolve stats every folder of the path again, up
+    # to a millisecond a point on a busy filesystem, and a sweep's points share one parent.
+    parents: dict[Path, Path] = {}
     for task, index in enumerate(plan.points):
-        os.symlink(os.path.relpath(run_dirs[index].resolve(), links.resolve()), links / str(task))
+        run_dir = run_dirs[index]
+        if run_dir.is_symlink() or run_dir.name in ("", ".", ".."):
+            target = run_dir.resolve()
+        else:
+            if run_dir.parent not in parents:
+                parents[run_dir.parent] = run_dir.parent.resolve()
+            target = parents[run_dir.parent] / run_dir.name
+        os.symlink(os.path.relpath(target, here), links / str(task))
     script = sweep.script(k)
     tmp = script.with_name(script.name + ".tmp")
     tmp.write_text(render_array(plan, links.resolve(), job_script_name, parallelism))

@@ -77,17 +77,23 @@ def guard_array_tasks(
     """Queue the guardians of `tasks` (submit_array_guardian) and name each in its point's
     submission.json as `array_guardian_job_id` (not `guardian_job_id`, which hpctrain-cancel cancels
     with a point's job), where that still names the task: a run that went on in a job of its own
-    keeps its own guardian. At a sweep's submission, and by an array's guardian for its successor."""
+    keeps its own guardian. By an array's guardian for its successor; a sweep's submission names
+    them with the rest of its points' records (hpctrain.submit.submission)."""
     for guardian, chunk in submit_array_guardian(links, array_job, tasks, env=env, begin_in_s=begin_in_s):
         if guardian is None:
             continue
         for task in chunk:
-            run = RunDir((links / str(task)).resolve())
-            try:
-                if run.read_submission().get("job_id") == f"{array_job}_{task}":
-                    run.update_submission(fenced=False, array_guardian_job_id=guardian)
-            except (OSError, ValueError) as error:
-                print(f"hpctrain: task {task} of array {array_job}: submission.json: {error}", file=sys.stderr)
+            name_array_guardian(links, array_job, task, guardian)
+
+
+def name_array_guardian(links: Path, array_job: str, task: int, guardian: str) -> None:
+    """Task `task`'s submission.json names its array's guardian, if it still names the task."""
+    run = RunDir((links / str(task)).resolve())
+    try:
+        if run.read_submission().get("job_id") == f"{array_job}_{task}":
+            run.update_submission(fenced=False, array_guardian_job_id=guardian)
+    except (OSError, ValueError) as error:
+        print(f"hpctrain: task {task} of array {array_job}: submission.json: {error}", file=sys.stderr)
 
 
 def array_watch_argument(array_job: str, tasks: list[int]) -> str:

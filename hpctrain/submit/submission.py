@@ -29,10 +29,10 @@ from hpctrain.slurm import client
 from hpctrain.slurm.client import Purpose
 from hpctrain.slurm.jobid import JOB_ID, array_id, split
 from hpctrain.slurm.states import LIVE_STATES
-from hpctrain.submit import sbatch
+from hpctrain.submit import forked, sbatch
 from hpctrain.submit.arrays import free_number, header_of, plan_arrays, write_array
 from hpctrain.submit.code_snapshot import CodeSnapshot, summary
-from hpctrain.submit.guardian_job import guard_array_tasks, submit_guardian
+from hpctrain.submit.guardian_job import name_array_guardian, submit_array_guardian, submit_guardian
 from hpctrain.submit.limits import SlurmLimitsError, check, read_limits
 from hpctrain.submit.render import render, render_guardian
 
@@ -138,25 +138,38 @@ def submit_all(points: list[Point], parallelism: int, records: Callable[[list[st
                 generations.withdraw(points[index].run.root, claim)
         raise
     ids = [""] * len(points)
+    in_batch: list[tuple[_Batch, int]] = [(batches[0], 0)] * len(points)  # each point's batch, its task there
     for batch, job_id in zip(batches, job_ids):
         for task, index in enumerate(batch.points):
             ids[index] = str(job_id) if batch.links is None else array_id(str(job_id), task)
-            _record(points[index], ids[index], batch)
+            in_batch[index] = (batch, task)
+    # A sweep's points' records are written by forked children where they are many
+    # (hpctrain.submit.forked): thousands of small files, each a few system calls.
+    forked.for_each(lambda i: _record(points[i], ids[i], in_batch[i][0]), range(len(points)))
     # The guardians (hpctrain.recovery.guardian), once the jobs are queued and recorded: one for
     # each job of its own, one for each array. One that cannot be queued is said and its runs go
     # on unguarded: their training jobs are in the queue.
     alone = [index for batch in batches if batch.links is None for index in batch.points]
     with ThreadPoolExecutor(max_workers=parallelism) as pool:
         list(pool.map(submit_guardian, [points[i].run for i in alone], [ids[i] for i in alone]))
+    array_guardian: dict[int, str] = {}  # a point of an array -> its guardian's job id
     for batch, job_id in zip(batches, job_ids):
         if batch.links is not None and array_guardian_script(batch.links).is_file():
-            guard_array_tasks(batch.links, str(job_id), list(range(len(batch.points))))
+            for guardian, tasks in submit_array_guardian(batch.links, str(job_id), list(range(len(batch.points)))):
+                array_guardian.update({batch.points[task]: guardian for task in tasks if guardian is not None})
     if records is not None:  # the caller's own records of the new jobs (a --retry's events)
         records(ids)
-    # Last, each generation names its job: the job's first life begins only after that, so
-    # nothing written here comes after it began.
-    for index, claim in claims.items():
-        generations.name_job(points[index].run.root, claim, ids[index])
+
+    def name_guardian_and_job(index: int) -> None:
+        batch, task = in_batch[index]
+        if index in array_guardian and batch.links is not None:
+            name_array_guardian(batch.links, split(ids[index])[0], task, array_guardian[index])
+        # Last, each generation names its job: the job's first life begins only after that, so
+        # nothing written here comes after it began.
+        if index in claims:
+            generations.name_job(points[index].run.root, claims[index], ids[index])
+
+    forked.for_each(name_guardian_and_job, range(len(points)))
     return ids
 
 
