@@ -49,7 +49,7 @@ class ChildFailed(RuntimeError):
     """A child of `for_each` failed (it printed why on stderr)."""
 
 
-def for_each(act: Callable[[Item], None], items: Sequence[Item]) -> None:
+def for_each(act: Callable[[Item], object], items: Sequence[Item]) -> None:
     """`act(item)` for every item: in forked children where the items are many (each a
     contiguous share, all at once), else here, in order. Raises ChildFailed once every child
     ended when one of them failed; `act`'s own exception when done here."""

@@ -32,7 +32,7 @@ from hpctrain.slurm.states import LIVE_STATES
 from hpctrain.submit import forked, sbatch
 from hpctrain.submit.arrays import free_number, header_of, plan_arrays, write_array
 from hpctrain.submit.code_snapshot import CodeSnapshot, summary
-from hpctrain.submit.guardian_job import name_array_guardian, submit_array_guardian, submit_guardian
+from hpctrain.submit.guardian_job import submit_array_guardian, submit_guardian
 from hpctrain.submit.limits import SlurmLimitsError, check, read_limits
 from hpctrain.submit.render import render, render_guardian
 
@@ -143,33 +143,37 @@ def submit_all(points: list[Point], parallelism: int, records: Callable[[list[st
         for task, index in enumerate(batch.points):
             ids[index] = str(job_id) if batch.links is None else array_id(str(job_id), task)
             in_batch[index] = (batch, task)
-    # A sweep's points' records are written by forked children where they are many
-    # (hpctrain.submit.forked): thousands of small files, each a few system calls.
-    forked.for_each(lambda i: _record(points[i], ids[i], in_batch[i][0]), range(len(points)))
-    # The guardians (hpctrain.recovery.guardian), once the jobs are queued and recorded: one for
-    # each job of its own, one for each array. One that cannot be queued is said and its runs go
-    # on unguarded: their training jobs are in the queue.
-    alone = [index for batch in batches if batch.links is None for index in batch.points]
-    with ThreadPoolExecutor(max_workers=parallelism) as pool:
-        list(pool.map(submit_guardian, [points[i].run for i in alone], [ids[i] for i in alone]))
+    # An array's guardian is queued before its points' records, so that each record is written
+    # once, naming it: the guardian judges a task only once the submission named its job, the last
+    # thing done here (hpctrain.recovery.guardian.wait_for_a_submission_under_way).
     array_guardian: dict[int, str] = {}  # a point of an array -> its guardian's job id
     for batch, job_id in zip(batches, job_ids):
         if batch.links is not None and array_guardian_script(batch.links).is_file():
             for guardian, tasks in submit_array_guardian(batch.links, str(job_id), list(range(len(batch.points)))):
                 array_guardian.update({batch.points[task]: guardian for task in tasks if guardian is not None})
-    if records is not None:  # the caller's own records of the new jobs (a --retry's events)
-        records(ids)
+    alone = [index for batch in batches if batch.links is None for index in batch.points]
+    # Named with their records where nothing comes between: the caller's own records come first.
+    named_now = set() if records is not None else set(range(len(points))) - set(alone)
 
-    def name_guardian_and_job(index: int) -> None:
-        batch, task = in_batch[index]
-        if index in array_guardian and batch.links is not None:
-            name_array_guardian(batch.links, split(ids[index])[0], task, array_guardian[index])
-        # Last, each generation names its job: the job's first life begins only after that, so
-        # nothing written here comes after it began.
-        if index in claims:
+    def record(index: int) -> None:
+        _record(points[index], ids[index], in_batch[index][0], array_guardian.get(index))
+        if index in named_now and index in claims:
             generations.name_job(points[index].run.root, claims[index], ids[index])
 
-    forked.for_each(name_guardian_and_job, range(len(points)))
+    # A sweep's points' records are written by forked children where they are many
+    # (hpctrain.submit.forked): thousands of small files, each a few system calls.
+    forked.for_each(record, range(len(points)))
+    # The guardian of each job of its own (hpctrain.recovery.guardian), once it is queued and
+    # recorded. One that cannot be queued is said and its runs go on unguarded: their training
+    # jobs are in the queue.
+    with ThreadPoolExecutor(max_workers=parallelism) as pool:
+        list(pool.map(submit_guardian, [points[i].run for i in alone], [ids[i] for i in alone]))
+    if records is not None:  # the caller's own records of the new jobs (a --retry's events)
+        records(ids)
+    # Last, each generation names its job: the job's first life begins only after that, so
+    # nothing written here comes after it began.
+    later = [index for index in claims if index not in named_now]
+    forked.for_each(lambda index: generations.name_job(points[index].run.root, claims[index], ids[index]), later)
     return ids
 
 
@@ -275,7 +279,7 @@ def _collect(futures: list[Future[str]], job_ids: list[str | None]) -> None:
                 pass
 
 
-def _record(point: Point, job_id: str, batch: _Batch) -> None:
+def _record(point: Point, job_id: str, batch: _Batch, array_guardian: str | None = None) -> None:
     array_job, task = split(job_id)
     record = {
         "job_id": job_id,
@@ -291,6 +295,8 @@ def _record(point: Point, job_id: str, batch: _Batch) -> None:
     }
     if batch.links is not None:  # slurm.array: the array, this point's task, and its script
         record.update(array_job_id=array_job, array_task_id=task, array_script=str(batch.script))
+    if array_guardian is not None:  # not `guardian_job_id`: hpctrain-cancel cancels that with the job
+        record["array_guardian_job_id"] = array_guardian
     point.run.write_submission(record)
 
 
