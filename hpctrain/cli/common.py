@@ -37,6 +37,17 @@ _HYDRA_FILES = {".hydra", RunDir(Path()).lock.name}
 Checker = Callable[[DictConfig, Sequence[str]], tuple[Config, Any]]
 
 
+def importable_here() -> None:
+    """The folder the command runs in, importable first, as `python -m` and `python script.py`
+    make theirs: a user's own package beside the command line (`model._target_=mypkg.nets.Net`)
+    is found by hpctrain-train, -submit and -tune as by `python -c "import mypkg"`. A console
+    script has only its own folder on sys.path; the job's processes start in the submit folder
+    (--chdir) and find it the same way."""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+
+
 def fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(CLI_USER_ERROR)

@@ -30,6 +30,7 @@ from hpctrain.cli.common import (
     Checker,
     discard_if_empty,
     fail,
+    importable_here,
     is_fresh,
     run_dir_key,
     single_line,
@@ -150,6 +151,7 @@ def _main(cfg: DictConfig) -> None:
 
 def main() -> None:
     restrict_umask()  # before Hydra makes the run dir
+    importable_here()  # the user's own package beside the command line
     if "--retry" in sys.argv[1:]:  # no Hydra override is spelled so: a sweep's points again
         from hpctrain.cli import retry
 

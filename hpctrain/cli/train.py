@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from hpctrain import config as hconfig
 from hpctrain import faults, logs
 from hpctrain.cli import compose_once
-from hpctrain.cli.common import fail, prepare_run_dir
+from hpctrain.cli.common import fail, importable_here, prepare_run_dir
 from hpctrain.cli.overrides import before_hydra
 from hpctrain.config import Config, differences, to_typed
 from hpctrain.errors import UserError
@@ -191,6 +191,7 @@ def main() -> None:
         sys.argv += steprun.step_overrides(os.environ, sys.argv[1:], life)
     except UserError as error:
         fail(str(error))
+    importable_here()  # the user's own package beside the command line
     before_hydra("hpctrain-train")
     compose_once.skip_the_mode_composition(sys.argv[1:])
 

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from hpctrain import config as hconfig
 from hpctrain import logs
 from hpctrain.cli import compose_once
-from hpctrain.cli.common import discard_if_empty, fail, is_fresh
+from hpctrain.cli.common import discard_if_empty, fail, importable_here, is_fresh
 from hpctrain.cli.overrides import before_hydra
 from hpctrain.config import save_resolved, to_typed
 from hpctrain.config.search_space import Param, is_spec, parse_space
@@ -202,6 +202,7 @@ def main() -> None:
     rest, space = split_space(sys.argv[1:])
     _space_from_argv.update(space)
     sys.argv = [sys.argv[0], *rest]
+    importable_here()  # the user's own package beside the command line
     before_hydra("hpctrain-tune")
     compose_once.skip_the_mode_composition(sys.argv[1:])
     _main()

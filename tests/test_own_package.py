@@ -1,0 +1,93 @@
+"""A researcher's own package, beside the command line, through the console scripts users type
+(`hpctrain-train`, not `python -m`, which puts the current folder on sys.path by itself): the
+package is found for `model._target_`, checked at submit and copied into the code snapshot."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+NETS = '''
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    """A small MLP for the default 8x8 digits; the group's ConvNet keys are taken and left."""
+
+    def __init__(self, num_classes=10, in_channels=1, image_size=8, **unused):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Flatten(), nn.Linear(in_channels * image_size * image_size, 32), nn.ReLU(), nn.Linear(32, num_classes)
+        )
+
+    def forward(self, x):
+        return self.layers(x)
+'''
+
+
+def project(tmp_path: Path) -> Path:
+    folder = tmp_path / "project"
+    (folder / "mypkg").mkdir(parents=True)
+    (folder / "mypkg" / "__init__.py").write_text("")
+    (folder / "mypkg" / "nets.py").write_text(textwrap.dedent(NETS))
+    return folder
+
+
+def env_without_pythonpath() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "PYTHONPATH"}
+    env["HPCTRAIN_TARGET_CACHE"] = "off"  # no cached signature may hide a failed import
+    return env
+
+
+def test_train_finds_the_users_package_in_the_current_folder(tmp_path: Path) -> None:
+    here = project(tmp_path)
+    done = subprocess.run(
+        [
+            str(BIN / "hpctrain-train"),
+            "model._target_=mypkg.nets.Net",
+            "trainer.max_steps=3",
+            "trainer.eval_every=0",
+            "trainer.log_every=1",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=here,
+        env=env_without_pythonpath(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "No module named" not in done.stderr
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert 3 in steps
+
+
+def test_submit_checks_the_users_package_and_snapshots_it(tmp_path: Path) -> None:
+    here = project(tmp_path)
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [str(BIN / "hpctrain-submit"), "model._target_=mypkg.nets.Net", "dry_run=true", f"hydra.run.dir={run_dir}"],
+        cwd=here,
+        env=env_without_pythonpath(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (run_dir / "code" / "mypkg" / "nets.py").read_text() == (here / "mypkg" / "nets.py").read_text()
+    # A target that is not there is still refused, naming the key.
+    missing = subprocess.run(
+        [str(BIN / "hpctrain-submit"), "model._target_=mypkg.nets.Nope", "dry_run=true", f"hydra.run.dir={run_dir}2"],
+        cwd=here,
+        env=env_without_pythonpath(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert missing.returncode == 2 and "model._target_" in missing.stderr, missing.stderr
