@@ -7,9 +7,13 @@
   other user error (Hydra advised `+optim.lrr=1`, which then failed as well, and exited 1).
 
 Only plain `key=value` overrides are looked at: `+key` and `++key` add keys on purpose (a
-constructor argument the config does not set), `group=option` is Hydra's to check (it lists the
-options), and `hydra.*` is Hydra's own. The keys are the schema's (hpctrain/config/schema.py)
-and, for the `_target_` groups, those of the option the line chooses (or the default one).
+constructor argument the config does not set), and `hydra.*` is Hydra's own. The keys are the
+schema's (hpctrain/config/schema.py) and, for the `_target_` groups, those of the option the line
+chooses (or the default one). Options are looked for where Hydra looks: hpctrain's own configs,
+then the user's folders (`--config-dir DIR`, `hydra.searchpath=[file://DIR]`), so a user's
+`model=mynet` or `cluster=mysite` is checked like a built-in one, and its own keys are plain
+`model.hidden=64` overrides. A command line naming another primary config (`--config-name`,
+`--config-path`) is left to Hydra whole.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -68,18 +73,21 @@ def multirun_first(argv: Sequence[str]) -> list[str]:
 def mistyped_key(argv: Sequence[str]) -> str | None:
     """The first plain override whose key does not exist, as an error line naming the closest
     keys; None when every key exists."""
+    dirs = config_dirs(argv)
+    if dirs is None:
+        return None
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    groups = _chosen_options(overrides)
+    groups = _chosen_options(overrides, dirs)
     for override in overrides:
         key, _, value = override.partition("=")
-        if key.lstrip("+") in _groups():
-            unknown = _unknown_option(key.lstrip("+"), value)
+        if key.lstrip("+") in dirs.groups():
+            unknown = _unknown_option(key.lstrip("+"), value, dirs)
             if unknown:
                 return unknown
             continue
-        if key.startswith(("+", "~", "hydra.", "hydra/")) or "@" in key or key == "hydra" or key in _groups():
+        if key.startswith(("+", "~", "hydra.", "hydra/")) or "@" in key or key == "hydra" or key in dirs.groups():
             continue
-        known, where = _keys_beside(key, groups)
+        known, where = _keys_beside(key, groups, dirs)
         if known is not None and key in known:
             wrong = _wrong_type(key, value)
             if wrong:
@@ -98,18 +106,88 @@ def mistyped_key(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _unknown_option(group: str, value: str) -> str | None:
+class ConfigDirs:
+    """The folders Hydra composes from, in its order: hpctrain's own configs first, then the
+    user's (`--config-dir`, `hydra.searchpath`)."""
+
+    def __init__(self, user: Sequence[Any]) -> None:
+        self.folders: list[Any] = [_conf(), *user]
+
+    def groups(self) -> set[str]:
+        """The config groups (folders of any of them: `cluster=devcluster` chooses an option)."""
+        found: set[str] = set()
+        for folder in self.folders:
+            try:
+                found |= {e.name for e in folder.iterdir() if e.is_dir() and not e.name.startswith(("_", "."))}
+            except OSError:  # a folder that is not there: Hydra says so
+                continue
+        return found
+
+    def options(self, group: str) -> list[str]:
+        found: set[str] = set()
+        for folder in self.folders:
+            try:
+                found |= {p.name.removesuffix(".yaml") for p in (folder / group).iterdir() if p.name.endswith(".yaml")}
+            except OSError:
+                continue
+        return sorted(found)
+
+    def option_yaml(self, group: str, option: str) -> dict:
+        """The option's file as Hydra finds it (the first folder that has it); {} if none."""
+        for folder in self.folders:
+            try:
+                loaded = yaml.safe_load((folder / group / f"{option}.yaml").read_text())
+            except OSError:
+                continue
+            except yaml.YAMLError:
+                return {}
+            return loaded if isinstance(loaded, dict) else {}
+        return {}
+
+
+def config_dirs(argv: Sequence[str]) -> ConfigDirs | None:
+    """Where the command line's configs come from; None when it names another primary config."""
+    user: list[Any] = []
+    for index, arg in enumerate(argv):
+        if arg.startswith(("--config-name", "-cn", "--config-path", "-cp")):
+            return None
+        if arg in ("--config-dir", "-cd"):
+            if index + 1 < len(argv):
+                user.append(Path(argv[index + 1]))
+        elif arg.startswith(("--config-dir=", "-cd=")):
+            user.append(Path(arg.split("=", 1)[1]))
+        elif arg.startswith(("hydra.searchpath=", "+hydra.searchpath=", "++hydra.searchpath=")):
+            user.extend(_search_path(arg.split("=", 1)[1]))
+    return ConfigDirs(user)
+
+
+def _search_path(value: str) -> Iterator[Any]:
+    """`[file://myconf,pkg://mypkg.conf]`: the folders it names (a package not importable here is
+    left to Hydra)."""
+    for entry in value.strip().strip("[]").split(","):
+        entry = entry.strip().strip("'\"")
+        if entry.startswith("file://"):
+            yield Path(entry.removeprefix("file://"))
+        elif entry.startswith("pkg://"):
+            try:
+                yield resources.files(entry.removeprefix("pkg://"))
+            except (ImportError, TypeError, ValueError):
+                continue
+
+
+def _unknown_option(group: str, value: str, dirs: ConfigDirs) -> str | None:
     """`model=resnet`: the group has no such option (each of a sweep's options is looked at)."""
-    options = sorted(p.name.removesuffix(".yaml") for p in (_conf() / group).iterdir() if p.name.endswith(".yaml"))
+    options = dirs.options(group)
     for option in value.split(","):
         if option and option != "null" and option not in options:
             close = difflib.get_close_matches(option, options, n=1, cutoff=0.6)
             hint = f"did you mean {group}={close[0]}? " if close else ""
-            return f"{group}={option}: no such option; {hint}{group} has {', '.join(options)}"
+            folders = "" if len(dirs.folders) > 1 else " (your own options: --config-dir DIR with DIR/" + group + "/)"
+            return f"{group}={option}: no such option; {hint}{group} has {', '.join(options)}{folders}"
     return None
 
 
-def _keys_beside(key: str, groups: dict[str, str]) -> tuple[set[str] | None, str]:
+def _keys_beside(key: str, groups: dict[str, str], dirs: ConfigDirs) -> tuple[set[str] | None, str]:
     """The keys a key of this section may be, and how to name the section; (None, _) when the
     key's section takes any key."""
     section = key.split(".", 1)[0]
@@ -117,10 +195,10 @@ def _keys_beside(key: str, groups: dict[str, str]) -> tuple[set[str] | None, str
         option = groups.get(section)
         if option is None:
             return None, ""
-        return {f"{section}.{k}" for k in _flat(_option_yaml(section, option))}, f"{section}={option}"
+        return {f"{section}.{k}" for k in _flat(dirs.option_yaml(section, option))}, f"{section}={option}"
     known = {entry.key for entry in schema_keys()}
     if section in groups:  # a schema section filled from a group (data=tokens): its option's keys too
-        known |= {f"{section}.{k}" for k in _flat(_option_yaml(section, groups[section]))}
+        known |= {f"{section}.{k}" for k in _flat(dirs.option_yaml(section, groups[section]))}
     return known, ""
 
 
@@ -160,38 +238,26 @@ def _flat(tree: Any, prefix: str = "") -> Iterator[str]:
             yield from _flat(v, f"{prefix}{k}.")
 
 
-def _groups() -> set[str]:
-    """The config groups (conf/'s folders: `cluster=devcluster` chooses an option)."""
-    return {entry.name for entry in _conf().iterdir() if entry.is_dir() and not entry.name.startswith("_")}
-
-
 def _conf() -> Any:
     return resources.files("hpctrain.conf")
 
 
-def _option_yaml(group: str, option: str) -> dict:
-    try:
-        loaded = yaml.safe_load((_conf() / group / f"{option}.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
-
-
-def _chosen_options(overrides: Sequence[str]) -> dict[str, str]:
+def _chosen_options(overrides: Sequence[str], dirs: ConfigDirs) -> dict[str, str]:
     """Each group's option (`cluster` aside: it sets keys anywhere): the command line's
     `group=option`, else the default."""
     chosen: dict[str, str] = {}
+    groups = dirs.groups()
     try:
         primary = yaml.safe_load((_conf() / "config.yaml").read_text())
         for entry in primary.get("defaults", []):
             if isinstance(entry, dict):
-                chosen.update({k: str(v) for k, v in entry.items() if k in _groups() - {"cluster"}})
+                chosen.update({k: str(v) for k, v in entry.items() if k in groups - {"cluster"}})
     except (OSError, yaml.YAMLError, AttributeError):
         pass
     for override in overrides:
         key, _, value = override.partition("=")
         group = key.lstrip("+")
-        if group in _groups() - {"cluster"}:
+        if group in groups - {"cluster"}:
             if "," in value:  # a sweep over options: their keys are not checked
                 chosen.pop(group, None)
             else:
