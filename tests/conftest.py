@@ -295,6 +295,14 @@ class WideNet(nn.Module):
 
     def forward(self, x):
         return self.out(torch.relu(self.hidden(x.flatten(1))))
+
+
+def create(name: str = "wide", num_classes: int = 10, **kwargs):
+    """A factory taking anything, as timm.create_model does: it must get none of the default
+    model's arguments (it would pass them on to a class that refuses them)."""
+    if kwargs:
+        raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+    return WideNet(width=num_classes)
 '''
 
 

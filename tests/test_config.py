@@ -188,6 +188,16 @@ def test_a_user_target_without_arguments_drops_the_default_models_arguments(
     assert {"channels", "hidden", "dropout1", "dropout2"} <= set(default.model)
 
 
+def test_a_target_taking_any_keyword_gets_only_what_it_names(compose_config: Compose, user_module: Path) -> None:
+    # timm.create_model(model_name, ..., **kwargs): the ConvNet's channels, hidden, dropouts and
+    # in_channels are not its names; num_classes is (here), and a key set on the command line is kept.
+    config, _ = typed(compose_config, "model._target_=mymod.create", "+model.name=wide")
+    assert config.model == {"_target_": "mymod.create", "num_classes": 10, "name": "wide"}
+    assert targets.build(config.model).width == 10
+    kept, _ = typed(compose_config, "model._target_=mymod.create", "model.hidden=64")
+    assert kept.model["hidden"] == 64  # the user asked for it: passed, and the factory says what it thinks
+
+
 def test_a_user_target_keeps_and_checks_arguments_set_on_the_command_line(
     compose_config: Compose, user_module: Path
 ) -> None:

@@ -108,12 +108,16 @@ def accepts(node: Mapping[str, Any], name: str) -> bool:
 
 def drop_foreign_arguments(node: dict[str, Any], key: str, overridden: set[str]) -> list[str]:
     """After `key._target_` was overridden, drop the arguments the group's old target had
-    that the new one does not take (the way LightningCLI treats a new class_path), except
-    those the user set on the command line. Returns the dropped names."""
+    that the new one does not name as a parameter (the way LightningCLI treats a new
+    class_path), except those the user set on the command line. A target taking `**kwargs`
+    (timm.create_model, a Hugging Face `from_config`) would take them all and fail on one it
+    never heard of (`in_channels` for timm's `in_chans`): only the names in its signature are
+    kept (a subclass of the group's model keeps them all). Returns the dropped names."""
     sig = _described(node, key).signature
-    if sig is None or _takes_any_keyword(sig):
+    if sig is None:
         return []
-    dropped = [name for name in arguments(node) if name not in sig.parameters and f"{key}.{name}" not in overridden]
+    named = {name for name, p in sig.parameters.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    dropped = [name for name in arguments(node) if name not in named and f"{key}.{name}" not in overridden]
     for name in dropped:
         del node[name]
     if dropped:
