@@ -60,6 +60,30 @@ def test_a_later_command_reads_the_cache_until_the_file_changes(tmp_path: Path) 
     assert edited["imports"] == 1 and edited["params"][-1] == ["heads", 1, True]
 
 
+LAZY_PACKAGE = """
+import pathlib, sys
+
+# As Hugging Face's lazy `transformers` module: once imported, its own __spec__ names its
+# folder as a Path object.
+__spec__.submodule_search_locations = [pathlib.Path(__file__).parent]
+
+
+class Net:
+    def __init__(self, config, width=1):
+        pass
+"""
+
+
+def test_a_package_whose_spec_holds_a_path_is_cached(tmp_path: Path) -> None:
+    # Before: "Object of type PosixPath is not JSON serializable", every such target refused.
+    code, cache = tmp_path / "code", tmp_path / "cache"
+    write_module(code / "lazypkg", LAZY_PACKAGE, name="__init__")
+    first = describe_in_a_new_process("lazypkg.Net", [code], cache)
+    second = describe_in_a_new_process("lazypkg.Net", [code], cache)
+    assert first["imports"] == 1 and second["imports"] == 0
+    assert second["params"] == [["config", 1, False], ["width", 1, True]]
+
+
 def test_a_base_class_edited_is_seen(tmp_path: Path) -> None:
     code, cache = tmp_path / "code", tmp_path / "cache"
     write_module(code, "class Base:\n    def __init__(self, a):\n        pass\n", name="base")

@@ -201,7 +201,9 @@ def _top_location(top: str) -> list[str] | None:
         return None
     if spec is None:
         return None
-    locations = list(spec.submodule_search_locations or []) or [str(spec.origin)]
+    # As strings: a package's own __spec__ once imported may hold Path objects (Hugging Face's
+    # lazy `transformers` module does), which the cache's JSON cannot hold.
+    locations = [str(location) for location in spec.submodule_search_locations or []] or [str(spec.origin)]
     return [top, *locations]
 
 
