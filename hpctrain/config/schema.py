@@ -79,6 +79,10 @@ class TrainerConfig:
     precision: str = "bf16"
     # Wrap the model in torch.compile.
     compile: bool = False
+    # The model computes its own loss from the targets it is given (hpctrain.trainer.model_io):
+    # null: when its forward takes `targets` (nanoGPT); true: `targets` or `labels` (Hugging
+    # Face); false: never (hpctrain's `loss` on its scores).
+    model_takes_targets: Optional[bool] = None
     # How the model is spread over the processes: "ddp" (each holds the whole model, gradients
     # all-reduced) or "fsdp" (FSDP2: parameters, gradients and optimizer state sharded, each unit
     # gathered only while it computes; checkpoints sharded through torch.distributed.checkpoint).

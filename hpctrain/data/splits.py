@@ -19,3 +19,6 @@ class Splits:
 
     train: Dataset
     eval: Dataset
+    # Targets are the inputs shifted by one token (a language model's data): a model that
+    # shifts its `labels` itself is given the inputs (hpctrain.trainer.model_io).
+    next_token: bool = False

@@ -166,7 +166,7 @@ def token_file(
         seq_len,
         os.getpid(),
     )
-    return Splits(train=train, eval=held_out)
+    return Splits(train=train, eval=held_out, next_token=True)
 
 
 token_file.preflight = preflight  # type: ignore[attr-defined]

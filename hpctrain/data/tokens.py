@@ -97,4 +97,4 @@ def synthetic_tokens(
         num_eval,
         seed,
     )
-    return Splits(train=split(num_train, train_gen), eval=split(num_eval, eval_gen))
+    return Splits(train=split(num_train, train_gen), eval=split(num_eval, eval_gen), next_token=True)

@@ -16,6 +16,7 @@ from hpctrain.config import Config, TrainerConfig, targets
 from hpctrain.data.splits import Splits
 from hpctrain.dist.context import DistContext
 from hpctrain.trainer import sharding
+from hpctrain.trainer.model_io import PLAIN, Contract
 
 
 @dataclass
@@ -30,6 +31,8 @@ class Components:
     # trainer.strategy=fsdp: no process holds the whole model (one process alone holds a plain one),
     # so evaluation and model.pt take every rank (see hpctrain.trainer.weights).
     sharded: bool
+    # How the model is called and its output read (hpctrain.trainer.model_io).
+    contract: Contract = PLAIN
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -55,7 +58,8 @@ def build(config: Config, ctx: DistContext, total_steps_for: Callable[[Splits], 
     scheduler = build_scheduler(config, optimizer, total_steps_for(splits))
     loss_fn = targets.build(config.loss)
     sharded = config.trainer.strategy == "fsdp"
-    return Components(raw_model, model, ddp, optimizer, scheduler, loss_fn, splits, sharded)
+    contract = Contract.of(raw_model, config.trainer.model_takes_targets, splits.next_token)
+    return Components(raw_model, model, ddp, optimizer, scheduler, loss_fn, splits, sharded, contract)
 
 
 def build_scheduler(config: Config, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:

@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from hpctrain.dist.context import DistContext
-from hpctrain.trainer.loaders import to_device
+from hpctrain.trainer.model_io import PLAIN, Contract, call, logits, own_loss, to_device
 
 
 def flatten(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -29,6 +29,7 @@ def evaluate(
     ctx: DistContext,
     autocast: Callable[[], ContextManager[object]],
     equal_forwards: bool = False,
+    contract: Contract = PLAIN,
 ) -> dict[str, float]:
     """`equal_forwards`: every rank runs as many forwards as the rank with the most batches (a
     sharded model's forward is a collective); the extra ones count nothing."""
@@ -44,10 +45,11 @@ def evaluate(
         first = first or batch
         inputs, target = to_device(batch, ctx.device)
         with autocast():
-            output = model(inputs)
-        output, target = flatten(output.float(), target)
+            returned = call(model, inputs, target, contract)
+        output, target = flatten(logits(returned).float(), target)
         count = target.shape[0]
-        totals[0] += loss_fn(output, target).double() * count
+        loss = own_loss(returned) if contract.targets_name is not None else loss_fn(output, target)
+        totals[0] += loss.double() * count
         totals[1] += count
         if output.dim() == 2 and not target.is_floating_point():
             totals[2] += (output.argmax(dim=1) == target).sum()
@@ -56,9 +58,9 @@ def evaluate(
         most = torch.tensor([batches], device=ctx.device)
         dist.all_reduce(most, op=dist.ReduceOp.MAX)
         for _ in range(int(most.item()) - batches):
-            inputs, _ = to_device(first if first is not None else _any_batch(loader), ctx.device)
+            inputs, target = to_device(first if first is not None else _any_batch(loader), ctx.device)
             with autocast():
-                model(inputs)
+                call(model, inputs, target, contract)
     if ctx.distributed:
         dist.all_reduce(totals)
     model.train(was_training)

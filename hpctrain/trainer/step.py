@@ -11,7 +11,7 @@ import torch
 
 from hpctrain.config import TrainerConfig
 from hpctrain.dist.context import DistContext
-from hpctrain.trainer import components, loaders, sharding
+from hpctrain.trainer import components, model_io, sharding
 from hpctrain.trainer.components import Components
 from hpctrain.trainer.evaluate import flatten
 
@@ -40,14 +40,13 @@ class Stepper:
         parts = self.parts
         step_loss: torch.Tensor | None = None
         for micro in range(accum):
-            inputs, target = loaders.to_device(next(batches), self.ctx.device)
+            inputs, target = model_io.to_device(next(batches), self.ctx.device)
             # Only the last micro-batch all-reduces gradients; the others accumulate locally.
             if accum > 1 and self.sharded_model:
                 sharding.set_gradient_sync(parts.model, micro == accum - 1)
             with components.grad_sync(parts.ddp, last=micro == accum - 1):
                 with self.autocast():
-                    output, target = flatten(parts.model(inputs), target)
-                    loss = parts.loss_fn(output.float(), target)
+                    loss = self.loss(model_io.call(parts.model, inputs, target, parts.contract), target)
                     if weights is not None:
                         loss = loss * weights[micro]
                     elif accum > 1:  # no extra kernel per step in the common case
@@ -57,6 +56,13 @@ class Stepper:
         self._update()
         assert step_loss is not None  # grad_accum >= 1
         return step_loss
+
+    def loss(self, output: Any, target: torch.Tensor) -> torch.Tensor:
+        """The model's own loss (it was given the targets), else `loss` on its scores."""
+        if self.parts.contract.targets_name is not None:
+            return model_io.own_loss(output).float()
+        scores, target = flatten(model_io.logits(output), target)
+        return self.parts.loss_fn(scores.float(), target)
 
     def _update(self) -> None:
         parts = self.parts

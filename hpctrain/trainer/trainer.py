@@ -138,7 +138,13 @@ class Trainer:
         # many forwards as the rank with the most evaluation batches.
         parts = self.parts
         return evaluate(
-            parts.raw_model, parts.loss_fn, self.eval_loader, self.ctx, self.stepper.autocast, parts.sharded
+            parts.raw_model,
+            parts.loss_fn,
+            self.eval_loader,
+            self.ctx,
+            self.stepper.autocast,
+            parts.sharded,
+            parts.contract,
         )
 
     def _log(self, progress: Progress, evaluate_now: bool) -> dict[str, Any]:
