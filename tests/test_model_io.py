@@ -231,3 +231,49 @@ def test_dict_batches_and_an_output_object_train(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     last = losses(run_dir)[8]
     assert "eval_accuracy" in last and last["loss"] > 0
+
+
+# hpctrain's own models are checked against the data before anything starts (config/fits.py);
+# a user's model is not known until it runs.
+MISTAKES = {
+    # Their classifier gives 5 scores for the 10 digits: a 44-line IndexError before.
+    "classes": (
+        [
+            "model._target_=usermodels.DictNet",
+            "model.num_classes=5",
+            "data.dataset._target_=usermodels.dict_digits",
+            "trainer.max_steps=4",
+        ],
+        "error: model: its output has 5 scores a sample but the targets go up to 9: give one score per class "
+        "(set model.num_classes=10, or your model's own width key)",
+    ),
+    # Token ids up to 299 into their GPT whose vocabulary holds 64: a 47-line IndexError before.
+    "vocabulary": (
+        [
+            "model._target_=usermodels.TinyGPT",
+            "+model.vocab_size=64",
+            "data=tokens",
+            "data.dataset.vocab_size=300",
+            "data.dataset.seq_len=16",
+            "trainer.max_steps=4",
+        ],
+        "error: model: its embedding wte has 64 rows but was given id",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", MISTAKES)
+def test_a_mistake_the_first_batch_shows_is_one_line_a_failure_and_failed(tmp_path: Path, name: str) -> None:
+    overrides, said = MISTAKES[name]
+    done, run_dir = train(tmp_path, name, *overrides)
+    assert done.returncode != 0, done.stderr[-2000:]
+    assert said in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    failures = [
+        e for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines()) if e["event"] == "failure"
+    ]
+    assert [f["cause"] for f in failures] == ["user_error"], failures
+    status = subprocess.run(
+        [str(BIN / "hpctrain-status"), str(run_dir)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert status.returncode == 1 and "FAILED (user_error)" in status.stdout, status.stdout

@@ -11,7 +11,7 @@ import torch
 
 from hpctrain.config import TrainerConfig
 from hpctrain.dist.context import DistContext
-from hpctrain.trainer import components, model_io, sharding
+from hpctrain.trainer import components, first_checks, model_io, sharding
 from hpctrain.trainer.components import Components
 from hpctrain.trainer.evaluate import flatten
 
@@ -24,6 +24,7 @@ class Stepper:
         self.precision = trainer.precision if ctx.device.type == "cuda" else "fp32"
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         self.sharded_model = sharding.is_sharded(parts.model)  # fsdp on one process: a plain model
+        self.first = True  # this life's first micro-batch: its mistakes said (first_checks)
 
     def autocast(self) -> ContextManager[Any]:
         if self.precision == "fp32":
@@ -45,12 +46,13 @@ class Stepper:
             if accum > 1 and self.sharded_model:
                 sharding.set_gradient_sync(parts.model, micro == accum - 1)
             with components.grad_sync(parts.ddp, last=micro == accum - 1):
-                with self.autocast():
+                with self.autocast(), self._checked():
                     loss = self.loss(model_io.call(parts.model, inputs, target, parts.contract), target)
                     if weights is not None:
                         loss = loss * weights[micro]
                     elif accum > 1:  # no extra kernel per step in the common case
                         loss = loss / accum
+                self.first = False
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         self._update()
@@ -62,7 +64,17 @@ class Stepper:
         if self.parts.contract.targets_name is not None:
             return model_io.own_loss(output).float()
         scores, target = flatten(model_io.logits(output), target)
+        if self.first:
+            first_checks.check_scores(scores, target)
         return self.parts.loss_fn(scores.float(), target)
+
+    def _checked(self) -> ContextManager[Any]:
+        """The first micro-batch's embeddings checked (hpctrain.trainer.first_checks)."""
+        # A compiled model would be compiled again once the hooks are gone: its scores are checked.
+        compiled = hasattr(self.parts.model, "_orig_mod")
+        if not self.first or compiled:
+            return contextlib.nullcontext()
+        return first_checks.embeddings_checked(self.parts.raw_model)
 
     def _update(self) -> None:
         parts = self.parts
