@@ -79,6 +79,10 @@ class TrainerConfig:
     precision: str = "bf16"
     # Wrap the model in torch.compile.
     compile: bool = False
+    # Deterministic kernels on GPU (torch.use_deterministic_algorithms, cuDNN without autotuning,
+    # cuBLAS's fixed workspace): a run stopped and resumed gives the same weights as one that ran
+    # through, on GPU as on CPU (where it is so already), at some speed. Off: the fastest kernels.
+    deterministic: bool = False
     # The model computes its own loss from the targets it is given (hpctrain.trainer.model_io):
     # null: when its forward takes `targets` (nanoGPT); true: `targets` or `labels` (Hugging
     # Face); false: never (hpctrain's `loss` on its scores).

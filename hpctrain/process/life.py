@@ -106,6 +106,8 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
     faults.point("worker.before_rendezvous")
     # Threads before any work: the count is part of what makes a run bit-reproducible.
     torch.set_num_threads(config.trainer.threads)
+    if config.trainer.deterministic:
+        deterministic_kernels()
     try:
         hdist.init_process_group(
             ctx, config.trainer.backend, config.trainer.collective_timeout_s, run_dir, config.slurm.network
@@ -193,3 +195,12 @@ def _leave_fenced(fenced: fencing.Fenced) -> None:
     fencing.say(fenced, "error")
     sys.stdout.flush()
     os._exit(WORKER_FENCED)
+
+
+def deterministic_kernels() -> None:
+    """trainer.deterministic: the same kernels and reductions in every life. cuBLAS reads its
+    workspace setting when it starts, before this process's first CUDA matmul."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
