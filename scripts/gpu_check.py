@@ -150,9 +150,7 @@ class Checker:
         if not ok:
             return self.add("resume", False, f"stopped run: {said}")
         differ = differing_tensors(through / "model.pt", stopped / "model.pt")
-        self.add(
-            "resume", differ == 0, f"stopped at {steps // 2} and resumed to {steps}: {differ} tensors differ"
-        )
+        self.add("resume", differ == 0, f"stopped at {steps // 2} and resumed to {steps}: {differ} tensors differ")
 
     def step_time(self) -> None:
         steps, rounds = (10, 2) if self.quick else (60, 3)
