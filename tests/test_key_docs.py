@@ -44,6 +44,32 @@ def test_help_lists_every_key_with_its_doc() -> None:
     assert "  optim: [adamw], sgd" in shown.stdout and "  model: [convnet], gpt, mlp" in shown.stdout
 
 
+def test_submit_help_names_retry_the_run_dir_and_a_chosen_groups_own_keys(tmp_path: Path) -> None:
+    conf = tmp_path / "myconf" / "model"
+    conf.mkdir(parents=True)
+    (conf / "mynet.yaml").write_text("_target_: mypkg.Net\nwidth: 64\n")
+    shown = subprocess.run(
+        [str(Path(sys.executable).parent / "hpctrain-submit"), "model=gpt", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "hpctrain-submit --retry SWEEP_DIR|RUN_DIR [POINT ...] [--dry-run]" in shown.stdout
+    assert "hydra.run.dir=DIR names the run dir" in shown.stdout
+    assert "Keys of model=gpt" in shown.stdout and "  model.n_layer [4]" in shown.stdout
+    assert "  optim.lr [" in shown.stdout  # the default optimizer's keys too
+    own = subprocess.run(
+        [str(Path(sys.executable).parent / "hpctrain-train"), "--config-dir", str(tmp_path / "myconf")]
+        + ["model=mynet", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Keys of model=mynet" in own.stdout and "  model.width [64]" in own.stdout, own.stdout[:3000]
+    assert "--retry" not in own.stdout.split("Config groups")[0]  # hpctrain-train has none
+
+
 def test_the_config_reference_shows_every_key_with_its_default_and_whole_comment() -> None:
     page = reference.config_reference({})
     for doc in key_docs():

@@ -94,15 +94,25 @@ def groups() -> dict[str, tuple[list[str], str | None]]:
     return out
 
 
-def render(program: str) -> str:
-    lines = [
-        f"usage: {program} [-m] [group=option ...] [key=value ...]",
+def render(program: str, argv: list[str] | None = None) -> str:
+    """`--help`: how to call `program`, its groups and keys; with `group=option` (or
+    `--config-dir`) on the line, that option's own keys too."""
+    lines = [f"usage: {program} [-m] [--config-dir DIR] [group=option ...] [key=value ...]"]
+    if program == "hpctrain-submit":
+        lines.append(f"       {program} --retry SWEEP_DIR|RUN_DIR [POINT ...] [--dry-run]")
+    lines += [
         "",
         "Hydra overrides: `key=value` sets a key, `+key=value` adds one a `_target_` takes, `-m` sweeps",
-        "comma-separated values. --version: hpctrain's version; --hydra-help: Hydra's own options.",
-        "",
-        "Config groups (group=option; the default in brackets):",
+        "comma-separated values. hydra.run.dir=DIR names the run dir (default runs/<date>/<time>-<token>),",
+        "hydra.sweep.dir=DIR a sweep's folder; --config-dir DIR adds your own options (DIR/model/mynet.yaml).",
+        "--version: hpctrain's version; --hydra-help: Hydra's own options.",
     ]
+    if program == "hpctrain-submit":
+        lines += [
+            "--retry SWEEP_DIR [POINT ...]: queue again the points (or a run dir) that did not finish, each",
+            "resuming from its newest checkpoint; --dry-run says which without queueing.",
+        ]
+    lines += ["", "Config groups (group=option; the default in brackets):"]
     for group, (options, default) in groups().items():
         shown = ", ".join(f"[{o}]" if o == default else o for o in options)
         lines.append(f"  {group}: {shown}")
@@ -111,7 +121,30 @@ def render(program: str) -> str:
         "model, optim, sched: the arguments of the option's `_target_` (model.hidden=256, optim.lr=3e-4).",
         "",
     ]
+    lines += _chosen_keys(argv or [])
     lines.append("Keys (key=value; the default in brackets):")
     for doc in key_docs():
         lines.append(f"  {doc.key} [{doc.default}]: {doc.doc}" if doc.doc else f"  {doc.key} [{doc.default}]")
     return "\n".join(lines)
+
+
+def _chosen_keys(argv: list[str]) -> list[str]:
+    """The keys of each `_target_` group's option, the chosen one (`model=gpt`) or the default."""
+    from hpctrain.cli.overrides import TARGET_GROUPS, chosen_options, config_dirs
+
+    dirs = config_dirs(argv)
+    if dirs is None:
+        return []
+    chosen = chosen_options([a for a in argv if "=" in a and not a.startswith("-")], dirs)
+    lines: list[str] = []
+    for group in TARGET_GROUPS:
+        option = chosen.get(group)
+        if option is None:
+            continue
+        values = {k: v for k, v in dirs.option_yaml(group, option).items() if k != "defaults"}
+        if not values:
+            continue
+        lines.append(f"Keys of {group}={option} ({group}.KEY=value; its value in brackets):")
+        lines += [f"  {group}.{key} [{value}]" for key, value in values.items()]
+        lines.append("")
+    return lines

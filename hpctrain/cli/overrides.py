@@ -49,7 +49,7 @@ def before_hydra(program: str) -> None:
         from hpctrain.cli.help_text import render
 
         try:
-            print(render(program), flush=True)
+            print(render(program, argv), flush=True)
         except BrokenPipeError:  # `--help | head`: the reader has all it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
@@ -77,7 +77,7 @@ def mistyped_key(argv: Sequence[str]) -> str | None:
     if dirs is None:
         return None
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    groups = _chosen_options(overrides, dirs)
+    groups = chosen_options(overrides, dirs)
     for override in overrides:
         key, _, value = override.partition("=")
         if key.lstrip("+") in dirs.groups():
@@ -242,7 +242,7 @@ def _conf() -> Any:
     return resources.files("hpctrain.conf")
 
 
-def _chosen_options(overrides: Sequence[str], dirs: ConfigDirs) -> dict[str, str]:
+def chosen_options(overrides: Sequence[str], dirs: ConfigDirs) -> dict[str, str]:
     """Each group's option (`cluster` aside: it sets keys anywhere): the command line's
     `group=option`, else the default."""
     chosen: dict[str, str] = {}
