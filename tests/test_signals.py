@@ -507,3 +507,20 @@ def test_a_different_config_in_an_existing_run_dir_is_refused_and_touches_nothin
     assert "optim.lr" in proc.stderr, describe(proc)
     assert "error" in proc.stderr
     assert _files(run_dir) == before, "refusing a run must not touch its run dir"
+
+
+@pytest.mark.parametrize(
+    ("limit", "said"),
+    [
+        ("25:00", "25 minutes (Slurm reads one colon as minutes:seconds; hours are HH:MM:SS)"),
+        ("25:00:00", "1 day, 1 hour"),
+        ("90", "1 hour, 30 minutes"),
+        ("2-12", "2 days, 12 hours"),
+        ("00:30:00", "30 minutes"),
+        ("UNLIMITED", "no limit"),
+    ],
+)
+def test_the_time_limit_as_slurm_reads_it(limit: str, said: str) -> None:
+    from hpctrain.slurm.times import as_slurm_reads_it
+
+    assert as_slurm_reads_it(limit) == said

@@ -110,3 +110,20 @@ def test_an_sbatch_that_could_not_connect_is_sent_again(tmp_path: Path) -> None:
     # Two tries of the job (the first never reached Slurm), then its guardian.
     training = [c for c in fake.calls("sbatch") if c[-1].endswith("job.sbatch")]
     assert "Submitted batch job 42" in done.stdout and len(training) == 2
+
+
+def test_a_partition_name_slurm_cannot_take_is_refused_before_anything(tmp_path: Path) -> None:
+    done = submit(tmp_path, dict(os.environ), "slurm.partition='gpu a100'", "dry_run=true")
+    assert done.returncode == 2, done.stderr
+    assert "slurm.partition: 'gpu a100' is not a Slurm partition name" in done.stderr
+    assert not (tmp_path / "run").exists()
+    several = submit(tmp_path, dict(os.environ), "slurm.partition='gpu,gpu-long'", "dry_run=true")
+    assert several.returncode == 0, several.stderr  # sbatch -p takes a list: Slurm picks one
+
+
+def test_the_time_limit_is_echoed_as_slurm_reads_it(tmp_path: Path) -> None:
+    done = submit(tmp_path, dict(os.environ), "slurm.time=25:00", "dry_run=true")
+    assert done.returncode == 0, done.stderr
+    assert "# time limit 25:00: 25 minutes (Slurm reads one colon as minutes:seconds; hours are HH:MM:SS)" in (
+        done.stdout
+    )

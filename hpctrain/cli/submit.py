@@ -42,6 +42,7 @@ from hpctrain.errors import UserError
 from hpctrain.run.exitcodes import CLI_REFUSED, CLI_USER_ERROR
 from hpctrain.run.paths import restrict_umask
 from hpctrain.slurm.jobid import split as split_job_id
+from hpctrain.slurm.times import as_slurm_reads_it
 from hpctrain.submit import sbatch
 from hpctrain.submit.code_snapshot import CodeSnapshot, targets_in
 from hpctrain.submit.submission import (
@@ -135,6 +136,10 @@ def submit_or_exit(points: list[Point]) -> list[str]:
         print(f"error: {error}; nothing was queued", file=sys.stderr)
         sys.exit(CLI_USER_ERROR)
     announce(points, job_ids)
+    # The time limit as Slurm will hold the job to it: `25:00` is 25 minutes, not 25 hours.
+    limits = sorted({point.config.slurm.time for point in points})
+    for limit in limits:
+        print(f"hpctrain-submit: time limit {limit}: {as_slurm_reads_it(limit)}", file=sys.stderr)
     return job_ids
 
 
@@ -144,6 +149,7 @@ def _main(cfg: DictConfig) -> None:
     point = prepare_point(cfg)
     if point.config.dry_run:
         print(point.script.read_text(), end="")
+        print(f"# time limit {point.config.slurm.time}: {as_slurm_reads_it(point.config.slurm.time)}")
         print(f"# dry run: nothing queued; the run dir {point.run.root} holds job.sbatch and config.yaml")
         return
     submit_or_exit([point])

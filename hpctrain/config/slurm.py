@@ -15,6 +15,8 @@ from hpctrain.config.checks import check_srun_args, check_task_prefix, require, 
 from hpctrain.config.network import NetworkConfig
 from hpctrain.run.causes import RESTART_CAUSES, Cause
 
+# A partition name as sbatch -p takes it: one, or several joined by commas (Slurm picks one).
+_PARTITIONS = re.compile(r"^[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*$")
 # Slurm's --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or no limit.
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$", re.I)
 # Slurm's --mem: a whole number, megabytes unless a K, M, G or T follows; 0 is all of it.
@@ -214,6 +216,12 @@ class SlurmConfig:
         )
         for key in ("mem", "partition", "account", "qos", "constraint", "exclude", "job_name", "template", "python"):
             single_line(f"slurm.{key}", getattr(self, key))
+        require(
+            self.partition is None or bool(_PARTITIONS.match(self.partition)),
+            "slurm.partition",
+            f"{self.partition!r} is not a Slurm partition name: letters, digits, - _ . (several joined "
+            "by commas, no spaces); `sinfo -s` lists the partitions",
+        )
         for index, flag in enumerate(self.extra):
             single_line(f"slurm.extra[{index}]", flag)
             require(

@@ -24,3 +24,23 @@ def time_limit_s(text: str) -> float | None:
     if third is not None:  # hours:minutes:seconds
         return float((int(first) * 60 + int(second)) * 60 + int(third))
     return float(int(first) * 60 + int(second or 0))  # minutes[:seconds]
+
+
+def as_slurm_reads_it(text: str) -> str:
+    """`slurm.time` spelled out as Slurm reads it, for the submit's echo: `25:00` is 25 minutes
+    (minutes:seconds), which a user meaning 25 hours did not expect."""
+    seconds = time_limit_s(text)
+    if seconds is None:
+        return text
+    if seconds == float("inf"):
+        return "no limit"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "day"), (hours, "hour"), (minutes, "minute"), (secs, "second")]
+    words = ", ".join(f"{n} {unit}{'s' if n != 1 else ''}" for n, unit in parts if n) or "0 seconds"
+    form = ""
+    if "-" not in text and text.count(":") == 1:
+        form = " (Slurm reads one colon as minutes:seconds; hours are HH:MM:SS)"
+    return f"{words}{form}"
