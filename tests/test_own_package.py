@@ -45,22 +45,22 @@ def env_without_pythonpath() -> dict[str, str]:
     return env
 
 
+def run(command: str, here: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / command), *args], cwd=here, env=env_without_pythonpath(), capture_output=True, text=True, timeout=300
+    )
+
+
 def test_train_finds_the_users_package_in_the_current_folder(tmp_path: Path) -> None:
     here = project(tmp_path)
-    done = subprocess.run(
-        [
-            str(BIN / "hpctrain-train"),
-            "model._target_=mypkg.nets.Net",
-            "trainer.max_steps=3",
-            "trainer.eval_every=0",
-            "trainer.log_every=1",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        cwd=here,
-        env=env_without_pythonpath(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run(
+        "hpctrain-train",
+        here,
+        "model._target_=mypkg.nets.Net",
+        "trainer.max_steps=3",
+        "trainer.eval_every=0",
+        "trainer.log_every=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "No module named" not in done.stderr
@@ -71,24 +71,12 @@ def test_train_finds_the_users_package_in_the_current_folder(tmp_path: Path) -> 
 def test_submit_checks_the_users_package_and_snapshots_it(tmp_path: Path) -> None:
     here = project(tmp_path)
     run_dir = tmp_path / "run"
-    done = subprocess.run(
-        [str(BIN / "hpctrain-submit"), "model._target_=mypkg.nets.Net", "dry_run=true", f"hydra.run.dir={run_dir}"],
-        cwd=here,
-        env=env_without_pythonpath(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run("hpctrain-submit", here, "model._target_=mypkg.nets.Net", "dry_run=true", f"hydra.run.dir={run_dir}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (run_dir / "code" / "mypkg" / "nets.py").read_text() == (here / "mypkg" / "nets.py").read_text()
     # A target that is not there is still refused, naming the key.
-    missing = subprocess.run(
-        [str(BIN / "hpctrain-submit"), "model._target_=mypkg.nets.Nope", "dry_run=true", f"hydra.run.dir={run_dir}2"],
-        cwd=here,
-        env=env_without_pythonpath(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    missing = run(
+        "hpctrain-submit", here, "model._target_=mypkg.nets.Nope", "dry_run=true", f"hydra.run.dir={run_dir}2"
     )
     assert missing.returncode == 2 and "model._target_" in missing.stderr, missing.stderr
 
@@ -116,12 +104,6 @@ def config_folder(here: Path) -> Path:
     (conf / "model" / "mynet.yaml").write_text(MYNET)
     (conf / "cluster" / "mysite.yaml").write_text(MYSITE)
     return conf
-
-
-def run(command: str, here: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(BIN / command), *args], cwd=here, env=env_without_pythonpath(), capture_output=True, text=True, timeout=300
-    )
 
 
 def test_a_config_folder_of_ones_own_gives_groups_checked_like_built_in_ones(tmp_path: Path) -> None:
