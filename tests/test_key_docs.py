@@ -41,7 +41,7 @@ def test_help_lists_every_key_with_its_doc() -> None:
     assert shown.returncode == 0, shown.stderr
     for key, doc in docs.items():
         assert f"  {key} [{doc.default}]: {doc.doc}" in shown.stdout, key
-    assert "  optim: [adamw], sgd" in shown.stdout and "  model: [convnet], gpt, mlp" in shown.stdout
+    assert "  optim: [adamw], adamw_no_decay, sgd" in shown.stdout and "  model: [convnet], gpt, mlp" in shown.stdout
 
 
 def test_submit_help_names_retry_the_run_dir_and_a_chosen_groups_own_keys(tmp_path: Path) -> None:

@@ -101,6 +101,15 @@ def preflight(node: Mapping[str, Any], key: str) -> None:
         raise ValueError(f"{key}.{error.argument}: {error.message}") from None
 
 
+def first_parameter(node: Mapping[str, Any], key: str) -> str | None:
+    """The name of the target's first parameter (None: no signature to read)."""
+    sig = _described(node, key).signature
+    if sig is None:
+        return None
+    names = [name for name in sig.parameters if name != "self"]
+    return names[0] if names else None
+
+
 def accepts(node: Mapping[str, Any], name: str) -> bool:
     sig = _described(node, "_target_").signature
     return sig is not None and (name in sig.parameters or _takes_any_keyword(sig))

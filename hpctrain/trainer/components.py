@@ -54,7 +54,9 @@ def build(config: Config, ctx: DistContext, total_steps_for: Callable[[Splits], 
         model, ddp = sharding.shard(raw_model, config.trainer, ctx), None
     else:
         model, ddp = wrap(raw_model, config.trainer, ctx)
-    optimizer = targets.build(config.optim, raw_model.parameters())
+    # A factory whose first parameter is `named_parameters` gets the names too (param_groups).
+    by_name = targets.first_parameter(config.optim, "optim") == "named_parameters"
+    optimizer = targets.build(config.optim, list(raw_model.named_parameters()) if by_name else raw_model.parameters())
     scheduler = build_scheduler(config, optimizer, total_steps_for(splits))
     loss_fn = targets.build(config.loss)
     sharded = config.trainer.strategy == "fsdp"
