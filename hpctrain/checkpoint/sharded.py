@@ -261,6 +261,9 @@ class ShardedCheckpointer(Checkpointer):
         """What DCP writes: model and optimizer sharded (FQN keys), the rest one small blob."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
+        from hpctrain.trainer.sharding import sync_buffers
+
+        sync_buffers(self.model)  # buffers are not sharded: every rank saves rank 0's (sharding.py)
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
         extras = {
             **state,

@@ -14,6 +14,7 @@ gradients reduced in fp32; the sharded parameters and the optimizer state stay f
 
 from __future__ import annotations
 
+import logging
 from typing import Any, cast
 
 import torch
@@ -23,10 +24,18 @@ from hpctrain.config import TrainerConfig
 from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError
 
+log = logging.getLogger(__name__)
+
 
 def units(model: nn.Module, names: list[str]) -> list[nn.Module]:
     """The submodules sharded as units of their own, innermost last (fully_shard goes bottom-up):
-    those of the classes `names`, or with none named, every module held in an nn.ModuleList."""
+    those of the classes `names`; with none named, those of the classes a Hugging Face model
+    lists in `_no_split_modules` (its own word for its blocks), else the blocks: the modules held
+    in an nn.ModuleList or nn.Sequential next to others of their class (a transformer's layers,
+    timm's `blocks` and ResNet stages), each with parameters of its own."""
+    if not names:
+        names = [str(n) for n in getattr(model, "_no_split_modules", None) or []]
+        names = [n for n in names if any(type(m).__name__ == n for m in model.modules())]
     if names:
         known = {type(m).__name__ for m in model.modules()}
         unknown = [n for n in names if n not in known]
@@ -37,9 +46,34 @@ def units(model: nn.Module, names: list[str]) -> list[nn.Module]:
             )
         found = [m for m in model.modules() if type(m).__name__ in names and m is not model]
     else:
-        found = [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]
+        containers = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
+        found = [child for container in containers for child in _blocks(container)]
     # A unit inside another unit is sharded first (FSDP wants the inner ones wrapped before).
     return sorted(found, key=lambda m: -_depth(model, m))
+
+
+def _blocks(container: nn.Module) -> list[nn.Module]:
+    """A container's children that are blocks: every child of a ModuleList; in a Sequential, the
+    children whose class repeats there (not a Sequential's lone layers: a head, a norm)."""
+    children = [child for child in container.children() if any(True for _ in child.parameters())]
+    if isinstance(container, nn.ModuleList):
+        return children
+    counts: dict[type, int] = {}
+    for child in children:
+        counts[type(child)] = counts.get(type(child), 0) + 1
+    return [child for child in children if counts[type(child)] > 1 and not isinstance(child, _LEAF_LAYERS)]
+
+
+# Single layers are no unit of their own: a Sequential of Linear layers is an MLP, one unit.
+_LEAF_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Embedding, nn.LayerNorm, nn.BatchNorm2d, nn.Dropout)
+
+
+def describe_units(model: nn.Module, found: list[nn.Module]) -> str:
+    """`12 x Block` style words for the start's log line."""
+    counts: dict[str, int] = {}
+    for unit in found:
+        counts[type(unit).__name__] = counts.get(type(unit).__name__, 0) + 1
+    return ", ".join(f"{n} x {name}" for name, n in counts.items()) or "none"
 
 
 def _depth(root: nn.Module, module: nn.Module) -> int:
@@ -74,10 +108,55 @@ def shard(model: nn.Module, trainer: TrainerConfig, ctx: DistContext) -> nn.Modu
     if ctx.device.type == "cuda" and trainer.precision == "bf16":
         # Gathered and computed in bf16, reduced in fp32: the usual recipe (torchtitan's too).
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for unit in units(model, list(trainer.fsdp_units)):
+    found = units(model, list(trainer.fsdp_units))
+    if found:
+        log.info("fsdp units: %s, and the root (the rest)", describe_units(model, found))
+    else:
+        log.warning(
+            "trainer.strategy=fsdp: no block found in %s: the whole model is one unit, every parameter "
+            "gathered at once; name its block class in trainer.fsdp_units",
+            type(model).__name__,
+        )
+    for unit in found:
         fully_shard(unit, **options)
     fully_shard(model, **options)
+    sync_buffers_from_rank0(model)
     return model
+
+
+def sync_buffers_from_rank0(model: nn.Module) -> None:
+    """FSDP shards parameters, never buffers: each rank would keep its own BatchNorm running
+    statistics, and a checkpoint would hold whichever rank's copy it took. As DDP does
+    (broadcast_buffers), every rank computes with rank 0's: they are broadcast before each
+    forward (one call per dtype; a BatchNorm updates them during its forward, where autograd must
+    find them untouched), and before every checkpoint and model.pt (`sync_buffers`), so a resumed
+    run goes on with the buffers the uninterrupted one had."""
+    if _buffers(model):
+        model.register_forward_pre_hook(lambda module, args: sync_buffers(module))
+
+
+def sync_buffers(model: nn.Module) -> None:
+    """Collective where there are buffers and processes: every rank takes rank 0's buffers."""
+    import torch.distributed as dist
+
+    buffers = _buffers(model)
+    if not buffers or not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for buffer in buffers:
+        by_dtype.setdefault(buffer.dtype, []).append(buffer)
+    with torch.no_grad():
+        for group in by_dtype.values():
+            flat = torch.cat([b.reshape(-1) for b in group])
+            dist.broadcast(flat, src=0)
+            offset = 0
+            for b in group:
+                b.copy_(flat[offset : offset + b.numel()].view_as(b))
+                offset += b.numel()
+
+
+def _buffers(model: nn.Module) -> list[torch.Tensor]:
+    return [b for b in model.buffers() if b.numel()]
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -97,6 +176,7 @@ def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    sync_buffers(model)  # rank 0's, as every rank computes with them
     return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
 
 
