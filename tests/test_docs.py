@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import re
 import shlex
@@ -216,3 +217,14 @@ def test_a_command_the_docs_show_runs(block: Block, tmp_path: Path) -> None:
         if block.options.get("output") != "no":
             for line in errors:
                 assert shown(line, output), f"{block.where}: `{command}` did not print\n{line}\nbut\n{output}"
+
+
+def test_search_finds_a_bare_key_name_and_keys_never_break(site: Path) -> None:
+    """`elastic` finds trainer.elastic: the search index splits at dots and underscores; the text
+    column is wide and a key in a table stays whole (docs/stylesheets/hpctrain.css)."""
+    index = json.loads((site / "search" / "search_index.json").read_text())
+    separator = index["config"]["separator"]
+    assert re.split(separator, "trainer.ckpt_every") == ["trainer", "ckpt", "every"], separator
+    css = (site / "stylesheets" / "hpctrain.css").read_text()
+    assert "max-width: 90rem" in css and "white-space: nowrap" in css
+    assert "stylesheets/hpctrain.css" in (site / "index.html").read_text()
