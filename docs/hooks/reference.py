@@ -7,6 +7,7 @@ and the commands from their own parsers (the console scripts of setup.cfg; the H
 
 from __future__ import annotations
 
+import argparse
 import configparser
 import importlib
 import os
@@ -42,43 +43,84 @@ def console_scripts() -> list[tuple[str, str]]:
     return [tuple(part.strip() for part in line.split("=", 1)) for line in lines]  # type: ignore[misc]
 
 
-def command_help(command: str, target: str) -> list[tuple[str, str]]:
-    """(heading, help text) for a command: its argparse parser's help, or, for the Hydra apps
-    (no `parser()` of their own), the help hpctrain prints for `--help`."""
+def command_help(command: str, target: str) -> list[tuple[str, list[str]]]:
+    """(heading, Markdown lines) for a command: its usage, then its arguments as a table (from its
+    argparse parser); the Hydra apps (no `parser()` of their own): their usage and groups, their
+    keys being the config reference's."""
     module = importlib.import_module(target.split(":")[0])
     if not hasattr(module, "parser"):
-        shown = [(command, render(command))]
+        shown = [(command, _hydra_app(command))]
         if command == "hpctrain-submit":  # `--retry` hands the command line to its own parser
-            shown.append((f"{command} --retry", _argparse_help(importlib.import_module("hpctrain.cli.retry").parser())))
+            retry = importlib.import_module("hpctrain.cli.retry").parser()
+            shown.append((f"{command} --retry", _argparse_table(retry)))
         return shown
-    return [(command, _argparse_help(module.parser()))]
+    return [(command, _argparse_table(module.parser()))]
 
 
-def _argparse_help(parser: Any) -> str:
+def _hydra_app(command: str) -> list[str]:
+    text = render(command)
+    head = text.split("Config groups")[0].rstrip()
+    usage = [line for line in head.splitlines() if line.startswith(("usage:", "       "))]
+    words = " ".join(line.strip() for line in head.splitlines()[len(usage) :] if line.strip())
+    lines = [
+        "```text",
+        *usage,
+        "```",
+        "",
+        _markdown(words),
+        "",
+        "| group | options (the default in bold) |",
+        "|---|---|",
+    ]
+    for group, (options, default) in groups().items():
+        shown = ", ".join(f"**`{o}`**" if o == default else f"`{o}`" for o in options)
+        lines.append(f"| `{group}` | {shown} |")
+    lines += ["", "Every key, its default and meaning: the [config reference](config.md).", ""]
+    return lines
+
+
+def _argparse_table(parser: Any) -> list[str]:
     before = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = HELP_COLUMNS
     try:
-        return parser.format_help().rstrip()
+        usage = parser.format_usage().strip()
+        formatter = parser._get_formatter()
+        rows = []
+        for action in parser._actions:
+            if action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
+                continue
+            name = ", ".join(action.option_strings) or str(action.metavar or action.dest)
+            if action.option_strings and action.nargs != 0:
+                name += f" {action.metavar or action.dest.upper()}"
+            default = action.default
+            shown = "" if default in (None, False, argparse.SUPPRESS, []) else f"`{default}`"
+            meaning = formatter._expand_help(action) if action.help else ""
+            rows.append(f"| `{name}` | {_cell(_markdown(meaning))} | {shown} |")
     finally:
         if before is None:
             del os.environ["COLUMNS"]
         else:
             os.environ["COLUMNS"] = before
+    lines = ["```text", usage, "```", ""]
+    if parser.description:
+        lines += [_markdown(parser.description), ""]
+    if rows:
+        lines += ["| argument | meaning | default |", "|---|---|---|", *rows, ""]
+    return lines
 
 
 def cli_reference() -> str:
     lines = [
         "# Command-line reference",
         "",
-        "Every console script hpctrain installs, with the help it prints itself: this page is generated",
-        "from the commands' own parsers when the docs are built. `hpctrain-train`, `hpctrain-submit` and",
-        "`hpctrain-tune` take Hydra overrides (`key=value`, `group=option`, `-m` to sweep); their keys are",
-        "in the [config reference](config.md).",
+        "Every console script hpctrain installs, from its own parser: this page is generated when the",
+        "docs are built. `hpctrain-train`, `hpctrain-submit` and `hpctrain-tune` take Hydra overrides",
+        "(`key=value`, `group=option`, `-m` to sweep); their keys are in the [config reference](config.md).",
         "",
     ]
     for command, target in console_scripts():
-        for heading, text in command_help(command, target):
-            lines += [f"## {heading}", "", f"`{target}`", "", "```text", text, "```", ""]
+        for heading, shown in command_help(command, target):
+            lines += [f"## {heading}", "", f"`{target}`", "", *shown, ""]
     return "\n".join(lines)
 
 
