@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from hpctrain import config as hconfig
 from hpctrain import logs
-from hpctrain.cli import compose_once
+from hpctrain.cli import compose_once, resume
 from hpctrain.cli.common import (
     Checker,
     discard_if_empty,
@@ -163,6 +163,7 @@ def main() -> None:
 
         sys.exit(retry.main([a for a in sys.argv[1:] if a != "--retry"]))
     before_hydra("hpctrain-submit")
+    sys.argv[1:] = resume.with_the_runs_own(sys.argv[1:])  # the run's own plan kept (cli/resume.py)
     compose_once.skip_the_mode_composition(sys.argv[1:])
     _main()
 

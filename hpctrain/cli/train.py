@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpctrain import config as hconfig
 from hpctrain import faults, logs
-from hpctrain.cli import compose_once
+from hpctrain.cli import compose_once, resume
 from hpctrain.cli.common import fail, importable_here, prepare_run_dir
 from hpctrain.cli.overrides import before_hydra
 from hpctrain.config import Config, differences, to_typed
@@ -193,6 +193,7 @@ def main() -> None:
         fail(str(error))
     importable_here()  # the user's own package beside the command line
     before_hydra("hpctrain-train")
+    sys.argv[1:] = resume.with_the_runs_own(sys.argv[1:])  # the run's own plan kept (cli/resume.py)
     compose_once.skip_the_mode_composition(sys.argv[1:])
 
     global _command

@@ -1,0 +1,64 @@
+"""Resuming by run dir keeps the run's own plan and config (hpctrain.cli.resume): the bare
+same-run-dir command no longer re-plans a run to the defaults of the keys it leaves out, and
+`--resume RUN_DIR` is the run's own command line plus what is given."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.cli.resume import with_the_runs_own
+
+BIN = Path(sys.executable).parent
+QUICK = ["trainer.eval_every=0", "trainer.log_every=2", "trainer.ckpt_every=2"]
+
+
+def train(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    return subprocess.run([str(BIN / "hpctrain-train"), *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def events(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+def last_step(run_dir: Path) -> int:
+    return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+
+
+def test_the_same_run_dir_without_its_plan_keeps_the_runs_plan(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    first = train(f"hydra.run.dir={run_dir}", "model=mlp", "trainer.max_steps=6", *QUICK)
+    assert first.returncode == 0, first.stderr[-2000:]
+    # Before: without trainer.max_steps=6 the run was re-planned to the default (440 steps).
+    again = train(f"hydra.run.dir={run_dir}", "model=mlp", "trainer.eval_every=0")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert events(run_dir, "replanned") == [] and last_step(run_dir) == 6
+    # --resume: the run's own command line (model=mlp included), a new max_steps given.
+    longer = train("--resume", str(run_dir), "trainer.max_steps=8")
+    assert longer.returncode == 0, longer.stderr[-2000:]
+    (replanned,) = events(run_dir, "replanned")
+    assert replanned["changes"]["trainer.max_steps"] == [6, 8]
+    assert last_step(run_dir) == 8
+
+
+def test_resume_of_no_run_is_refused_naming_it(tmp_path: Path) -> None:
+    done = train("--resume", str(tmp_path / "nothing"))
+    assert done.returncode == 2 and "no run there" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected_tail"),
+    [
+        (["-m", "optim.lr=1,2"], ["-m", "optim.lr=1,2"]),  # a sweep is left alone
+        (["model=mlp"], ["model=mlp"]),  # a new run dir (no hydra.run.dir holding a run)
+    ],
+)
+def test_lines_that_name_no_run_are_left_alone(argv: list[str], expected_tail: list[str]) -> None:
+    assert with_the_runs_own(argv) == expected_tail
