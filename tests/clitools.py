@@ -55,12 +55,9 @@ def assert_refused(done: subprocess.CompletedProcess[str], code: int, *words: st
 
 
 def files(root: Path) -> dict[str, bytes]:
-    """Every file under root (Hydra's .hydra/ aside) with its bytes."""
-    return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and ".hydra" not in p.relative_to(root).parts
-    }
+    """Every file under root with its bytes, .hydra/ included: a refused command writes nothing
+    there either (Hydra's own copies are off; hpctrain writes overrides.yaml once accepted)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def world_writable(root: Path) -> list[str]:

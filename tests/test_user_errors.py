@@ -197,7 +197,8 @@ def test_a_run_dir_whose_job_has_not_ended_is_refused(tmp_path: Path, tool: str)
     done = run_cli(tool, f"hydra.run.dir={run_dir}", cwd=tmp_path / "project", env=env)
 
     assert_refused(done, 2, f"{run_dir} belongs to job 4242 (RUNNING), which has not ended")
-    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "submission.json"]
+    # Nothing written: not even Hydra's .hydra/ (it overwrote the run's own before).
+    assert sorted(p.name for p in run_dir.iterdir()) == ["submission.json"]
     assert not lines(log / "sbatch.calls")
 
 
@@ -347,6 +348,7 @@ def test_a_refused_resubmission_keeps_the_run_dir_that_was_there(tmp_path: Path)
     assert_refused(done, 1, "Invalid account", "nothing was queued; run dirs that held a run before are kept")
     kept = files(run_dir)
     assert sorted(name for name in kept if not name.startswith("code/")) == [
+        ".hydra/overrides.yaml",  # the dry run's accepted command line (hpctrain.cli.resume reads it)
         ".run.lock",  # who wrote it last (hpctrain.run.lock)
         "config.yaml",
         "guardian.sbatch",

@@ -93,6 +93,7 @@ def write_run_dir(cfg: DictConfig, check: Checker = to_typed) -> tuple[Config, R
     plain = resolved if isinstance(resolved, dict) else OmegaConf.to_container(resolved, enum_to_str=True)
     assert isinstance(plain, dict)  # a DictConfig's container is a dict
     plain = cast(dict[str, Any], plain)  # its keys are config keys
+    _write_overrides(run, hydra_cfg.overrides.task)
     save_resolved(plain, run.config)
     lock.announce(run)
     if replanned:
@@ -100,6 +101,18 @@ def write_run_dir(cfg: DictConfig, check: Checker = to_typed) -> tuple[Config, R
         changes = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in replanned.items())
         print(f"hpctrain: {run.root} goes on with a new plan ({changes})", file=sys.stderr)
     return config, run, plain
+
+
+def _write_overrides(run: RunDir, task: Sequence[str]) -> None:
+    """The accepted command line's overrides in .hydra/overrides.yaml, as Hydra wrote them (a
+    resume reads them: hpctrain.cli.resume), written only once nothing refused the command."""
+    from hpctrain.config import resolved_yaml
+
+    folder = run.root / ".hydra"
+    folder.mkdir(exist_ok=True)
+    tmp = folder / "overrides.yaml.tmp"
+    tmp.write_text(resolved_yaml([str(line) for line in task]))
+    tmp.replace(folder / "overrides.yaml")
 
 
 class MakeRunDir(Callback):
