@@ -62,3 +62,19 @@ def test_resume_of_no_run_is_refused_naming_it(tmp_path: Path) -> None:
 )
 def test_lines_that_name_no_run_are_left_alone(argv: list[str], expected_tail: list[str]) -> None:
     assert with_the_runs_own(argv) == expected_tail
+
+
+def test_elastic_may_be_turned_on_at_the_resume_that_resizes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    first = train(f"hydra.run.dir={run_dir}", "model=mlp", "trainer.max_steps=4", "data.batch_size=8", *QUICK)
+    assert first.returncode == 0, first.stderr[-2000:]
+    # Before: refused, "another size needs trainer.elastic=true", given as it was.
+    resized = train("--resume", str(run_dir), "trainer.elastic=true", "trainer.nprocs=2", "trainer.max_steps=8")
+    assert resized.returncode == 0, resized.stderr[-2000:]
+    starts = events(run_dir, "start")
+    assert [s["world_size"] for s in starts] == [1, 2]
+    assert starts[1]["layout"]["global_batch"] == starts[0]["layout"]["global_batch"] == 8
+    assert last_step(run_dir) == 8
+    # Turned off again at another size: refused, naming the key.
+    back = train("--resume", str(run_dir), "trainer.elastic=false", "trainer.nprocs=1", "trainer.max_steps=10")
+    assert back.returncode == 2 and "trainer.elastic=true" in back.stderr, back.stderr[-2000:]

@@ -193,8 +193,9 @@ def _refuse_a_different_config(run: RunDir, resolved: DictConfig | dict[str, Any
         fail(f"{run.config} is unreadable ({str(error).splitlines()[0]}); pick a new {run_dir_key()}")
     new = OmegaConf.to_container(resolved) if isinstance(resolved, DictConfig) else resolved
     was, now = _what_a_run_is(old), _what_a_run_is(new)
-    # An elastic run (now and before) may also resume on another number of processes.
-    elastic = _leaf(was, "trainer.elastic") is True and _leaf(now, "trainer.elastic") is True
+    # An elastic run may also resume on another number of processes, turned elastic at this very
+    # resume too (the resize it is turned on for: before, that was refused with advice to do it).
+    elastic = _leaf(now, "trainer.elastic") is True
     replannable = REPLANNABLE + (ELASTIC_REPLANNABLE if elastic else ())
     plan = {key: [_leaf(was, key), _leaf(now, key)] for key in replannable if _leaf(was, key) != _leaf(now, key)}
     changed = differences(_without(was, replannable), _without(now, replannable))
