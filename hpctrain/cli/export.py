@@ -2,6 +2,7 @@
 
     hpctrain-export runs/2026-11-27/10-04-31-ab12cd                 # newest complete checkpoint
     hpctrain-export RUN_DIR --step 4000 --out /data/gpt-4000.pt      # that step's
+    hpctrain-export RUN_DIR --hf out/gpt2-small                      # a Hugging Face model, its format
 
 Reads either kind of checkpoint: a `.pt` (trainer.strategy=ddp) or a sharded `.dcp` folder
 (trainer.strategy=fsdp, any number of ranks wrote it), checked against its .json's sha256 first;
@@ -30,6 +31,12 @@ def parser() -> argparse.ArgumentParser:
     parse.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run dir whose checkpoint to export")
     parse.add_argument("--step", type=int, help="the checkpoint of this step (default: the newest complete one)")
     parse.add_argument("--out", type=Path, help="where to write it (default: RUN_DIR/model-step<N>.pt)")
+    parse.add_argument(
+        "--hf",
+        type=Path,
+        metavar="DIR",
+        help="also write a Hugging Face model in its own format to DIR (from_pretrained loads it)",
+    )
     return parse
 
 
@@ -37,10 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         written, step = export(args.run_dir, args.step, args.out)
+        if args.hf is not None:
+            import torch
+
+            from hpctrain.cli.export_hf import save_pretrained
+
+            save_pretrained(args.run_dir, torch.load(written, weights_only=True), args.hf)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return CLI_USER_ERROR
     print(f"hpctrain-export: step {step} of {args.run_dir} -> {written}")
+    if args.hf is not None:
+        print(f"hpctrain-export: Hugging Face format -> {args.hf} (from_pretrained loads it)")
     return CLI_OK
 
 
