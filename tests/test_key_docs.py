@@ -67,6 +67,7 @@ def test_submit_help_names_retry_the_run_dir_and_a_chosen_groups_own_keys(tmp_pa
         timeout=120,
     )
     assert "Keys of model=mynet" in own.stdout and "  model.width [64]" in own.stdout, own.stdout[:3000]
+    assert "  model: [convnet], gpt, mlp, mynet" in own.stdout  # its own option among the group's
     assert "--retry" not in own.stdout.split("Config groups")[0]  # hpctrain-train has none
 
 

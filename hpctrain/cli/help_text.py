@@ -78,20 +78,19 @@ def _first_sentence(text: str) -> str:
     return text.split(". ", 1)[0] + "." if ". " in text else text
 
 
-def groups() -> dict[str, tuple[list[str], str | None]]:
-    """group -> (its options, the default one)."""
+def groups(argv: list[str] | None = None) -> dict[str, tuple[list[str], str | None]]:
+    """group -> (its options, the default one); with `argv`, the user's own folders' options too
+    (`--config-dir`, `hydra.searchpath`: hpctrain.cli.overrides.config_dirs)."""
+    from hpctrain.cli.overrides import ConfigDirs, config_dirs
+
     conf = resources.files("hpctrain.conf")
     primary = yaml.safe_load((conf / "config.yaml").read_text())
     defaults: dict[str, str] = {}
     for entry in primary.get("defaults", []):
         if isinstance(entry, dict):
             defaults.update({str(k): str(v) for k, v in entry.items()})
-    out = {}
-    for entry in sorted(conf.iterdir(), key=lambda e: e.name):
-        if entry.is_dir() and not entry.name.startswith("_"):
-            options = sorted(p.name.removesuffix(".yaml") for p in entry.iterdir() if p.name.endswith(".yaml"))
-            out[entry.name] = (options, defaults.get(entry.name))
-    return out
+    dirs = config_dirs(argv or []) or ConfigDirs([])
+    return {group: (dirs.options(group), defaults.get(group)) for group in sorted(dirs.groups())}
 
 
 def render(program: str, argv: list[str] | None = None) -> str:
@@ -113,7 +112,7 @@ def render(program: str, argv: list[str] | None = None) -> str:
             "resuming from its newest checkpoint; --dry-run says which without queueing.",
         ]
     lines += ["", "Config groups (group=option; the default in brackets):"]
-    for group, (options, default) in groups().items():
+    for group, (options, default) in groups(argv).items():
         shown = ", ".join(f"[{o}]" if o == default else o for o in options)
         lines.append(f"  {group}: {shown}")
     lines += [
