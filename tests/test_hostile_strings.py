@@ -184,8 +184,8 @@ def build_hostile_job(tmp_path: Path, marks: Path) -> tuple[Path, Path, dict[str
     return cwd, run_dir, values, overrides
 
 
-REFUSED = {  # a field the dev cluster refuses for such a value, and sbatch's own words
-    "partition": "invalid partition specified",
+REFUSED = {  # a field refused for such a value, and the words: sbatch's own, or hpctrain's key check
+    "partition": "is not a Slurm partition name",  # refused before anything is written (exit 2)
     "constraint": "Invalid feature specification",
     "exclude": "error opening file",  # a value holding "/" is, to sbatch, a file listing the nodes
 }
@@ -240,7 +240,10 @@ def test_hostile_strings_in_a_real_job_arrive_verbatim_and_nothing_runs(
     assert world_writable(run_dir) == []
 
     for field, done, where, name in refusals:
-        assert_refused(done, 1, REFUSED[field], "nothing was queued and no run dir was kept")
+        if field == "partition":  # its syntax checked by hpctrain: a user's mistake, exit 2, no sbatch
+            assert_refused(done, 2, f"slurm.partition: {hostile(field, marks)!r} {REFUSED[field]}")
+        else:
+            assert_refused(done, 1, REFUSED[field], "nothing was queued and no run dir was kept")
         assert "Submitted batch job" not in done.stdout
         assert not where.exists(), f"{field}: run dir left behind"
         assert squeue_named(slurm_env, name) == "", f"{field}: a job was queued"

@@ -231,8 +231,10 @@ def test_hostile_values_never_run_in_bash(tmp_path: Path) -> None:
     run_dir = tmp_path / "run $(touch pwned) `touch pwned`; x"
     run_dir.mkdir()
     config = make_config()
-    # slurm.mem is checked against Slurm's syntax first: no hostile value gets that far.
-    hostile = {field: HOSTILE[i % len(HOSTILE)] for i, field in enumerate(STRING_FIELDS) if field != "mem"}
+    # slurm.mem and slurm.partition are checked against Slurm's syntax first: no hostile value
+    # gets that far (tests/test_hostile_strings.py shows the partition's refusal).
+    checked_first = ("mem", "partition")
+    hostile = {field: HOSTILE[i % len(HOSTILE)] for i, field in enumerate(STRING_FIELDS) if field not in checked_first}
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     # A stand-in python: the controller says the step finished; the worker does nothing.

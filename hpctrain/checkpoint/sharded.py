@@ -41,6 +41,7 @@ from hpctrain.checkpoint.deadline import after_save_s, plan_forced_save
 from hpctrain.checkpoint.format import FORMAT_VERSION
 from hpctrain.checkpoint.shard_files import shards_dir, write_json
 from hpctrain.checkpoint.store import fsync_dir, sha256_of
+from hpctrain.dist import buffers
 from hpctrain.dist.context import DistContext
 from hpctrain.run import fencing
 from hpctrain.run.causes import CheckpointReason, StopReason
@@ -261,9 +262,7 @@ class ShardedCheckpointer(Checkpointer):
         """What DCP writes: model and optimizer sharded (FQN keys), the rest one small blob."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        from hpctrain.trainer.sharding import sync_buffers
-
-        sync_buffers(self.model)  # buffers are not sharded: every rank saves rank 0's (sharding.py)
+        buffers.sync_from_rank0(self.model)  # buffers are not sharded: every rank saves rank 0's
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
         extras = {
             **state,

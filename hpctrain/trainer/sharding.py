@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from hpctrain.config import TrainerConfig
+from hpctrain.dist import buffers
 from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError
 
@@ -120,43 +121,8 @@ def shard(model: nn.Module, trainer: TrainerConfig, ctx: DistContext) -> nn.Modu
     for unit in found:
         fully_shard(unit, **options)
     fully_shard(model, **options)
-    sync_buffers_from_rank0(model)
+    buffers.keep_rank0s(model)
     return model
-
-
-def sync_buffers_from_rank0(model: nn.Module) -> None:
-    """FSDP shards parameters, never buffers: each rank would keep its own BatchNorm running
-    statistics, and a checkpoint would hold whichever rank's copy it took. As DDP does
-    (broadcast_buffers), every rank computes with rank 0's: they are broadcast before each
-    forward (one call per dtype; a BatchNorm updates them during its forward, where autograd must
-    find them untouched), and before every checkpoint and model.pt (`sync_buffers`), so a resumed
-    run goes on with the buffers the uninterrupted one had."""
-    if _buffers(model):
-        model.register_forward_pre_hook(lambda module, args: sync_buffers(module))
-
-
-def sync_buffers(model: nn.Module) -> None:
-    """Collective where there are buffers and processes: every rank takes rank 0's buffers."""
-    import torch.distributed as dist
-
-    buffers = _buffers(model)
-    if not buffers or not dist.is_initialized() or dist.get_world_size() == 1:
-        return
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for buffer in buffers:
-        by_dtype.setdefault(buffer.dtype, []).append(buffer)
-    with torch.no_grad():
-        for group in by_dtype.values():
-            flat = torch.cat([b.reshape(-1) for b in group])
-            dist.broadcast(flat, src=0)
-            offset = 0
-            for b in group:
-                b.copy_(flat[offset : offset + b.numel()].view_as(b))
-                offset += b.numel()
-
-
-def _buffers(model: nn.Module) -> list[torch.Tensor]:
-    return [b for b in model.buffers() if b.numel()]
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -176,7 +142,7 @@ def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    sync_buffers(model)  # rank 0's, as every rank computes with them
+    buffers.sync_from_rank0(model)  # rank 0's, as every rank computes with them
     return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
 
 
