@@ -117,13 +117,16 @@ def in_children(
         interrupted = True
     shares: list[Share] = []
     for pid, sink in children:
+        status: int | None = None
         while True:
             try:
                 _, status = os.waitpid(pid, 0)
                 break
             except KeyboardInterrupt:  # the children have it too: they end, handing back what they made
                 interrupted = True
-        code = os.waitstatus_to_exitcode(status)
+            except ChildProcessError:  # reaped by the call the interrupt cut short: its status is lost,
+                break  # what it handed back (or nothing: a failure) says how it ended
+        code = os.waitstatus_to_exitcode(status) if status is not None else 0
         sink.seek(0)
         try:
             made, extra, said = pickle.load(sink)
