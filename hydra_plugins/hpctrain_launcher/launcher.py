@@ -124,7 +124,6 @@ class _Sweep:
         """Check and write the points `first`, `first + 1`, ... (their overrides given), appending
         each (Point, its working dir) to `made`; returns how many needed the full check."""
         from hpctrain.cli.submit import prepare_point
-        from hpctrain.config import resolved_yaml
         from hpctrain.config.points import PointChecker
 
         # The first point of each structure is checked in full, the others by what they change.
@@ -134,10 +133,8 @@ class _Sweep:
             # dir, and HydraConfig set so ${hydra:...} interpolations resolve.
             run_dir = _set_point(sweep_config, self.initial_job_idx + offset, self.dir, self.resolved_dir)
             _publish(sweep_config)
+            # .hydra/overrides.yaml is written once the point is accepted (cli.common.write_run_dir).
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / ".hydra").mkdir(exist_ok=True)
-            task = [str(line) for line in sweep_config.hydra.overrides.task]
-            (run_dir / ".hydra" / "overrides.yaml").write_text(resolved_yaml(task))
             structure = id(sweep_config)  # one config object per structure (compose.py)
             check = functools.partial(checker.check, structure=structure)
             made.append((prepare_point(sweep_config, code, check), str(run_dir)))
