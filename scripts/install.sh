@@ -12,7 +12,9 @@ python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
 if [ -n "$extras" ]; then
-  .venv/bin/python -m pip install --quiet -e ".[$extras]"
+  # The pin again: an extra's package that depends on torch (timm's torchvision) then gets the
+  # release made for this torch instead of replacing it with another.
+  .venv/bin/python -m pip install --quiet -e ".[$extras]" "torch==2.13.0"
 else
   .venv/bin/python -m pip install --quiet -e .
 fi

@@ -54,6 +54,23 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
     sys.dont_write_bytecode = False
 
+# torchvision (timm's dependency, and imported by transformers whenever it is installed) cannot
+# import against the pinned CPU torch here: fixtures/cpu_torchvision/torchvision_cpu.py says why
+# and lets it. Armed in this process; a test of those libraries puts the folder on the PYTHONPATH
+# of what it starts (library_env).
+CPU_TORCHVISION = Path(__file__).parent / "fixtures" / "cpu_torchvision"
+sys.path.insert(0, str(CPU_TORCHVISION))
+import torchvision_cpu  # noqa: E402
+
+torchvision_cpu.install()
+
+
+def library_env() -> dict[str, str]:
+    """The environment of a run that builds a transformers or timm model: this machine's, with one
+    intra-op thread, no Slurm or torchrun variables and torchvision importable (above)."""
+    return train_env(CPU_TORCHVISION)
+
+
 RUN_TIMEOUT_S = 300
 # Training processes running at once during a prefetch (the launcher processes mostly wait).
 MAX_PARALLEL_PROCS = 4

@@ -29,6 +29,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -199,9 +201,23 @@ def test_the_docs_mark_commands_to_run() -> None:
     assert len(BLOCKS) >= 10 and {"README.md", "docs/getting-started.md", "docs/sweeps.md"} <= pages
 
 
+@pytest.fixture
+def users_folder() -> Iterator[Path]:
+    """An empty folder outside /tmp to run a block's commands in, as a user's own folder is: a
+    multi-node submit refuses a run dir under /tmp, which each node has its own of."""
+    FOLDERS.mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(dir=FOLDERS))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+FOLDERS = REPO / ".docs-test-runs"  # git ignores it
+
+
 @pytest.mark.slow  # seconds each: a block may train locally (a few steps) or compose several configs
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.where for block in BLOCKS])
-def test_a_command_the_docs_show_runs(block: Block, tmp_path: Path) -> None:
+def test_a_command_the_docs_show_runs(block: Block, users_folder: Path) -> None:
+    tmp_path = users_folder
     expected = int(block.options.get("exit", "0"))
     add = block.options.get("add", "").split()
     steps = [(block.options["before"], [], 0)] if "before" in block.options else []

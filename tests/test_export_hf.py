@@ -4,13 +4,13 @@ weights. Skipped where transformers is not installed."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import library_env
 
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install transformers)")
 
@@ -32,8 +32,7 @@ GPT2 = [
 
 
 def run(*command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, cwd=cwd, env=library_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -53,10 +52,9 @@ def test_a_hugging_face_model_trains_and_exports_to_its_own_format(tmp_path: Pat
 def test_a_model_that_is_no_hugging_face_model_is_refused(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run(str(BIN / "hpctrain-train"), f"hydra.run.dir={run_dir}", "model=mlp", "trainer.max_steps=2", cwd=tmp_path)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     done = subprocess.run(
         [str(BIN / "hpctrain-export"), str(run_dir), "--hf", str(tmp_path / "hf")],
-        env=env,
+        env=library_env(),
         capture_output=True,
         text=True,
         timeout=300,

@@ -51,6 +51,10 @@ def test_blocks_in_a_sequential_are_units_and_single_layers_are_not(tmp_path: Pa
 
     model = bnnet.BNNet()
     assert [type(u).__name__ for u in units(model, [])] == ["Block", "Block"]
+    # A ResNet's stages of one block each (timm's resnet10t): the block class repeats across them.
+    stages = torch.nn.Sequential(*(torch.nn.Sequential(bnnet.Block(4)) for _ in range(4)), torch.nn.Linear(4, 2))
+    assert [type(u).__name__ for u in units(stages, [])] == ["Block"] * 4
+    assert units(torch.nn.Sequential(torch.nn.Sequential(bnnet.Block(4)), torch.nn.Linear(4, 2)), []) == []
     mlp = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     assert units(mlp, []) == []  # an MLP is one unit, not one per Linear
 

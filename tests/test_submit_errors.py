@@ -53,7 +53,14 @@ def test_bad_value_is_refused_before_anything_is_written(tmp_path: Path) -> None
 def test_a_node_range_whose_sizes_cannot_go_on_at_each_other_is_refused_at_submit(tmp_path: Path) -> None:
     """Micro-batches of one sample cannot be cut equal in number on 3 nodes of a run that started on
     4 (a global batch of 4 on 3 processes: 2 or 1 each): refused now, not at the first node lost."""
-    ranged = ("slurm.nodes=2-4", "trainer.elastic=true", "data.batch_size=1", "dry_run=true")
+    # (tmp_path is under /tmp, which the submit would refuse for a job of several nodes.)
+    ranged = (
+        "slurm.nodes=2-4",
+        "trainer.elastic=true",
+        "data.batch_size=1",
+        "dry_run=true",
+        "slurm.node_local_dirs=[]",
+    )
     done = submit(tmp_path, dict(os.environ), *ranged)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("error: slurm.nodes: nodes 2-4 with 1 process each and data.batch_size=1")
@@ -61,7 +68,7 @@ def test_a_node_range_whose_sizes_cannot_go_on_at_each_other_is_refused_at_submi
     assert "started on 2 (a global batch of 2) it cannot go on on 3" in done.stderr
     assert not (tmp_path / "run").exists()
     # Two samples a micro-batch: every size shares every global batch of the range (3: 2, 1, 1 of 4).
-    fits = submit(tmp_path, dict(os.environ), *ranged[:2], "data.batch_size=2", "dry_run=true")
+    fits = submit(tmp_path, dict(os.environ), *ranged[:2], "data.batch_size=2", *ranged[3:])
     assert fits.returncode == 0, fits.stderr
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from hpctrain.cli.common import (
     write_run_dir,
 )
 from hpctrain.cli.overrides import before_hydra
-from hpctrain.config import to_typed
+from hpctrain.config import Config, to_typed
 from hpctrain.errors import UserError
 from hpctrain.run.exitcodes import CLI_REFUSED, CLI_USER_ERROR
 from hpctrain.run.paths import restrict_umask
@@ -45,6 +46,7 @@ from hpctrain.slurm.jobid import split as split_job_id
 from hpctrain.slurm.times import as_slurm_reads_it
 from hpctrain.submit import sbatch
 from hpctrain.submit.code_snapshot import CodeSnapshot, targets_in
+from hpctrain.submit.shared_dirs import node_local_refusal
 from hpctrain.submit.submission import (
     Point,
     discard_points,
@@ -70,7 +72,7 @@ def prepare_point(cfg: DictConfig, shared_code: CodeSnapshot | None = None, chec
     except ValueError as error:
         discard_if_empty(root)
         fail(str(error))
-    config, run, resolved = write_run_dir(cfg, check)
+    config, run, resolved = write_run_dir(cfg, _with_shared_run_dir(check, root))
     point = Point(config=config, run=run, overrides=list(HydraConfig.get().overrides.task), fresh=fresh)
     try:
         point.code = snapshot_code(point, shared_code, resolved)
@@ -80,6 +82,20 @@ def prepare_point(cfg: DictConfig, shared_code: CodeSnapshot | None = None, chec
             discard_run_dir(run.root)
         fail(str(error))
     return point
+
+
+def _with_shared_run_dir(check: Checker, root: Path) -> Checker:
+    """`check`, then the run dir refused where the job's nodes would each have their own of it."""
+
+    def checked(cfg: DictConfig, task: Sequence[str]) -> tuple[Config, Any]:
+        config, resolved = check(cfg, task)
+        slurm = config.slurm
+        refusal = node_local_refusal(root, slurm.max_nodes + slurm.spare_nodes, slurm.node_local_dirs, run_dir_key())
+        if refusal:
+            raise ValueError(refusal)
+        return config, resolved
+
+    return checked
 
 
 def snapshot_code(point: Point, shared_code: CodeSnapshot | None, resolved: dict[str, Any]) -> CodeSnapshot | None:

@@ -110,6 +110,10 @@ class SlurmConfig:
     array: bool = True
     # Tasks of one array running at once (`--array=0-N%K`); null: no limit but Slurm's.
     array_parallelism: Optional[int] = None
+    # Folders each machine has its own of: a job of more than one node (spares included) whose
+    # run dir is under one is refused at the submit, since every node would write its own run dir.
+    # A site whose /tmp is shared (or a one-machine cluster: the dev cluster) sets [].
+    node_local_dirs: list[str] = field(default_factory=lambda: ["/tmp", "/var/tmp", "/dev/shm"])
     # Copy hpctrain and the config's own `_target_` code into code/ at submit time and import it
     # first in every life of the job, so edits, pulls and reinstalls never reach a queued job.
     code_snapshot: bool = True

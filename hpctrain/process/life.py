@@ -166,11 +166,14 @@ def _stop_before_training(run_dir: Path, ctx: DistContext, reason: StopReason, s
 def spawned(local_rank: int, nprocs: int, store_path: str, run_dir: str, early: EarlySignals | None = None) -> None:
     """A process started by the local launcher (hpctrain.process.local_launch), through hpctrain.worker."""
     try:
-        run(Path(run_dir), DistContext.for_spawn(local_rank, nprocs, store_path), early)
+        reason = run(Path(run_dir), DistContext.for_spawn(local_rank, nprocs, store_path), early)
     except UserError:  # told already; the exit code says so to the launcher
         sys.exit(WORKER_USER_ERROR)
     except fencing.Fenced as fenced:
         _leave_fenced(fenced)
+    # Stopped and saved: the stop's code, as under srun. The launcher may not have had the signal
+    # (one sent to the ranks alone): it learns of the stop from this, never reading 0 as a finish.
+    sys.exit(STOP_TABLE[reason].exit_code if reason else WORKER_FINISHED)
 
 
 def main(run_dir: Path, early: EarlySignals) -> None:

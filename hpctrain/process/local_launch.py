@@ -16,6 +16,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
@@ -24,8 +25,10 @@ from hpctrain.errors import UserError
 from hpctrain.process import door as worker
 from hpctrain.process.early_signals import EarlySignals
 from hpctrain.process.steprun import world_rank
-from hpctrain.run.causes import StopReason, signal_of
+from hpctrain.run.causes import STOP_TABLE, StopReason, signal_of
+from hpctrain.run.events import Stop, read_events
 from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_USER_ERROR
+from hpctrain.run.paths import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +74,28 @@ def launch_local(
     with tempfile.TemporaryDirectory(prefix="hpctrain-rdzv-") as rendezvous:
         store = os.path.join(rendezvous, "store")
         log.info("spawning %d processes", nprocs)
-        return _run_ranks(nprocs, store, run_dir, (signal.SIGTERM, signal.SIGINT, timelimit), early)
+        ended = _run_ranks(nprocs, store, run_dir, (signal.SIGTERM, signal.SIGINT, timelimit), early)
+    if ended.received:
+        return ended.received[0]
+    if ended.stopped:  # for a signal sent to the ranks alone: the stop they agreed on says which
+        stops = [e for e in read_events(RunDir(run_dir).events) if isinstance(e, Stop)]
+        return signal_of_stop(stops[-1].reason if stops else StopReason.PREEMPT)
+    return None
 
 
-def _run_ranks(
-    nprocs: int, store: str, run_dir: Path, forwarded: tuple[int, ...], early: EarlySignals | None
-) -> int | None:
+# What a spawned rank exits with after a stop it saved for (hpctrain.process.life.spawned).
+_STOP_CODES = frozenset(entry.exit_code for entry in STOP_TABLE.values())
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How the spawned ranks ended, all of them having exited without failing."""
+
+    received: list[int]  # the stop signals this launcher had and forwarded, in order
+    stopped: bool  # the ranks stopped and saved (their stop's exit code), whatever sent the signal
+
+
+def _run_ranks(nprocs: int, store: str, run_dir: Path, forwarded: tuple[int, ...], early: EarlySignals | None) -> Ended:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["hpctrain.process.rank_server"])
     ranks = [
@@ -109,34 +128,34 @@ def _run_ranks(
             send(signum)
         if early is not None:
             early.hand_over(set(forwarded), lambda signum, arrived_at: forward(signum, None))
-        failed = _wait_all(ranks)
+        stopped = _wait_all(ranks)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    if failed is not None:
-        index, exit_code = failed
-        if exit_code == WORKER_USER_ERROR:  # the rank told why, as one error line
-            raise UserError(f"training process {index} refused the run")
-        raise RankFailed(index, exit_code)
-    return received[0] if received else None
+    return Ended(received, stopped)
 
 
-def _wait_all(ranks: Sequence[BaseProcess]) -> tuple[int, int] | None:
-    """Wait for every rank; at the first that fails, end the others. Returns (index, exit code)
-    of the first failure, or None when all ended with 0."""
+def _wait_all(ranks: Sequence[BaseProcess]) -> bool:
+    """Wait for every rank; at the first that fails, end the others and raise. Returns whether
+    they stopped and saved for a signal (their stop's exit code) rather than finished."""
     waiting = {rank.sentinel: i for i, rank in enumerate(ranks)}
+    stopped = False
     while waiting:
         # A timeout, so a signal's handler runs within a second whatever the platform does.
         for sentinel in multiprocessing.connection.wait(list(waiting), timeout=1.0):
             index = waiting.pop(sentinel)  # type: ignore[arg-type]
             ranks[index].join()
             exit_code = ranks[index].exitcode or 0
-            if exit_code != 0:
+            if exit_code in _STOP_CODES:
+                stopped = True
+            elif exit_code != 0:
                 # After a hang the others are stuck in the same collective (or stopped, as the
                 # silent peer that caused it): a SIGTERM cannot reach their handlers, so no grace.
                 _end_the_others(ranks, 0.0 if exit_code == WORKER_HUNG else FAILED_RANK_GRACE_S)
-                return index, exit_code
-    return None
+                if exit_code == WORKER_USER_ERROR:  # the rank told why, as one error line
+                    raise UserError(f"training process {index} refused the run")
+                raise RankFailed(index, exit_code)
+    return stopped
 
 
 def _end_the_others(ranks: Sequence[BaseProcess], grace_s: float) -> None:

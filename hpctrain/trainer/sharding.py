@@ -47,22 +47,35 @@ def units(model: nn.Module, names: list[str]) -> list[nn.Module]:
             )
         found = [m for m in model.modules() if type(m).__name__ in names and m is not model]
     else:
-        containers = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
-        found = [child for container in containers for child in _blocks(container)]
+        found = _blocks([m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential))])
     # A unit inside another unit is sharded first (FSDP wants the inner ones wrapped before).
     return sorted(found, key=lambda m: -_depth(model, m))
 
 
-def _blocks(container: nn.Module) -> list[nn.Module]:
-    """A container's children that are blocks: every child of a ModuleList; in a Sequential, the
-    children whose class repeats there (not a Sequential's lone layers: a head, a norm)."""
-    children = [child for child in container.children() if any(True for _ in child.parameters())]
-    if isinstance(container, nn.ModuleList):
-        return children
+def _blocks(containers: list[nn.Module]) -> list[nn.Module]:
+    """The containers' children that are blocks: every child of a ModuleList; in a Sequential,
+    the children whose class repeats among all the containers' children (a ResNet's stages of one
+    block each still hold four blocks of one class), never single layers (a head, a norm) nor
+    containers (a stage: its blocks are the units)."""
+    held = [
+        (container, child)
+        for container in containers
+        for child in container.children()
+        if any(True for _ in child.parameters())
+    ]
     counts: dict[type, int] = {}
-    for child in children:
+    for _, child in held:
         counts[type(child)] = counts.get(type(child), 0) + 1
-    return [child for child in children if counts[type(child)] > 1 and not isinstance(child, _LEAF_LAYERS)]
+    return [
+        child
+        for container, child in held
+        if isinstance(container, nn.ModuleList)
+        or (counts[type(child)] > 1 and not isinstance(child, _LEAF_LAYERS + _CONTAINERS))
+    ]
+
+
+# A container is no block of its own: its children are looked at instead (a stage of blocks).
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
 
 # Single layers are no unit of their own: a Sequential of Linear layers is an MLP, one unit.
