@@ -17,6 +17,9 @@
   hpctrain-cancel to look at). In a console block each `error: ...` line shown under a command must
   be a line of what it printed (`...` standing for anything), unless `output=no`. A command that
   could queue a job must say so (`dry_run=true`, `--dry-run`): no job is ever submitted.
+- A page that builds files (`<!-- docs-test: file=PATH -->` above a block: its text is written to
+  PATH) is walked as a reader follows it: its marked blocks, files and commands, in page order,
+  all in one folder (docs/first-hour.md).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 MARK = re.compile(r"^<!-- docs-test:(?P<options>.*)-->\s*$")
-OPTIONS = {"exit", "only", "add", "before", "output"}
+OPTIONS = {"exit", "only", "add", "before", "output", "file"}
 HYDRA_APPS = ("hpctrain-train", "hpctrain-submit", "hpctrain-tune")
 MAY_QUEUE = ("hpctrain-submit", "hpctrain-tune", "hpctrain-cancel")
 
@@ -115,6 +118,7 @@ class Block:
     where: str  # page:line of the marker
     commands: list[tuple[str, list[str]]]  # (command line, error lines shown under it)
     options: dict[str, str] = field(default_factory=dict)
+    text: str = ""  # a file block's text, written to options["file"]
 
 
 def runnable_blocks() -> list[Block]:
@@ -130,7 +134,11 @@ def runnable_blocks() -> list[Block]:
             assert set(options) <= OPTIONS, f"{where}: unknown options {set(options) - OPTIONS}"
             assert lines[number + 1].startswith("```"), f"{where}: a docs-test mark must sit right above a code block"
             end = next(i for i in range(number + 2, len(lines)) if lines[i].startswith("```"))
-            blocks.append(Block(where, commands_of(lines[number + 2 : end]), options))
+            body = lines[number + 2 : end]
+            if "file" in options:
+                blocks.append(Block(where, [], options, "".join(line + "\n" for line in body)))
+            else:
+                blocks.append(Block(where, commands_of(body), options))
     return blocks
 
 
@@ -193,7 +201,11 @@ def shown(line: str, output: str) -> bool:
     return any(re.fullmatch(pattern, printed.strip()) for printed in output.splitlines())
 
 
-BLOCKS = runnable_blocks()
+ALL_BLOCKS = runnable_blocks()
+# Pages that build files are walked whole (test_a_page_that_builds_files_runs_as_read); the
+# blocks of the other pages run each on its own.
+WALKED = sorted({b.where.split(":")[0] for b in ALL_BLOCKS if "file" in b.options})
+BLOCKS = [b for b in ALL_BLOCKS if b.where.split(":")[0] not in WALKED]
 
 
 def test_the_docs_mark_commands_to_run() -> None:
@@ -217,7 +229,29 @@ FOLDERS = REPO / ".docs-test-runs"  # git ignores it
 @pytest.mark.slow  # seconds each: a block may train locally (a few steps) or compose several configs
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.where for block in BLOCKS])
 def test_a_command_the_docs_show_runs(block: Block, users_folder: Path) -> None:
-    tmp_path = users_folder
+    run_block(block, users_folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", WALKED)
+def test_a_page_that_builds_files_runs_as_read(page: str, users_folder: Path) -> None:
+    blocks = [b for b in ALL_BLOCKS if b.where.split(":")[0] == page]
+    assert any(b.commands for b in blocks), f"{page}: files but no command to run with them"
+    for block in blocks:
+        if "file" in block.options:
+            path = users_folder / block.options["file"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(block.text)
+        else:
+            run_block(block, users_folder)
+
+
+def test_the_first_hour_page_is_walked() -> None:
+    assert "docs/first-hour.md" in WALKED
+
+
+def run_block(block: Block, tmp_path: Path) -> None:
+    """Every command of `block`, in order, in `tmp_path`, with its options."""
     expected = int(block.options.get("exit", "0"))
     add = block.options.get("add", "").split()
     steps = [(block.options["before"], [], 0)] if "before" in block.options else []

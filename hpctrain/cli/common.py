@@ -93,7 +93,7 @@ def write_run_dir(cfg: DictConfig, check: Checker = to_typed) -> tuple[Config, R
     plain = resolved if isinstance(resolved, dict) else OmegaConf.to_container(resolved, enum_to_str=True)
     assert isinstance(plain, dict)  # a DictConfig's container is a dict
     plain = cast(dict[str, Any], plain)  # its keys are config keys
-    _write_overrides(run, hydra_cfg.overrides.task)
+    _write_overrides(run, hydra_cfg.overrides.task, _config_dirs(hydra_cfg))
     save_resolved(plain, run.config)
     lock.announce(run)
     if replanned:
@@ -103,16 +103,30 @@ def write_run_dir(cfg: DictConfig, check: Checker = to_typed) -> tuple[Config, R
     return config, run, plain
 
 
-def _write_overrides(run: RunDir, task: Sequence[str]) -> None:
-    """The accepted command line's overrides in .hydra/overrides.yaml, as Hydra wrote them (a
-    resume reads them: hpctrain.cli.resume), written only once nothing refused the command."""
+def _write_overrides(run: RunDir, task: Sequence[str], config_dirs: Sequence[str]) -> None:
+    """The accepted command line's overrides in .hydra/overrides.yaml, as Hydra wrote them, and its
+    `--config-dir` (a resume reads both: hpctrain.cli.resume), written only once nothing refused
+    the command."""
     from hpctrain.config import resolved_yaml
 
-    folder = run.root / ".hydra"
-    folder.mkdir(exist_ok=True)
-    tmp = folder / "overrides.yaml.tmp"
-    tmp.write_text(resolved_yaml([str(line) for line in task]))
-    tmp.replace(folder / "overrides.yaml")
+    run.overrides.parent.mkdir(exist_ok=True)
+    written = {run.overrides: [str(line) for line in task], run.config_dirs: list(config_dirs)}
+    for path, lines in written.items():
+        if path == run.config_dirs and not lines:
+            path.unlink(missing_ok=True)
+            continue
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(resolved_yaml(lines))
+        tmp.replace(path)
+
+
+def _config_dirs(hydra_cfg: Any) -> list[str]:
+    """The folder given with `--config-dir`, absolute (Hydra lists it as a command-line source)."""
+    return [
+        str(source.path).removeprefix("file://")
+        for source in hydra_cfg.runtime.config_sources
+        if source.provider == "command-line" and str(source.schema) == "file"
+    ]
 
 
 class MakeRunDir(Callback):

@@ -63,15 +63,27 @@ def _expand_resume(args: list[str]) -> list[str]:
         fail(f"{RESUME_FLAG} {run_dir}: no run there (no config.yaml); name a run dir hpctrain wrote")
     rest = args[:at] + args[at + 2 :]
     given = {_key(a) for a in rest if "=" in a and not a.startswith("-")}
-    own = []
-    overrides_file = run_dir / ".hydra" / "overrides.yaml"
-    if overrides_file.is_file():
-        try:
-            listed = yaml.safe_load(overrides_file.read_text()) or []
-        except yaml.YAMLError as error:
-            fail(f"{overrides_file} is unreadable ({str(error).splitlines()[0]}); resume with hydra.run.dir={run_dir}")
-        own = [str(line) for line in listed if _key(str(line)) not in given and not _names_run_dir(str(line))]
-    return [*own, *(a for a in rest if not _names_run_dir(a)), f"hydra.run.dir={run_dir}"]
+    listed = _listed(run.overrides, run_dir)
+    own = [str(line) for line in listed if _key(str(line)) not in given and not _names_run_dir(str(line))]
+    # The run's own options of a --config-dir (model=mynet) are found there again, unless this
+    # line names a config dir of its own.
+    dirs = [] if _gives_config_dir(rest) else [f"--config-dir={folder}" for folder in _listed(run.config_dirs, run_dir)]
+    return [*dirs, *own, *(a for a in rest if not _names_run_dir(a)), f"hydra.run.dir={run_dir}"]
+
+
+def _listed(path: Path, run_dir: Path) -> list[str]:
+    """The YAML list in `path` ([] when there is none)."""
+    if not path.is_file():
+        return []
+    try:
+        listed = yaml.safe_load(path.read_text()) or []
+    except yaml.YAMLError as error:
+        fail(f"{path} is unreadable ({str(error).splitlines()[0]}); resume with hydra.run.dir={run_dir}")
+    return [str(line) for line in listed]
+
+
+def _gives_config_dir(args: Sequence[str]) -> bool:
+    return any(a in ("--config-dir", "-cd") or a.startswith(("--config-dir=", "-cd=")) for a in args)
 
 
 def _run_dir(args: Sequence[str]) -> Path | None:

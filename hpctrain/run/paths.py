@@ -62,6 +62,17 @@ class RunDir:
         return self.root / "metrics.jsonl"
 
     @property
+    def overrides(self) -> Path:
+        """The accepted command line's overrides, as Hydra writes them (a YAML list)."""
+        return self.root / ".hydra" / "overrides.yaml"
+
+    @property
+    def config_dirs(self) -> Path:
+        """The `--config-dir` the run was started with, absolute (a YAML list; absent: none), so
+        `--resume` finds the user's own options again."""
+        return self.root / ".hydra" / "config_dirs.yaml"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
