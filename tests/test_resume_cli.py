@@ -78,3 +78,29 @@ def test_elastic_may_be_turned_on_at_the_resume_that_resizes(tmp_path: Path) -> 
     # Turned off again at another size: refused, naming the key.
     back = train("--resume", str(run_dir), "trainer.elastic=false", "trainer.nprocs=1", "trainer.max_steps=10")
     assert back.returncode == 2 and "trainer.elastic=true" in back.stderr, back.stderr[-2000:]
+
+
+def test_resume_finds_the_runs_own_config_dir(tmp_path: Path) -> None:
+    """A run started with `--config-dir myconf model=mynet` resumes by `--resume RUN_DIR` alone,
+    from another folder: its options are found in its config dir again (.hydra/config_dirs.yaml)."""
+    (tmp_path / "myconf" / "model").mkdir(parents=True)
+    (tmp_path / "myconf" / "model" / "mynet.yaml").write_text("_target_: hpctrain.models.mlp.MLP\nhidden: [16]\n")
+    run_dir = tmp_path / "run"
+    first = train(
+        "--config-dir",
+        str(tmp_path / "myconf"),
+        "model=mynet",
+        f"hydra.run.dir={run_dir}",
+        "trainer.max_steps=4",
+        *QUICK,
+    )
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert (run_dir / ".hydra" / "config_dirs.yaml").read_text() == f"- {tmp_path / 'myconf'}\n"
+    longer = train("--resume", str(run_dir), "trainer.max_steps=6")
+    assert longer.returncode == 0, longer.stderr[-2000:]
+    assert last_step(run_dir) == 6
+    assert [e["resumed_from_step"] for e in events(run_dir, "start")] == [0, 4]
+    # A run started without one has no such file.
+    plain = tmp_path / "plain"
+    assert train(f"hydra.run.dir={plain}", "model=mlp", "trainer.max_steps=2", *QUICK).returncode == 0
+    assert not (plain / ".hydra" / "config_dirs.yaml").exists()
