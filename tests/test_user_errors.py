@@ -59,6 +59,17 @@ BAD_INPUT = {
     "wrong-type": (["data.batch_size=abc"], 2, ["error: data.batch_size=abc: must be an integer"]),
     "negative-batch": (["data.batch_size=-3"], 2, ["error: data.batch_size: must be >= 1 (got -3)"]),
     "unknown-argument": (["+model.foo=1"], 2, ["error: model.foo:", "takes no argument 'foo'"]),
+    "mistyped-argument": (["+model.hiden=1"], 2, ["takes no argument 'hiden'", "did you mean model.hidden?"]),
+    # A key of the new class, set plainly on a line that swaps the class: + adds it (the group's
+    # keys are the old class's, so none of them is offered).
+    "key-of-a-swapped-class": (
+        ["model._target_=torch.nn.Linear", "model.in_features=4"],
+        2,
+        [
+            "error: model.in_features: no such key in model=convnet, whose class this line replaces with "
+            "torch.nn.Linear: an argument of torch.nn.Linear is added with +model.in_features=4"
+        ],
+    ),
     "newline": (["slurm.job_name='a\nb'"], 2, ["error: slurm.job_name: must be a single line"]),
     "no-dataset-path": (["data=token_file"], 2, ["error: data.dataset.path: no value"]),
     "missing-dataset": (

@@ -95,6 +95,15 @@ def mistyped_key(argv: Sequence[str]) -> str | None:
             continue
         if known is None or _under_a_dict(key, known):
             continue
+        group = key.split(".", 1)[0]
+        target = _target_set(overrides, group)
+        if target is not None and group in TARGET_GROUPS:
+            # The group's keys are the old model's: close ones would mislead. The new class's own
+            # arguments are checked against its signature once added (hpctrain.config.targets).
+            return (
+                f"{key}: no such key in {where}, whose class this line replaces with {target}: an "
+                f"argument of {target} is added with +{override}"
+            )
         close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
         added = (
@@ -103,6 +112,15 @@ def mistyped_key(argv: Sequence[str]) -> str | None:
             else ""
         )
         return f"{key}: no such key{f' in {where}' if where else ''}{hint}{added}"
+    return None
+
+
+def _target_set(overrides: Sequence[str], group: str) -> str | None:
+    """The `_target_` the line gives `group` (model._target_=mypkg.Net), or None."""
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+") == f"{group}._target_":
+            return value
     return None
 
 

@@ -11,6 +11,7 @@ hpctrain.errors.ArgumentError. It must be cheap: it runs for every point of a sw
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -79,9 +80,11 @@ def check(node: Mapping[str, Any], key: str, positional: int = 0, injected: Sequ
     if not _takes_any_keyword(sig):
         unknown = [name for name in kwargs if name not in sig.parameters]
         if unknown:
+            close = difflib.get_close_matches(unknown[0], accepted, n=1, cutoff=0.6)
+            meant = f"did you mean {key}.{close[0]}? " if close else ""
             raise ValueError(
                 f"{key}.{unknown[0]}: {node['_target_']} takes no argument {unknown[0]!r} "
-                f"(it takes: {', '.join(accepted)}); remove it with ~{key}.{unknown[0]}"
+                f"(it takes: {', '.join(accepted)}); {meant}remove it with ~{key}.{unknown[0]}"
             )
     supplied = {name: None for name in injected if name in sig.parameters}
     try:
