@@ -34,7 +34,7 @@ from hpctrain.recovery.facts import (
     Requested,
     parse_sinfo_nodes,
 )
-from hpctrain.recovery.history import saved_for
+from hpctrain.recovery.history import lives_without_progress, saved_for
 from hpctrain.recovery.judge import classify
 from hpctrain.run import exitcodes
 from hpctrain.run.causes import Action, Cause, CheckpointReason, StopReason
@@ -1394,3 +1394,76 @@ def test_launches_again_count_against_no_budget() -> None:
     budgets = Budgets({**DEFAULTS, "timelimit": 1}, max_restarts=1)
     decision = decide(history, Outcome(exit_code=75, nodes_wanted=2, signal_delay_s=30.0), cluster, budgets)
     assert [_named(e) for e in decision.events] == ["requeue:timelimit"], decision.message
+
+
+# ---- no progress: lives in a row that end in a failure without a newer checkpoint ----------------
+
+
+def life(restart: int, resumed_from: int, *checkpoints: int, ended: str | None = None) -> list[Event]:
+    """One life: its start, its checkpoints, and the requeue it ended with (None: this life)."""
+    t = 1000.0 * (restart + 1)
+    events: list[Event] = [
+        Start(time=t, job_id=JOB, restart=restart, nodes=["node1"], world_size=1, resumed_from_step=resumed_from)
+    ]
+    events += [ckpt(step, "periodic", t + i + 1) for i, step in enumerate(checkpoints)]
+    if ended:
+        events.append(Requeue(time=t + 500, job_id=JOB, restart=restart, cause=Cause(ended)))
+    return events
+
+
+NO_PROGRESS_ROWS = {
+    # (the lives before this one, this one's checkpoints, its cause) -> lives in a row without progress
+    "a first life that crashed": ([], (), "crash", 1),
+    "a crash at every resume, the third": ([life(0, 0, 20, ended="crash"), life(1, 20, ended="crash")], (), "crash", 2),
+    "three crashes after the last checkpoint": (
+        [life(0, 0, 20, ended="crash"), life(1, 20, ended="crash"), life(2, 20, ended="hang")],
+        (),
+        "crash",
+        3,
+    ),
+    "a life that wrote a newer checkpoint ends the row": (
+        [life(0, 0, ended="crash"), life(1, 0, 20, ended="crash")],
+        (),
+        "crash",
+        1,
+    ),
+    "this life wrote a newer checkpoint": ([life(0, 0, ended="crash"), life(1, 0, ended="hang")], (20,), "crash", 0),
+    "a checkpoint no newer than the newest is no progress": (
+        [life(0, 0, 20, ended="crash"), life(1, 20, ended="crash")],
+        (20,),
+        "crash",
+        2,
+    ),
+    "preemptions without a save are skipped, not counted": (
+        [life(0, 0, ended="crash"), life(1, 0, ended="preempt"), life(2, 0, ended="timelimit")],
+        (),
+        "node_failure",
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("row", NO_PROGRESS_ROWS.values(), ids=NO_PROGRESS_ROWS.keys())
+def test_lives_without_progress(row: tuple) -> None:
+    before, checkpoints, cause, expected = row
+    restart = len(before)
+    events = [e for lived in before for e in lived] + life(restart, 0 if not before else 20, *checkpoints)
+    assert lives_without_progress(events, (JOB, restart), Cause(cause)) == expected
+
+
+def test_the_third_life_in_a_row_without_progress_stops_the_run() -> None:
+    # Life 0 wrote step 20; lives 1, 2 and this one (3) never got past it.
+    before = [life(0, 0, 20, ended="crash"), life(1, 20, ended="crash"), life(2, 20, ended="hang")]
+    events = (*(e for lived in before for e in lived), *life(3, 20))
+    history = History(JOB, 3, events, events[-1:])
+    cluster = ClusterView(sinfo("idle"), ("node1",), ("node1",), 3000.0)
+    budgets = {**DEFAULTS, "crash": 5, "hang": 5}  # every budget left: only the row stops it
+    outcome = Outcome(exit_code=1, nodes_wanted=1, signal_delay_s=30.0)
+    stopped = decide(history, outcome, cluster, Budgets(budgets, None, no_progress_lives=3))
+    assert stopped.action is Action.FAIL and stopped.ends_run
+    assert [_named(e) for e in stopped.events] == ["failure:crash", "failure:no_progress"]
+    assert stopped.events[-1].reason == "3 lives in a row ended (crash this one) without a newer checkpoint"
+    # Off (0), or one life more allowed: requeued as before.
+    for lives in (0, 4):
+        again = decide(history, outcome, cluster, Budgets(budgets, None, no_progress_lives=lives))
+        assert again.action is Action.REQUEUE, again.message

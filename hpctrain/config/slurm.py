@@ -152,6 +152,11 @@ class SlurmConfig:
         }
     )
 
+    # Lives in a row that may end in a failure (a crash, a hang, a lost node) without writing a
+    # checkpoint newer than any before them; at that many the run stops (a `failure` with cause
+    # no_progress) instead of being requeued again. Preemptions and time limits never count. 0: off.
+    no_progress_lives: int = 3
+
     @property
     def min_nodes(self) -> int:
         """The fewest training nodes a step runs on (slurm.nodes, or the low end of its range)."""
@@ -168,7 +173,7 @@ class SlurmConfig:
         return self.min_nodes < self.max_nodes
 
     def __post_init__(self) -> None:
-        for key in ("spare_nodes", "max_restarts"):
+        for key in ("spare_nodes", "max_restarts", "no_progress_lives"):
             value = getattr(self, key)
             require(value is None or value >= 0, f"slurm.{key}", f"must be >= 0 (got {value})")
         for cause, budget in self.restart_budget.items():

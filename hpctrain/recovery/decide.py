@@ -31,6 +31,7 @@ from hpctrain.recovery.history import (
     is_failure,
     launches_lost,
     lineage,
+    lives_without_progress,
     marks,
     over_budget,
     previous_life,
@@ -136,6 +137,13 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
                 f"relaunch on {','.join(again.nodes)} ({cause.value})",
                 step_nodes=len(again.nodes),
             )
+    stalled = lives_without_progress(history.events, (history.job_id, history.restart), cause)
+    if budgets.no_progress_lives and stalled >= budgets.no_progress_lives:
+        # Each requeue costs a queue wait and spends a budget one life at a time: a run that
+        # cannot get past its newest checkpoint stops now, and says so.
+        why = f"{stalled} lives in a row ended ({cause.value} this one) without a newer checkpoint"
+        written.append(Failure(**mark, cause=Cause.NO_PROGRESS, reason=why, action=Action.FAIL.value))
+        return Decision(Action.FAIL, tuple(written), message=why)
     shaped, nodes = requeue_shape(kept_out, outcome, cluster)
     excluded = sorted(shaped)
     written.append(Requeue(**mark, cause=cause, excluded=excluded, nodes=nodes))

@@ -173,10 +173,12 @@ class JobEnd:
 
 @dataclass(frozen=True)
 class Budgets:
-    """slurm.restart_budget per cause, and slurm.max_restarts in all (None: their sum)."""
+    """slurm.restart_budget per cause, and slurm.max_restarts in all (None: their sum);
+    slurm.no_progress_lives (0: never stop for that)."""
 
     per_cause: dict[str, int]
     max_restarts: int | None = None
+    no_progress_lives: int = 0
 
     @property
     def total(self) -> int:

@@ -84,7 +84,7 @@ class Gatherer:
     # ---- the run dir and the config ----------------------------------------------------------
 
     def budgets(self) -> Budgets:
-        return Budgets(dict(self.slurm.restart_budget), self.slurm.max_restarts)
+        return Budgets(dict(self.slurm.restart_budget), self.slurm.max_restarts, self.slurm.no_progress_lives)
 
     def history(self, launched_at: float | None = None) -> History:
         events = lineage(read_events(self.run.events), self.job_id)

@@ -65,7 +65,7 @@ class Guardian:
         self.run = RunDir(run_dir)
         self.job_id = job_id
         slurm = slurm_settings(self.run.config)
-        self.budgets = Budgets(dict(slurm.restart_budget), slurm.max_restarts)
+        self.budgets = Budgets(dict(slurm.restart_budget), slurm.max_restarts, slurm.no_progress_lives)
         self.journal = Journal(self.run.events)
         self.user_exclude = tuple(expand(slurm.exclude)) if slurm.exclude else ()
         self.started = time.monotonic()

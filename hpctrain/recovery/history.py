@@ -96,6 +96,43 @@ def checkpoint_interval_s(events: Sequence[Event]) -> float | None:
     return statistics.median(gaps) if gaps else None
 
 
+# Lives that end for these made no mistake of the run's: they never count as lives without
+# progress (nor break a row of them). A preemption or the time limit without a save (GraceTime 0)
+# loses the life's steps by the site's doing; a launch that started no task trained nothing.
+_NOT_THE_RUNS = (Cause.PREEMPT, Cause.TIMELIMIT, Cause.LAUNCH)
+
+
+def lives_without_progress(events: Sequence[Event], this_life: tuple[str, int], ending_for: Cause) -> int:
+    """The run's lives in a row, newest last, that ended in a failure without a checkpoint newer
+    than every one before them; `this_life` (job id, restart), ending now for `ending_for`, is the
+    newest. A life is what one start of the batch script trains, its relaunches included; a life
+    that wrote such a checkpoint ends the row, one ended for a cause in _NOT_THE_RUNS is skipped."""
+    lives: dict[tuple[str | None, int | None], list] = {}  # life -> [made progress, ended for]
+    newest: int | None = None
+    current: tuple[str | None, int | None] | None = None
+    for event in events:
+        if isinstance(event, Start):
+            current = (event.job_id, event.restart)
+            lives.setdefault(current, [False, None])
+            newest = event.resumed_from_step if newest is None else newest
+        elif isinstance(event, Checkpoint) and current is not None:
+            if newest is None or event.step > newest:
+                newest = event.step
+                lives[current][0] = True
+        elif isinstance(event, Requeue) and (event.job_id, event.restart) in lives:
+            lives[(event.job_id, event.restart)][1] = event.cause
+    if this_life in lives:
+        lives[this_life][1] = ending_for
+    row = 0
+    for progressed, ended_for in reversed(list(lives.values())):
+        if progressed:
+            break
+        if ended_for is None or ended_for in _NOT_THE_RUNS:
+            continue
+        row += 1
+    return row
+
+
 def silent_nodes(since: Sequence[Event]) -> set[str]:
     """The nodes the batch script's heartbeat watcher declared silent in this step."""
     return {node for e in since if isinstance(e, Silent) for node in e.nodes}

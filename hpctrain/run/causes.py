@@ -91,6 +91,9 @@ class Cause(Word):
     # The step's srun started no task (slurmctld away, or the step refused): nothing of the run
     # failed; launched again, charged to no budget (hpctrain.run.launch_marks).
     LAUNCH = "launch"
+    # Lives in a row (slurm.no_progress_lives) ended by a failure without a checkpoint newer than
+    # any before them: a crash at every resume, a hang then a crash. The run stops; nothing retries.
+    NO_PROGRESS = "no_progress"
 
 
 # Causes that restart the job, each with its own budget (slurm.restart_budget.<cause>).
