@@ -280,6 +280,30 @@ class Released(Event):
     by: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Straggler(Event):
+    """Ranks persistently slower than their peers at the work of a step that waits on no one
+    (hpctrain.trainer.stragglers): written once when the episode begins."""
+
+    name: ClassVar[str] = "straggler"
+    step: int  # the step that ended the window that found them
+    ranks: list[int]
+    nodes: list[str]  # the ranks' nodes, in the same order
+    slowdown: list[float]  # each rank's time over its peers' median, in the same order
+    window_steps: int  # the steps each rank's time is the median of
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerCleared(Event):
+    """Ranks named by a `straggler` that are no longer slower than the threshold."""
+
+    name: ClassVar[str] = "straggler_cleared"
+    step: int
+    ranks: list[int]
+    nodes: list[str]
+    window_steps: int
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.name: cls
     for cls in (
@@ -298,6 +322,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Pruned,
         Trial,
         Released,
+        Straggler,
+        StragglerCleared,
     )
 }
 

@@ -1,0 +1,63 @@
+"""Which ranks are stragglers: persistently slower than their peers at work that waits on no one.
+
+A slow rank slows every step of the job (its peers wait for it in the gradient all-reduce), so a
+step's wall time is the same on every rank and names no one. What differs is the work before the
+first collective of a step: the forward passes and the losses of its micro-batches. Each rank times
+that (hpctrain.trainer.step), and every `window` steps the ranks gather the median of their last
+window (one small all-gather); a rank whose median is over `threshold` times its peers' median (the
+other ranks') is a straggler. The median keeps one slow step (a first step that compiles, a step
+beside a checkpoint's write) from flagging anyone; an evaluation is not timed at all.
+
+An episode is journaled once: `straggler` when ranks become slow, `straggler_cleared` when they are
+no longer. The functions here are pure: tests/test_stragglers.py is their table.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+def slowdowns(medians: Sequence[float], threshold: float) -> dict[int, float]:
+    """The ranks (index into `medians`, one per rank) slower than `threshold` times the median of
+    their peers, with their time over that median. One rank alone has no peers: none."""
+    found: dict[int, float] = {}
+    if len(medians) < 2:
+        return found
+    for rank, own in enumerate(medians):
+        peers = statistics.median([m for i, m in enumerate(medians) if i != rank])
+        if peers > 0 and own > threshold * peers:
+            found[rank] = round(own / peers, 3)
+    return found
+
+
+@dataclass
+class Episodes:
+    """The ranks named slow so far: what to journal as a window's verdicts come in."""
+
+    named: set[int] = field(default_factory=set)
+
+    def update(self, slow: dict[int, float]) -> tuple[dict[int, float], list[int]]:
+        """(ranks that became slow, with their slowdown; ranks no longer slow) for this window."""
+        began = {rank: x for rank, x in slow.items() if rank not in self.named}
+        ended = sorted(self.named - set(slow))
+        self.named = set(slow)
+        return began, ended
+
+
+class Window:
+    """One rank's timings of its steps' own work, and their median when a window is full."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.times: list[float] = []
+
+    def add(self, seconds: float) -> float | None:
+        """Add one step's time; the window's median once it holds `steps` of them (then it starts again)."""
+        self.times.append(seconds)
+        if len(self.times) < self.steps:
+            return None
+        median = statistics.median(self.times)
+        self.times = []
+        return median

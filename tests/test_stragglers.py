@@ -1,0 +1,68 @@
+"""Stragglers as a table (hpctrain.trainer.stragglers): which ranks are slower than their peers,
+and when an episode begins and ends."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpctrain.run.events import Straggler, StragglerCleared, from_record
+from hpctrain.trainer.stragglers import Episodes, Window, slowdowns
+
+ROWS = {
+    # (each rank's median seconds of its own work, threshold) -> slow ranks and their slowdown
+    "all alike": ([0.10, 0.10, 0.11, 0.10], 1.3, {}),
+    "one rank 1.5x among 2": ([0.10, 0.15], 1.3, {1: 1.5}),
+    "one rank 1.3x is not over 1.3x": ([0.10, 0.13], 1.3, {}),
+    "one rank 1.35x among 8": ([0.1] * 7 + [0.135], 1.3, {7: 1.35}),
+    "two slow ranks among 8": ([0.1, 0.2, 0.1, 0.1, 0.1, 0.1, 0.2, 0.1], 1.3, {1: 2.0, 6: 2.0}),
+    "the fast one of 2 is no straggler": ([0.30, 0.10], 1.3, {0: 3.0}),
+    "one rank alone": ([0.5], 1.3, {}),
+    "peers that took no time: nothing to compare with": ([0.0, 0.0, 0.2], 1.3, {}),
+}
+
+
+@pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
+def test_slowdowns(row: tuple) -> None:
+    medians, threshold, expected = row
+    assert slowdowns(medians, threshold) == expected
+
+
+def test_an_episode_is_journaled_once_and_its_end_once() -> None:
+    episodes = Episodes()
+    assert episodes.update({}) == ({}, [])
+    assert episodes.update({3: 1.5}) == ({3: 1.5}, [])
+    assert episodes.update({3: 1.6}) == ({}, [])  # still slow: nothing new
+    assert episodes.update({3: 1.6, 5: 1.4}) == ({5: 1.4}, [])
+    assert episodes.update({5: 1.4}) == ({}, [3])
+    assert episodes.update({}) == ({}, [5])
+    assert episodes.update({}) == ({}, [])
+
+
+def test_one_slow_step_in_a_window_flags_no_one() -> None:
+    """A first step that compiles, a step beside a checkpoint's write: the median ignores it."""
+    window = Window(5)
+    medians = [window.add(t) for t in (3.0, 0.1, 0.1, 0.1, 0.1)]
+    assert medians[:4] == [None] * 4 and medians[4] == 0.1
+    assert slowdowns([medians[4], 0.1], 1.3) == {}
+    assert [window.add(0.2) for _ in range(5)][-1] == 0.2  # a new window starts after each
+
+
+def test_the_events_read_back_whole() -> None:
+    began = Straggler(
+        time=1.0, job_id="7", restart=0, step=40, ranks=[1], nodes=["n2"], slowdown=[1.5], window_steps=20
+    )
+    record = began.to_record()
+    assert record == {
+        "event": "straggler",
+        "time": 1.0,
+        "job_id": "7",
+        "restart": 0,
+        "step": 40,
+        "ranks": [1],
+        "nodes": ["n2"],
+        "slowdown": [1.5],
+        "window_steps": 20,
+    }
+    assert from_record(record) == began
+    cleared = StragglerCleared(time=2.0, step=60, ranks=[1], nodes=["n2"], window_steps=20)
+    assert from_record(cleared.to_record()) == cleared
