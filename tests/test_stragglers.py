@@ -18,6 +18,9 @@ ROWS = {
     "the fast one of 2 is no straggler": ([0.30, 0.10], 1.3, {0: 3.0}),
     "one rank alone": ([0.5], 1.3, {}),
     "peers that took no time: nothing to compare with": ([0.0, 0.0, 0.2], 1.3, {}),
+    # Steps of a millisecond: 2x is half a millisecond, the scheduler's noise.
+    "2x of a millisecond is under the noise floor": ([0.001, 0.002], 1.3, {}),
+    "2x of 10 ms is not": ([0.010, 0.020], 1.3, {1: 2.0}),
 }
 
 

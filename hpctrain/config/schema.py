@@ -91,6 +91,12 @@ class TrainerConfig:
     # all-reduced) or "fsdp" (FSDP2: parameters, gradients and optimizer state sharded, each unit
     # gathered only while it computes; checkpoints sharded through torch.distributed.checkpoint).
     strategy: str = "ddp"
+    # A rank whose own work in a step (its batches, forwards and losses: what waits on no peer)
+    # takes longer than this many times its peers' median, over trainer.straggler_window_steps
+    # steps, is journaled as a `straggler` (hpctrain.trainer.straggler_watch). 0: not watched.
+    straggler_threshold: float = 1.3
+    # The steps each rank's median is taken over (one small all-gather per window).
+    straggler_window_steps: int = 20
     # With fsdp: class names of the submodules sharded as units of their own (gathered one at a
     # time); empty means every module held in an nn.ModuleList (a transformer's blocks). The rest
     # of the model (embeddings, head: tied weights stay together) is the root's unit.
@@ -140,7 +146,13 @@ class TrainerConfig:
         for key in ("max_steps", "epochs", "eval_every", "ckpt_every", "hang_timeout_s", "step_hang_timeout_s"):
             value = getattr(self, key)
             require(value >= 0, f"trainer.{key}", f"must be >= 0 (got {value})")
-        for key in ("log_every", "nprocs", "threads", "grad_accum", "collective_timeout_s"):
+        require(
+            self.straggler_threshold == 0 or self.straggler_threshold > 1,
+            "trainer.straggler_threshold",
+            f"must be 0 (off) or above 1: how many times its peers' median a straggler takes (got "
+            f"{self.straggler_threshold})",
+        )
+        for key in ("log_every", "nprocs", "threads", "grad_accum", "collective_timeout_s", "straggler_window_steps"):
             value = getattr(self, key)
             require(value >= 1, f"trainer.{key}", f"must be >= 1 (got {value})")
         require(

@@ -14,6 +14,7 @@ from hpctrain.dist.context import DistContext
 from hpctrain.trainer import components, first_checks, model_io, sharding
 from hpctrain.trainer.components import Components
 from hpctrain.trainer.evaluate import flatten
+from hpctrain.trainer.straggler_watch import OwnWorkTimer
 
 
 class Stepper:
@@ -25,6 +26,8 @@ class Stepper:
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         self.sharded_model = sharding.is_sharded(parts.model)  # fsdp on one process: a plain model
         self.first = True  # this life's first micro-batch: its mistakes said (first_checks)
+        # Times each step's own work for the straggler watch (hpctrain.trainer.straggler_watch).
+        self.timer: OwnWorkTimer | None = None
 
     def autocast(self) -> ContextManager[Any]:
         if self.precision == "fp32":
@@ -40,6 +43,8 @@ class Stepper:
         differ in size (hpctrain.trainer.layout.loss_weights); None: the mean of the `accum`."""
         parts = self.parts
         step_loss: torch.Tensor | None = None
+        if self.timer is not None:
+            self.timer.begin()
         for micro in range(accum):
             inputs, target = model_io.to_device(next(batches), self.ctx.device)
             # Only the last micro-batch all-reduces gradients; the others accumulate locally.
@@ -53,6 +58,8 @@ class Stepper:
                     elif accum > 1:  # no extra kernel per step in the common case
                         loss = loss / accum
                 self.first = False
+                if self.timer is not None and micro == accum - 1:
+                    self.timer.end()  # what follows waits on the peers (the gradients' reduction)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         self._update()

@@ -19,15 +19,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
-def slowdowns(medians: Sequence[float], threshold: float) -> dict[int, float]:
+# Below this many seconds a step more than its peers, no rank is a straggler whatever the ratio:
+# steps of a few milliseconds (a small model on CPU) vary by more than 30% from the scheduler's
+# whims alone, and a rank that loses half a millisecond a step slows no one measurably.
+MIN_EXCESS_S = 0.005
+
+
+def slowdowns(medians: Sequence[float], threshold: float, min_excess_s: float = MIN_EXCESS_S) -> dict[int, float]:
     """The ranks (index into `medians`, one per rank) slower than `threshold` times the median of
-    their peers, with their time over that median. One rank alone has no peers: none."""
+    their peers, and by at least `min_excess_s`, with their time over that median. One rank alone
+    has no peers: none."""
     found: dict[int, float] = {}
     if len(medians) < 2:
         return found
     for rank, own in enumerate(medians):
         peers = statistics.median([m for i, m in enumerate(medians) if i != rank])
-        if peers > 0 and own > threshold * peers:
+        if peers > 0 and own > threshold * peers and own - peers >= min_excess_s:
             found[rank] = round(own / peers, 3)
     return found
 

@@ -34,6 +34,7 @@ from hpctrain.trainer.start_record import start_record
 from hpctrain.trainer.state import TrainState
 from hpctrain.trainer.step import Stepper
 from hpctrain.trainer.stopping import Stopping, StopTraining
+from hpctrain.trainer.straggler_watch import StragglerWatch
 from hpctrain.trainer.weights import write_model_pt
 
 __all__ = ["StopTraining", "TrainState", "Trainer"]
@@ -75,6 +76,12 @@ class Trainer:
         course = self.course
         started = start_record(self.ctx, self.state.step, course.total_steps, course.layout, self.hooks.ready())
         self.journal.write_event(started)
+        cfg = self.config.trainer
+        nodes = [str(rank["node"]) for rank in started.ranks or []]
+        self.stragglers = StragglerWatch(
+            self.ctx, self.journal, cfg.straggler_threshold, cfg.straggler_window_steps, nodes
+        )
+        self.stepper.timer = self.stragglers.timer
         self.metrics = open_sinks(self.config, self.run.root, self.state.step, self.ctx.is_main)
         bar = self.config.trainer.progress_bar
         progress = Progress(self.ctx, course.layout.global_batch, course.total_steps, self.state.step, bar)
@@ -102,6 +109,7 @@ class Trainer:
             self.state.step += 1
             faults.point("trainer.step")
             self.watchdog.stepped()
+            self.stragglers.stepped(self.state.step)
             step, final = self.state.step, self.state.step == self.course.total_steps
             evaluate_now = final or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
             if evaluate_now or step % cfg.log_every == 0:

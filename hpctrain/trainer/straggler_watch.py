@@ -1,0 +1,116 @@
+"""Stragglers found while training: each rank times its steps' own work, the ranks compare
+their medians every `trainer.straggler_window_steps` steps, and rank 0 journals an episode once
+(`straggler`, `straggler_cleared`). What is timed and why: hpctrain.trainer.stragglers.
+
+The own work of a step is from its start to the backward of its last micro-batch: the batches'
+loading, the forwards and losses, and the backwards of the micro-batches before the last (which
+reduce nothing). With DDP that waits on no peer, so a slow rank's time grows and its peers' does
+not. With FSDP the forwards gather the parameters from every rank, so a slow rank makes its peers
+wait inside their forwards too; a straggler is then seen only by as much as the gathers did not
+even out (docs/diagnostics.md). On a GPU the times are CUDA events read once a window: no step
+waits for the GPU to be timed.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hpctrain.dist.context import DistContext
+from hpctrain.run.events import Journal, Straggler, StragglerCleared
+from hpctrain.trainer.stragglers import Episodes, slowdowns
+
+log = logging.getLogger(__name__)
+
+
+class OwnWorkTimer:
+    """The own work of each step: `begin()` at its start, `end()` before its last backward."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[Any, Any]] = []
+        self._began: Any = None
+
+    def begin(self) -> None:
+        self._began = self._now()
+
+    def end(self) -> None:
+        if self._began is not None:
+            self.marks.append((self._began, self._now()))
+            self._began = None
+
+    def take(self) -> list[float]:
+        """The seconds of every step timed since the last take."""
+        marks, self.marks = self.marks, []
+        if self.cuda and marks:
+            marks[-1][1].synchronize()  # every event before it is done too
+            return [start.elapsed_time(end) / 1000 for start, end in marks]
+        return [end - start for start, end in marks]
+
+    def _now(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+
+class StragglerWatch:
+    """Collective every `window` steps (the same steps on every rank); rank 0 journals."""
+
+    def __init__(self, ctx: DistContext, journal: Journal, threshold: float, window: int, nodes: list[str]) -> None:
+        self.ctx = ctx
+        self.journal = journal
+        self.threshold = threshold
+        self.window = window
+        self.nodes = nodes  # each rank's node, by rank
+        self.on = threshold > 0 and ctx.distributed and ctx.world_size > 1
+        self.timer = OwnWorkTimer(ctx.device) if self.on else None
+        self.episodes = Episodes()
+
+    def stepped(self, step: int) -> None:
+        """After each step: at the end of a window, compare the ranks."""
+        if self.timer is None or len(self.timer.marks) < self.window:
+            return
+        times = self.timer.take()
+        mine = torch.tensor([statistics.median(times)], dtype=torch.float64, device=self.ctx.device)
+        medians = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
+        dist.all_gather(medians, mine)
+        if not self.ctx.is_main:
+            return
+        slow = slowdowns([float(m.item()) for m in medians], self.threshold)
+        began, ended = self.episodes.update(slow)
+        if began:
+            ranks = sorted(began)
+            nodes = [self.nodes[r] for r in ranks]
+            said = ", ".join(f"rank {r} on {n} {began[r]:.2f}x" for r, n in zip(ranks, nodes))
+            log.warning("straggler at step %d: %s its peers' median over %d steps", step, said, self.window)
+            self.journal.write_event(
+                Straggler(
+                    job_id=self.ctx.life.job_id,
+                    restart=self.ctx.life.restart,
+                    step=step,
+                    ranks=ranks,
+                    nodes=nodes,
+                    slowdown=[began[r] for r in ranks],
+                    window_steps=self.window,
+                )
+            )
+        if ended:
+            nodes = [self.nodes[r] for r in ended]
+            log.info("straggler cleared at step %d: ranks %s", step, ", ".join(map(str, ended)))
+            self.journal.write_event(
+                StragglerCleared(
+                    job_id=self.ctx.life.job_id,
+                    restart=self.ctx.life.restart,
+                    step=step,
+                    ranks=ended,
+                    nodes=nodes,
+                    window_steps=self.window,
+                )
+            )
