@@ -69,3 +69,28 @@ def test_the_events_read_back_whole() -> None:
     assert from_record(record) == began
     cleared = StragglerCleared(time=2.0, step=60, ranks=[1], nodes=["n2"], window_steps=20)
     assert from_record(cleared.to_record()) == cleared
+
+
+def test_status_detail_says_each_episode_and_a_run_that_stopped_itself() -> None:
+    from hpctrain.run.causes import Action, Cause
+    from hpctrain.run.events import Failure
+    from hpctrain.status.diagnosis import diagnosis_lines
+
+    events = [
+        Straggler(step=300, ranks=[1], nodes=["node2"], slowdown=[2.71], window_steps=20),
+        StragglerCleared(step=360, ranks=[1], nodes=["node2"], window_steps=20),
+        Straggler(step=400, ranks=[0, 3], nodes=["node1", "node2"], slowdown=[1.4, 1.5], window_steps=20),
+        Failure(
+            cause=Cause.NO_PROGRESS,
+            reason="3 lives in a row ended (crash this one) without a newer checkpoint",
+            action=Action.FAIL.value,
+        ),
+    ]
+    assert diagnosis_lines(events) == [
+        "straggler: rank 1 on node2 2.71x its peers from step 300, cleared at step 360",
+        "straggler: rank 0 on node1 1.40x its peers from step 400, still slow at the last window",
+        "straggler: rank 3 on node2 1.50x its peers from step 400, still slow at the last window",
+        "stopped: 3 lives in a row ended (crash this one) without a newer checkpoint (no_progress); each "
+        "life's own error is in its job's slurm-<job id>.out in the run dir",
+    ]
+    assert diagnosis_lines([]) == []

@@ -21,10 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+from hpctrain.run.events import read_events
 from hpctrain.run.exitcodes import CLI_OK, CLI_REFUSED, CLI_USER_ERROR
 from hpctrain.run.paths import RunDir
 from hpctrain.status import discover
 from hpctrain.status.detail import render_detail
+from hpctrain.status.diagnosis import diagnosis_lines
 from hpctrain.status.goodput import Goodput, goodput_of
 from hpctrain.status.plot import PlotUnavailable, draw, require_matplotlib
 from hpctrain.status.rows import Row, Status, collect
@@ -127,7 +129,7 @@ def show_text(status: Status, args: argparse.Namespace) -> None:
         if sweep.cost.allocations:
             print(sweep.header())
     if status.rows and args.detail:
-        print("\n\n".join(render_detail(row, figures_of(row)) for row in status.rows))
+        print("\n\n".join(_detail(row) for row in status.rows))
     elif status.rows:
         print(render(status.rows))
     else:
@@ -137,6 +139,12 @@ def show_text(status: Status, args: argparse.Namespace) -> None:
         if summary is not None:  # a hpctrain-tune sweep dir: its study's counts and best trial
             print()
             print(render_summary(path, summary))
+
+
+def _detail(row: Row) -> str:
+    """The run's lives and goodput, then what its journal says of stragglers and of its end."""
+    said = diagnosis_lines(read_events(RunDir(row.run_dir).events))
+    return "\n".join([render_detail(row, figures_of(row)), *said])
 
 
 def figures_of(row: Row) -> Goodput:

@@ -18,7 +18,6 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-
 # Below this many seconds a step more than its peers, no rank is a straggler whatever the ratio:
 # steps of a few milliseconds (a small model on CPU) vary by more than 30% from the scheduler's
 # whims alone, and a rank that loses half a millisecond a step slows no one measurably.

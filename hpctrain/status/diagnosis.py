@@ -1,0 +1,44 @@
+"""hpctrain-status --detail: what the journal says about why a run is slow or why it stopped.
+
+straggler: rank 1 on node2 2.71x its peers from step 300, cleared at step 360
+stopped: 3 lives in a row ended (crash this one) without a newer checkpoint (no_progress)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hpctrain.run.causes import Cause
+from hpctrain.run.events import Event, Failure, Straggler, StragglerCleared
+
+
+def diagnosis_lines(events: Sequence[Event]) -> list[str]:
+    return [*_stragglers(events), *_stopped(events)]
+
+
+def _stragglers(events: Sequence[Event]) -> list[str]:
+    """One line per rank and episode, the newest 5 episodes."""
+    open_: dict[int, str] = {}
+    lines: list[str] = []
+    for event in events:
+        if isinstance(event, Straggler):
+            for rank, node, slowdown in zip(event.ranks, event.nodes, event.slowdown):
+                open_[rank] = f"straggler: rank {rank} on {node} {slowdown:.2f}x its peers from step {event.step}"
+        elif isinstance(event, StragglerCleared):
+            for rank in event.ranks:
+                if rank in open_:
+                    lines.append(f"{open_.pop(rank)}, cleared at step {event.step}")
+    lines += [f"{line}, still slow at the last window" for line in open_.values()]
+    return lines[-5:]
+
+
+def _stopped(events: Sequence[Event]) -> list[str]:
+    """Why a run stopped itself rather than being requeued again."""
+    ends = [e for e in events if isinstance(e, Failure) and e.cause in (Cause.NO_PROGRESS, Cause.BUDGET)]
+    if not ends:
+        return []
+    last = ends[-1]
+    return [
+        f"stopped: {last.reason or last.cause} ({last.cause}); each life's own error is in its job's "
+        "slurm-<job id>.out in the run dir"
+    ]
