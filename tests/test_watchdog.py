@@ -53,6 +53,10 @@ def test_stuck_training_process_exits_with_hang_code(tmp_path: Path) -> None:
     start, hang = read_events(tmp_path / "run" / "events.jsonl")
     assert isinstance(start, Start) and isinstance(hang, Failure) and hang.cause is Cause.HANG and hang.rank == 0
     assert (start.job_id, start.restart) == (hang.job_id, hang.restart) == ("36_7", 1)
+    # One process: its report, no peer to wait for.
+    assert hang.report == "hangs/36_7.1" and hang.not_reached == [], hang
+    text = (tmp_path / "run" / "hangs" / "36_7.1" / "rank-0.txt").read_text()
+    assert "steps finished this life; in: a training step" in text and "stuck.py" in text, text[:800]
 
 
 def test_a_peer_stopped_before_the_rendezvous_is_a_hang_not_a_crash(tmp_path: Path) -> None:
@@ -89,5 +93,14 @@ def test_a_peer_stopped_before_the_rendezvous_is_a_hang_not_a_crash(tmp_path: Pa
     assert took < 30, took
     (hang,) = read_events(tmp_path / "run" / "events.jsonl")  # no `start`: nobody trained
     assert isinstance(hang, Failure) and hang.cause is Cause.HANG and hang.rank == 0, hang
+    # Rank 0's report says where it stood, with its stacks; the stopped rank 1 wrote none, and
+    # the failure names it as the rank the others waited for.
+    assert hang.not_reached == [1] and hang.report is not None and hang.report.startswith("hangs/local."), hang
+    assert hang.reason.endswith("; rank 1 wrote no hang report"), hang.reason
+    reports = sorted((tmp_path / "run" / hang.report).iterdir())
+    assert [r.name for r in reports] == ["rank-0.txt"], reports
+    text = reports[0].read_text()
+    assert text.startswith("rank 0 on ") and "0 steps finished this life; in: the start" in text, text[:300]
+    assert "Thread 0x" in text or "Current thread" in text, text[:600]  # faulthandler's stacks
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True)
     assert left.stdout == "", left.stdout

@@ -15,6 +15,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from hpctrain.process import heartbeat
 from hpctrain.process.step_timeout import StepTimeout, phase_timeouts
+from hpctrain.run import hang_reports
 from hpctrain.run.causes import Cause
 from hpctrain.run.events import Failure, Journal
 from hpctrain.run.exitcodes import WORKER_HUNG
@@ -49,6 +51,9 @@ class Watchdog:
         self.timeout_s = timeout_s  # trainer.hang_timeout_s: 0 turns the watchdog off
         self.phases_s = dict(phases_s or {})  # phase -> its timeout (PHASE_KEYS); absent: timeout_s
         self.on_hang = on_hang  # called with the idle seconds before the process ends
+        self.report: HangReport | None = None  # where this rank writes its hang report, if anywhere
+        self.steps_done = 0  # this life's steps, for the report
+        self.phase = "the start (rendezvous, model, resume)"
         self.steps = StepTimeout(cap_s=timeout_s, floor_s=step_floor_s)
         self._last = time.monotonic()
         self.steps.other(self._last)
@@ -67,12 +72,16 @@ class Watchdog:
         with self._lock:
             self._last = time.monotonic()
             self.steps.other(self._last, self.phases_s.get(phase) if phase else None, PHASE_KEYS.get(phase or "", ""))
+            if phase:
+                self.phase = phase
 
     def stepped(self) -> None:
         """A training step done: its time teaches the steady-state timeout."""
         with self._lock:
             self._last = time.monotonic()
             self.steps.stepped(self._last)
+            self.steps_done += 1
+            self.phase = "a training step"
 
     def stop(self) -> None:
         self._stop.set()
@@ -90,6 +99,8 @@ class Watchdog:
                 )
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 sys.stderr.flush()
+                if self.report is not None:
+                    self.report.write(idle, self.steps_done, self.phase)
                 self._report(idle)
                 heartbeat.say_bye()  # leaving on purpose: not a dead node to the batch script's watcher
                 os._exit(WORKER_HUNG)  # no cleanup: the threads that would run it are the stuck ones
@@ -103,27 +114,67 @@ class Watchdog:
             log.exception("could not record the hang in the journal")
 
 
-def hang_reporter(events: Path, rank: int, life: LifeStamp) -> Callable[[float], None]:
-    """Writes the hang to events.jsonl from whichever rank's watchdog saw it."""
+class HangReport:
+    """This rank's RUN_DIR/hangs/<life>/rank-N.txt (hpctrain.run.hang_reports)."""
 
-    def report(idle_s: float) -> None:
+    def __init__(self, run_root: Path, life: LifeStamp, rank: int, world_size: int, node: str) -> None:
+        self.run_root = run_root
+        self.folder = hang_reports.folder_of(run_root, life)
+        self.rank, self.world_size, self.node = rank, world_size, node
+
+    def write(self, idle_s: float, steps: int, phase: str) -> None:
+        """Where this rank stood, then every thread's stack. A full disk or a stuck file system
+        leaves no report: the hang is still recorded and the process still ends."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            path = hang_reports.report_path(self.folder, self.rank)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            with open(tmp, "w") as out:
+                out.write("\n".join(hang_reports.header(self.rank, self.node, idle_s, steps, phase)) + "\n")
+                out.flush()
+                faulthandler.dump_traceback(file=out, all_threads=True)
+            tmp.replace(path)
+        except OSError as error:
+            log.error("could not write the hang report in %s: %s", self.folder, error)
+
+    def not_reached(self) -> list[int]:
+        """The ranks that wrote no report in time: the ones the others wait for."""
+        if self.world_size < 2:
+            return []
+        return hang_reports.missing(self.folder, self.world_size)
+
+
+def hang_reporter(
+    events: Path, rank: int, life: LifeStamp, report: HangReport | None = None
+) -> Callable[[float], None]:
+    """Writes the hang to events.jsonl from whichever rank's watchdog saw it: with the ranks that
+    wrote no hang report (the ones the others wait for) and the reports' folder."""
+
+    def write(idle_s: float) -> None:
+        absent = report.not_reached() if report is not None else None
+        said = f"; rank {', '.join(map(str, absent))} wrote no hang report" if absent else ""
         Journal(events).write_event(
             Failure(
                 job_id=life.job_id,
                 restart=life.restart,
                 cause=Cause.HANG,
                 rank=rank,
-                reason=f"no training step finished for {idle_s:.0f} s",
+                reason=f"no training step finished for {idle_s:.0f} s{said}",
+                report=str(report.folder.relative_to(report.run_root)) if report is not None else None,
+                not_reached=absent,
             )
         )
 
-    return report
+    return write
 
 
 def start_watchdog(config: Config, ctx: DistContext, run_dir: Path) -> Watchdog:
     """This process's watchdog, started: no progress within its timeout ends it as a hang,
-    written to the run dir's journal by this rank."""
-    on_hang = hang_reporter(RunDir(run_dir).events, ctx.rank, ctx.life)
+    written to the run dir's journal by this rank, with its hang report beside."""
+    report = HangReport(Path(run_dir), ctx.life, ctx.rank, ctx.world_size, ctx.node or socket.gethostname())
+    on_hang = hang_reporter(RunDir(run_dir).events, ctx.rank, ctx.life, report)
     trainer = config.trainer
     phases = phase_timeouts(trainer)
-    return Watchdog(trainer.hang_timeout_s, on_hang, trainer.step_hang_timeout_s, phases).start()
+    watchdog = Watchdog(trainer.hang_timeout_s, on_hang, trainer.step_hang_timeout_s, phases)
+    watchdog.report = report
+    return watchdog.start()

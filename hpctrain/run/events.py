@@ -169,6 +169,10 @@ class Failure(Event):
     # or DETECTED_BY_HEARTBEAT (its processes fell silent: a `silent` event came first) or
     # DETECTED_BY_CHECK (it did not answer the node check of a relaunch that would have used it).
     detected_by: str | None = None
+    # hang: the folder of the ranks' hang reports (RUN_DIR-relative, hpctrain.run.hang_reports),
+    # and the ranks that wrote none: the ones the others were waiting for.
+    report: str | None = None
+    not_reached: list[int] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
