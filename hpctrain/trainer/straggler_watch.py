@@ -87,30 +87,29 @@ class StragglerWatch:
         began, ended = self.episodes.update(slow)
         if began:
             ranks = sorted(began)
-            nodes = [self.nodes[r] for r in ranks]
-            said = ", ".join(f"rank {r} on {n} {began[r]:.2f}x" for r, n in zip(ranks, nodes))
+            said = ", ".join(f"rank {r} on {self._node(r)} {began[r]:.2f}x" for r in ranks)
             log.warning("straggler at step %d: %s its peers' median over %d steps", step, said, self.window)
-            self.journal.write_event(
-                Straggler(
-                    job_id=self.ctx.life.job_id,
-                    restart=self.ctx.life.restart,
-                    step=step,
-                    ranks=ranks,
-                    nodes=nodes,
-                    slowdown=[began[r] for r in ranks],
-                    window_steps=self.window,
-                )
-            )
+            self._journal(Straggler, step, ranks, slowdown=[began[r] for r in ranks])
         if ended:
-            nodes = [self.nodes[r] for r in ended]
             log.info("straggler cleared at step %d: ranks %s", step, ", ".join(map(str, ended)))
-            self.journal.write_event(
-                StragglerCleared(
-                    job_id=self.ctx.life.job_id,
-                    restart=self.ctx.life.restart,
-                    step=step,
-                    ranks=ended,
-                    nodes=nodes,
-                    window_steps=self.window,
-                )
+            self._journal(StragglerCleared, step, ended)
+
+    def _node(self, rank: int) -> str:
+        return self.nodes[rank] if rank < len(self.nodes) else "?"
+
+    def _journal(
+        self, kind: type[Straggler] | type[StragglerCleared], step: int, ranks: list[int], **more: Any
+    ) -> None:
+        life = self.ctx.life
+        nodes = [self._node(r) for r in ranks]
+        self.journal.write_event(
+            kind(
+                job_id=life.job_id,
+                restart=life.restart,
+                step=step,
+                ranks=ranks,
+                nodes=nodes,
+                window_steps=self.window,
+                **more,
             )
+        )
