@@ -64,6 +64,8 @@ class Trainer:
         # A trial of hpctrain-tune with a pruner: asked at evaluation steps (None otherwise).
         self.pruner = TrialPruner.for_run(self.run, config, ctx)
         self.stopping = Stopping(hooks, ctx, config, self.journal, self.checkpointer)
+        # Made at the start, once every rank's node is known (the `start` record's gather).
+        self.stragglers = StragglerWatch(ctx, self.journal, 0.0, 1, [])
 
     # ---- the run -------------------------------------------------------------------------
 
