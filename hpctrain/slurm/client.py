@@ -24,6 +24,7 @@ from hpctrain.slurm.records import (
     parse_job_record,
     parse_job_records,
     parse_partition,
+    parse_reservations,
     reason_of,
 )
 from hpctrain.slurm.runner import Answer, Kind, Policy, Reply, kind_of, run_command
@@ -197,6 +198,12 @@ def show_partition(
     """`scontrol show partition -o NAME`: its `Key=value` words; empty unless Slurm answered."""
     done = _ask([SCONTROL, "show", "partition", "-o", name], purpose, env, until)
     return Answer(done, parse_partition(done.stdout) if done.ok else {})
+
+
+def show_reservations(purpose: Purpose) -> Answer[list[dict[str, str]]]:
+    """`scontrol show reservation -o`: each reservation's `Key=value` words; [] unless Slurm answered."""
+    done = _ask([SCONTROL, "show", "reservation", "-o"], purpose)
+    return Answer(done, parse_reservations(done.stdout) if done.ok else [])
 
 
 def show_config(purpose: Purpose, *, env: Mapping[str, str] | None = None) -> Answer[dict[str, str]]:

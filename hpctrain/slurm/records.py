@@ -143,6 +143,12 @@ def parse_partition(text: str) -> dict[str, str]:
     return fields
 
 
+def parse_reservations(text: str) -> list[dict[str, str]]:
+    """`scontrol show reservation -o`: one dict of `Key=value` words a reservation ("No
+    reservations in the system" gives none)."""
+    return [parse_partition(line) for line in text.splitlines() if line.startswith("ReservationName=")]
+
+
 def _value(text: str | None) -> str | None:
     return None if text in (None, "", "(null)") else text
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import yaml
 
-from hpctrain.run.events import read_events
+from hpctrain.run.events import Start, read_events
 from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.run.paths import RunDir
-from hpctrain.status import slurm_query, starved_note
+from hpctrain.status import drain_note, slurm_query, starved_note
 from hpctrain.status.checkpoint_age import newest_checkpoint
 from hpctrain.status.cost import Cost, read_plan, run_cost
 from hpctrain.status.goodput import goodput
@@ -90,7 +90,20 @@ def collect(runs: list[Path], now: float | None = None, with_goodput: bool = Fal
         and (job := answer.jobs.get(s.job_id)) is not None
         and starved_note.waits_for_nodes(job.state, job.reason)
     ]
-    return Status(rows, answer.notes + starved_note.notes(waiting))
+    running = [
+        (s.job_id, _nodes_of_last_start(RunDir(run)))
+        for run, s in zip(runs, summaries)
+        if isinstance(s, JournalSummary)
+        and s.job_id
+        and (job := answer.jobs.get(s.job_id)) is not None
+        and job.state == "RUNNING"
+    ]
+    return Status(rows, answer.notes + starved_note.notes(waiting) + drain_note.notes(running))
+
+
+def _nodes_of_last_start(run: RunDir) -> list[str]:
+    starts = [e for e in read_events(run.events) if isinstance(e, Start)]
+    return list(starts[-1].nodes) if starts else []
 
 
 def _row(run: Path, journal: JournalSummary, answer: slurm_query.SlurmAnswer, now: float, with_goodput: bool) -> Row:
