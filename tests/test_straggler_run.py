@@ -1,5 +1,5 @@
 """A rank made slow in a real run is named: two training processes of a small GPT, and rank 1
-stopped for 50 ms of every 100 ms (SIGSTOP, SIGCONT: it runs at about half speed) for a while.
+stopped for 50 ms of every 100 ms (SIGSTOP, SIGCONT: it runs at about half speed) for 20 s.
 Rank 0 journals one `straggler` naming rank 1 within 60 s of the slowdown, none before it, and
 `straggler_cleared` once rank 1 runs at full speed again."""
 
@@ -18,7 +18,7 @@ from conftest import train_command, train_env
 pytestmark = pytest.mark.slow
 
 GPT = ["model=gpt", "data=tokens", "data.dataset.seq_len=64", "trainer.nprocs=2", "trainer.eval_every=0"]
-SLOWED_S = 12.0
+SLOWED_S = 20.0  # two windows of the slowed steps, with room on a loaded machine
 
 
 def steps_logged(run_dir: Path) -> int:

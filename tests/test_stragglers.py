@@ -33,12 +33,21 @@ def test_slowdowns(row: tuple) -> None:
 def test_an_episode_is_journaled_once_and_its_end_once() -> None:
     episodes = Episodes()
     assert episodes.update({}) == ({}, [])
-    assert episodes.update({3: 1.5}) == ({3: 1.5}, [])
-    assert episodes.update({3: 1.6}) == ({}, [])  # still slow: nothing new
-    assert episodes.update({3: 1.6, 5: 1.4}) == ({5: 1.4}, [])
+    assert episodes.update({3: 1.5}) == ({}, [])  # one window: not yet persistent
+    assert episodes.update({3: 1.6}) == ({3: 1.6}, [])  # two in a row: named
+    assert episodes.update({3: 1.6, 5: 1.4}) == ({}, [])  # still slow; 5 only once
+    assert episodes.update({3: 1.7, 5: 1.4}) == ({5: 1.4}, [])
     assert episodes.update({5: 1.4}) == ({}, [3])
     assert episodes.update({}) == ({}, [5])
     assert episodes.update({}) == ({}, [])
+
+
+def test_a_rank_slow_for_one_window_at_a_time_is_never_named() -> None:
+    """A rank that loses its core to another process now and then: slow, fast, slow, fast."""
+    episodes = Episodes()
+    for window in range(10):
+        assert episodes.update({1: 1.8} if window % 2 == 0 else {}) == ({}, [])
+    assert Episodes(windows=1).update({1: 1.8}) == ({1: 1.8}, [])
 
 
 def test_one_slow_step_in_a_window_flags_no_one() -> None:

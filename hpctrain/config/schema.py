@@ -93,7 +93,8 @@ class TrainerConfig:
     strategy: str = "ddp"
     # A rank whose own work in a step (its batches, forwards and losses: what waits on no peer)
     # takes longer than this many times its peers' median, over trainer.straggler_window_steps
-    # steps, is journaled as a `straggler` (hpctrain.trainer.straggler_watch). 0: not watched.
+    # steps in two windows in a row, is journaled as a `straggler` (hpctrain.trainer.straggler_watch).
+    # 0: not watched.
     straggler_threshold: float = 1.3
     # The steps each rank's median is taken over (one small all-gather per window).
     straggler_window_steps: int = 20

@@ -5,7 +5,7 @@ step's wall time is the same on every rank and names no one. What differs is the
 first collective of a step: the forward passes and the losses of its micro-batches. Each rank times
 that (hpctrain.trainer.step), and every `window` steps the ranks gather the median of their last
 window (one small all-gather); a rank whose median is over `threshold` times its peers' median (the
-other ranks') is a straggler. The median keeps one slow step (a first step that compiles, a step
+other ranks') in two windows in a row is a straggler. The median keeps one slow step (a first step that compiles, a step
 beside a checkpoint's write) from flagging anyone; an evaluation is not timed at all.
 
 An episode is journaled once: `straggler` when ranks become slow, `straggler_cleared` when they are
@@ -40,15 +40,23 @@ def slowdowns(medians: Sequence[float], threshold: float, min_excess_s: float = 
 
 @dataclass
 class Episodes:
-    """The ranks named slow so far: what to journal as a window's verdicts come in."""
+    """The ranks named slow so far: what to journal as a window's verdicts come in. A rank is
+    named once it is slow in `windows` windows in a row (persistently: a rank that lost its core
+    to another process for one window is no straggler), and cleared at its first window that is
+    not slow."""
 
+    windows: int = 2
     named: set[int] = field(default_factory=set)
+    slow_for: dict[int, int] = field(default_factory=dict)  # rank -> windows in a row it was slow
 
     def update(self, slow: dict[int, float]) -> tuple[dict[int, float], list[int]]:
         """(ranks that became slow, with their slowdown; ranks no longer slow) for this window."""
-        began = {rank: x for rank, x in slow.items() if rank not in self.named}
+        self.slow_for = {rank: self.slow_for.get(rank, 0) + 1 for rank in slow}
+        began = {
+            rank: x for rank, x in slow.items() if rank not in self.named and self.slow_for[rank] >= self.windows
+        }
         ended = sorted(self.named - set(slow))
-        self.named = set(slow)
+        self.named = (self.named & set(slow)) | set(began)
         return began, ended
 
 
