@@ -52,9 +52,7 @@ class Episodes:
     def update(self, slow: dict[int, float]) -> tuple[dict[int, float], list[int]]:
         """(ranks that became slow, with their slowdown; ranks no longer slow) for this window."""
         self.slow_for = {rank: self.slow_for.get(rank, 0) + 1 for rank in slow}
-        began = {
-            rank: x for rank, x in slow.items() if rank not in self.named and self.slow_for[rank] >= self.windows
-        }
+        began = {rank: x for rank, x in slow.items() if rank not in self.named and self.slow_for[rank] >= self.windows}
         ended = sorted(self.named - set(slow))
         self.named = (self.named & set(slow)) | set(began)
         return began, ended
