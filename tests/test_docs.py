@@ -40,6 +40,9 @@ from pathlib import Path
 import pytest
 from test_key_docs import schema_leaves
 
+from hpctrain.config.slurm import SlurmConfig
+from hpctrain.submit.shared_dirs import node_local_dir
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -223,7 +226,15 @@ def users_folder() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-FOLDERS = REPO / ".docs-test-runs"  # git ignores it
+def users_folders() -> Path:
+    """Where users' folders go: beside the checkout (git ignores it), or under the home folder
+    when the checkout itself is in a node-local folder (a clone in /tmp)."""
+    if node_local_dir(REPO, SlurmConfig().node_local_dirs) is None:
+        return REPO / ".docs-test-runs"
+    return Path.home() / ".cache" / "hpctrain" / "docs-test-runs"
+
+
+FOLDERS = users_folders()
 
 
 @pytest.mark.slow  # seconds each: a block may train locally (a few steps) or compose several configs

@@ -15,7 +15,7 @@ import pytest
 from hpctrain.recovery.constraints import parse_sinfo_features
 from hpctrain.recovery.facts import parse_sinfo_nodes
 from hpctrain.recovery.node_sizes import NodeSize, gpus_in, memory_mb, nodes_big_enough, parse_sinfo_sizes
-from hpctrain.slurm.client import NodeColumns, split_columns
+from hpctrain.slurm.node_columns import NodeColumns, split_columns
 
 FIXTURE = Path(__file__).parent / "fixtures" / "slurm" / "sinfo_resources.txt"
 

@@ -19,7 +19,8 @@ from fakeslurm import FIXTURES, FakeSlurm, Said, captured, install
 from hpctrain.process.standby import STANDBY_ENV
 from hpctrain.run.heartbeats import ADDR_ENV
 from hpctrain.slurm import client
-from hpctrain.slurm.client import POLICIES, Kind, NodeColumns, Policy, Purpose
+from hpctrain.slurm.client import POLICIES, Kind, Policy, Purpose
+from hpctrain.slurm.node_columns import NodeColumns
 from hpctrain.slurm.records import parse_job_record, parse_job_records
 from hpctrain.submit import outside_job
 from hpctrain.submit.outside_job import outside_job_env, outside_the_job

@@ -36,8 +36,9 @@ from hpctrain.run.events import read_events
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
 from hpctrain.slurm import client
-from hpctrain.slurm.client import NodeColumns, Purpose, split_columns
+from hpctrain.slurm.client import Purpose
 from hpctrain.slurm.env import parse_node_list
+from hpctrain.slurm.node_columns import NodeColumns, split_columns
 from hpctrain.slurm.records import JobRecord
 
 _T = TypeVar("_T")

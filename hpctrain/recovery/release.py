@@ -12,8 +12,9 @@ from hpctrain.recovery.facts import NodeState, parse_sinfo_nodes
 from hpctrain.recovery.starved import WAITING_FOR_NODES, reason_word, to_release
 from hpctrain.run.events import BY_GUARDIAN, Journal, Released
 from hpctrain.slurm import client
-from hpctrain.slurm.client import NodeColumns, Purpose
+from hpctrain.slurm.client import Purpose
 from hpctrain.slurm.hostlist import expand
+from hpctrain.slurm.node_columns import NodeColumns
 from hpctrain.slurm.records import JobRecord
 
 PAUSE_S = 15.0  # between two looks at the waiting job

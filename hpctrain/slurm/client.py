@@ -18,6 +18,7 @@ from enum import Enum
 from pathlib import Path
 
 from hpctrain.slurm.jobid import expand
+from hpctrain.slurm.node_columns import NodeColumns
 from hpctrain.slurm.records import (
     JobRecord,
     parse_config,
@@ -114,32 +115,6 @@ POLICIES: dict[Purpose, Policy] = {
     # Never retried: no answer is the answer.
     Purpose.NODE_CHECK: Policy(timeout_s=15.0),
 }
-
-
-class NodeColumns(Enum):
-    """What `nodes` lists for each node (sinfo -o), one line per node and partition."""
-
-    STATES = "%N|%T|%E"  # name, state with sinfo's flags (`down*`), reason (hpctrain.recovery.facts)
-    FEATURES = "%N|%f"  # name, available features (hpctrain.recovery.constraints)
-    SIZES = "%N|%G|%m"  # name, generic resources, memory in MB (hpctrain.recovery.node_sizes)
-    # All three in one call (the reason last: it is free text); `split_columns` gives each back.
-    ALL = "%N|%T|%f|%G|%m|%E"
-
-
-def split_columns(listed: str) -> dict[NodeColumns, str]:
-    """One `NodeColumns.ALL` listing as the three listings each parser reads, line for line."""
-    views: dict[NodeColumns, list[str]] = {NodeColumns.STATES: [], NodeColumns.FEATURES: [], NodeColumns.SIZES: []}
-    for line in listed.splitlines():
-        if not line.strip():
-            continue
-        words = line.split("|", 5)
-        if len(words) != 6:
-            raise ValueError(f"sinfo line {line!r} is not {NodeColumns.ALL.value}")
-        name, state, features, gres, memory, reason = words
-        views[NodeColumns.STATES].append(f"{name}|{state}|{reason}")
-        views[NodeColumns.FEATURES].append(f"{name}|{features}")
-        views[NodeColumns.SIZES].append(f"{name}|{gres}|{memory}")
-    return {columns: "".join(f"{line}\n" for line in lines) for columns, lines in views.items()}
 
 
 def run(
