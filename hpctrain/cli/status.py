@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from hpctrain.config.health import HealthConfig
+from hpctrain.config.slurm_file import slurm_settings
 from hpctrain.run.events import read_events
 from hpctrain.run.exitcodes import CLI_OK, CLI_REFUSED, CLI_USER_ERROR
 from hpctrain.run.paths import RunDir
@@ -143,7 +145,12 @@ def show_text(status: Status, args: argparse.Namespace) -> None:
 
 def _detail(row: Row) -> str:
     """The run's lives and goodput, then what its journal says of stragglers and of its end."""
-    said = diagnosis_lines(read_events(RunDir(row.run_dir).events))
+    run = RunDir(row.run_dir)
+    try:
+        keep_out_after = slurm_settings(run.config).health.keep_out_after_lives
+    except (OSError, ValueError):  # no config.yaml, or one this hpctrain cannot read: the default
+        keep_out_after = HealthConfig().keep_out_after_lives
+    said = diagnosis_lines(read_events(run.events), keep_out_after)
     return "\n".join([render_detail(row, figures_of(row)), *said])
 
 

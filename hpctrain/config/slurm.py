@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hpctrain.config.checks import check_srun_args, check_task_prefix, require, single_line
+from hpctrain.config.health import HealthConfig
 from hpctrain.config.network import NetworkConfig
 from hpctrain.run.causes import RESTART_CAUSES, Cause
 
@@ -156,6 +157,9 @@ class SlurmConfig:
     # checkpoint newer than any before them; at that many the run stops (a `failure` with cause
     # no_progress) instead of being requeued again. Preemptions and time limits never count. 0: off.
     no_progress_lives: int = 3
+    # The checks each node makes at the start of every life, a site's own command among them, and
+    # when a node that keeps failing lives is kept out (hpctrain/config/health.py).
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     @property
     def min_nodes(self) -> int:

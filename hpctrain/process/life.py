@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -21,17 +22,18 @@ import torch
 from hpctrain import faults, logs
 from hpctrain.checkpoint import NoUsableCheckpoint
 from hpctrain.config import load_run_config
+from hpctrain.config.schema import Config
 from hpctrain.dist import context as hdist
 from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError
-from hpctrain.process import ending, startup_clock
+from hpctrain.process import ending, node_health, startup_clock
 from hpctrain.process.early_signals import EarlySignals
 from hpctrain.process.signals import StopFlag
 from hpctrain.process.watchdog import start_watchdog
 from hpctrain.run import fencing
 from hpctrain.run.causes import STOP_TABLE, Cause, StopReason
 from hpctrain.run.events import Failure, Journal, Stop
-from hpctrain.run.exitcodes import WORKER_FENCED, WORKER_FINISHED, WORKER_USER_ERROR
+from hpctrain.run.exitcodes import WORKER_FENCED, WORKER_FINISHED, WORKER_NODE_UNHEALTHY, WORKER_USER_ERROR
 from hpctrain.run.paths import RunDir, checkpoints_in, no_room, no_room_message
 from hpctrain.slurm.env import SlurmEnvError
 from hpctrain.trainer.hooks import ProcessHooks
@@ -103,6 +105,11 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
     # stopped before it joined keeps the others in the rendezvous, which would otherwise wait
     # trainer.collective_timeout_s (longer, by the schema) and end as a crash.
     watchdog = start_watchdog(config, ctx, run_dir)
+    try:
+        health = _node_checks(config, run_dir, ctx)
+    except BaseException:
+        watchdog.stop()
+        raise
     faults.point("worker.before_rendezvous")
     # Threads before any work: the count is part of what makes a run bit-reproducible.
     torch.set_num_threads(config.trainer.threads)
@@ -116,12 +123,14 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
         watchdog.stop()
         raise
     ending.trained_here()
+    if "allreduce" in config.slurm.health.checks and ctx.world_size > 1:
+        health.update(_timed_allreduce(ctx))
     startup_clock.mark("joined")
     watchdog.beat()  # each stage of a start done is progress: a slow start on a loaded node is no hang
     trainer = None
     try:
         log.info("rank %d/%d on %s (%s), run dir %s", ctx.rank, ctx.world_size, ctx.device, ctx.source, run_dir)
-        trainer = Trainer(config, ctx, run_dir, ProcessHooks(stop, watchdog, ready=_ready))
+        trainer = Trainer(config, ctx, run_dir, ProcessHooks(stop, watchdog, ready=_ready, health=health))
         trainer.train()
         return None
     except StopTraining as stopped:
@@ -134,6 +143,51 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
         gc.collect()
         hdist.destroy_process_group()
         watchdog.stop()
+
+
+def _node_checks(config: Config, run_dir: Path, ctx: DistContext) -> dict[str, float]:
+    """slurm.health's checks of this node, by its first task, in a Slurm job (elsewhere there is
+    no other node to go on with): each check's seconds; NodeUnhealthy when one fails."""
+    checks = config.slurm.health
+    if ctx.life.job_id is None or ctx.local_rank != 0 or not (checks.checks or checks.command):
+        return {}
+    node = ctx.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    began = time.monotonic()
+    seconds = node_health.gate(
+        checks,
+        run_dir,
+        node,
+        config.slurm.gpus_per_node,
+        torch.cuda.device_count,
+        Journal(RunDir(run_dir).events),
+        ctx.life,
+    )
+    return {**seconds, "checks_s": round(time.monotonic() - began, 4)}
+
+
+def _timed_allreduce(ctx: DistContext) -> dict[str, float]:
+    """One all-reduce of node_health.ALLREDUCE_BYTES among all ranks, after one to warm the link:
+    its seconds and bus bandwidth, the same on every rank (the slowest rank's time)."""
+    import torch.distributed as dist
+
+    data = torch.zeros(node_health.ALLREDUCE_BYTES // 4, dtype=torch.float32, device=ctx.device)
+    dist.all_reduce(data)
+    _synchronize(ctx)
+    began = time.perf_counter()
+    dist.all_reduce(data)
+    _synchronize(ctx)
+    took = torch.tensor([time.perf_counter() - began], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    seconds = float(took.item())
+    return {
+        "allreduce_s": round(seconds, 5),
+        "allreduce_gbps": round(node_health.allreduce_gbps(ctx.world_size, seconds), 3),
+    }
+
+
+def _synchronize(ctx: DistContext) -> None:
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
 
 
 def _ready() -> dict[str, float]:
@@ -169,6 +223,8 @@ def spawned(local_rank: int, nprocs: int, store_path: str, run_dir: str, early: 
         reason = run(Path(run_dir), DistContext.for_spawn(local_rank, nprocs, store_path), early)
     except UserError:  # told already; the exit code says so to the launcher
         sys.exit(WORKER_USER_ERROR)
+    except node_health.NodeUnhealthy as unhealthy:
+        _leave_unhealthy(unhealthy)
     except fencing.Fenced as fenced:
         _leave_fenced(fenced)
     # Stopped and saved: the stop's code, as under srun. The launcher may not have had the signal
@@ -187,9 +243,17 @@ def main(run_dir: Path, early: EarlySignals) -> None:
         reason = run(run_dir, ctx, early)
     except UserError:
         sys.exit(WORKER_USER_ERROR)
+    except node_health.NodeUnhealthy as unhealthy:
+        _leave_unhealthy(unhealthy)
     except fencing.Fenced as fenced:
         _leave_fenced(fenced)
     sys.exit(STOP_TABLE[reason].exit_code if reason else WORKER_FINISHED)
+
+
+def _leave_unhealthy(unhealthy: node_health.NodeUnhealthy) -> None:
+    """Journaled already: say it in the job's output and leave; srun ends the step's other tasks."""
+    print(f"hpctrain: {unhealthy}; the node is left out of the run", file=sys.stderr, flush=True)
+    sys.exit(WORKER_NODE_UNHEALTHY)
 
 
 def _leave_fenced(fenced: fencing.Fenced) -> None:

@@ -33,11 +33,13 @@ from hpctrain.recovery.history import (
     lineage,
     lives_without_progress,
     marks,
+    nodes_failing_in_a_row,
     over_budget,
     previous_life,
     relaunched_for,
     saved_for,
     silent_nodes,
+    unhealthy_nodes,
 )
 from hpctrain.recovery.judge import classify, keep_out, launch_lost, lost_nodes, relaunch, requeue_shape
 from hpctrain.recovery.lost_host import decide_guard, decide_host_lost, decide_keeper
@@ -46,6 +48,7 @@ from hpctrain.run.events import (
     BY_SLURM,
     CANCELLED_BY_COMMAND,
     DETECTED_BY_CHECK,
+    DETECTED_BY_HEALTH,
     DETECTED_BY_HEARTBEAT,
     DETECTED_BY_SLURM,
     Cancelled,
@@ -109,6 +112,8 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
         heard_silent = silent_nodes(since)
         if set(lost) & heard_silent:
             detected = DETECTED_BY_HEARTBEAT
+        elif set(lost) <= unhealthy_nodes(since):
+            detected = DETECTED_BY_HEALTH
         elif set(lost) <= cluster.checked.unanswering:
             detected = DETECTED_BY_CHECK
         else:
@@ -122,7 +127,9 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
     if spent:
         written.append(Failure(**mark, cause=Cause.BUDGET, reason=spent, action=Action.FAIL.value))
         return Decision(Action.FAIL, tuple(written), message=spent)
-    kept_out = keep_out(outcome, cluster, lost)
+    # A node that keeps breaking lives stays out, though Slurm lists it in service again.
+    breaking = nodes_failing_in_a_row((*history.events, *written), budgets.keep_out_after_lives)
+    kept_out = keep_out(outcome, cluster, lost) | breaking
     # A node lost, or a rank hung on nodes that all live: train again in this job at once (a
     # requeue waits for Slurm's hold on a requeued job, about 120 s, then the queue). A hang right
     # after a hang's relaunch is not tried a third time here: requeued, it gets a new allocation.

@@ -174,11 +174,13 @@ class JobEnd:
 @dataclass(frozen=True)
 class Budgets:
     """slurm.restart_budget per cause, and slurm.max_restarts in all (None: their sum);
-    slurm.no_progress_lives (0: never stop for that)."""
+    slurm.no_progress_lives (0: never stop for that); slurm.health.keep_out_after_lives."""
 
     per_cause: dict[str, int]
     max_restarts: int | None = None
     no_progress_lives: int = 0
+    # slurm.health.keep_out_after_lives (0: a node back in service is let back in).
+    keep_out_after_lives: int = 0
 
     @property
     def total(self) -> int:

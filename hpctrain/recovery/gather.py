@@ -85,7 +85,10 @@ class Gatherer:
     # ---- the run dir and the config ----------------------------------------------------------
 
     def budgets(self) -> Budgets:
-        return Budgets(dict(self.slurm.restart_budget), self.slurm.max_restarts, self.slurm.no_progress_lives)
+        slurm = self.slurm
+        return Budgets(
+            slurm.restart_budget, slurm.max_restarts, slurm.no_progress_lives, slurm.health.keep_out_after_lives
+        )
 
     def history(self, launched_at: float | None = None) -> History:
         events = lineage(read_events(self.run.events), self.job_id)

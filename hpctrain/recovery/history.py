@@ -133,6 +133,30 @@ def lives_without_progress(events: Sequence[Event], this_life: tuple[str, int], 
     return row
 
 
+def nodes_failing_in_a_row(events: Sequence[Event], lives: int) -> set[str]:
+    """The nodes named by the failures (`failure` events with `nodes`: a health check, a silent
+    node, Slurm's NODE_FAIL, a node lost before its start) of `lives` lives in a row, wherever in
+    the run's past: such a node is kept out of its next lives (slurm.health.keep_out_after_lives),
+    though Slurm lists it in service. A life is a (job, restart), in the order the journal first
+    names it; 0 lives: none."""
+    if lives <= 0:
+        return set()
+    named: dict[tuple[str | None, int | None], set[str]] = {}
+    for event in events:
+        if event.job_id is None:  # a record of no life's own (a checkpoint's, written by rank 0)
+            continue
+        failed = named.setdefault((event.job_id, event.restart), set())
+        if isinstance(event, Failure) and event.nodes:
+            failed.update(event.nodes)
+    row = list(named.values())
+    return {node for at in range(len(row) - lives + 1) for node in set.intersection(*row[at : at + lives])}
+
+
+def unhealthy_nodes(since: Sequence[Event]) -> set[str]:
+    """The nodes that failed a check at the start of this step (hpctrain.process.node_health)."""
+    return {node for e in since if isinstance(e, Failure) and e.cause == Cause.NODE_HEALTH for node in e.nodes or ()}
+
+
 def silent_nodes(since: Sequence[Event]) -> set[str]:
     """The nodes the batch script's heartbeat watcher declared silent in this step."""
     return {node for e in since if isinstance(e, Silent) for node in e.nodes}

@@ -15,6 +15,7 @@ from hpctrain.recovery.history import (
     marks,
     saved_for,
     silent_nodes,
+    unhealthy_nodes,
 )
 from hpctrain.run.causes import Cause, StopReason, stop_cause
 from hpctrain.run.events import Event, Relaunch, Start
@@ -61,8 +62,8 @@ def launch_lost(since: Sequence[Event], outcome: Outcome) -> bool:
 
 
 def lost_nodes(since: Sequence[Event], outcome: Outcome, cluster: ClusterView) -> list[str]:
-    """The step's nodes that failed or left the allocation (an idle spare failing is not the
-    step's loss; a drained node is not a failed one)."""
+    """The step's nodes that failed, failed their checks, or left the allocation (an idle spare
+    failing is not the step's loss; a drained node is not a failed one)."""
     starts = [e for e in since if isinstance(e, Start)]
     # Before its `start`, the step ran (or tried to) on every allocated node not excluded.
     launched_on = set(cluster.original or cluster.allocated) - set(outcome.excluded)
@@ -70,7 +71,10 @@ def lost_nodes(since: Sequence[Event], outcome: Outcome, cluster: ClusterView) -
     gone = step_nodes - set(cluster.allocated) if cluster.allocated else set()
     # A node the heartbeat watcher heard fall silent: Slurm may list it as up for minutes yet.
     silent = silent_nodes(since) & step_nodes
-    return sorted(gone | silent | set(cluster.failed(sorted(step_nodes))))
+    # A node that failed its checks as the step started (hpctrain.process.node_health): alive, in
+    # service for Slurm, and unfit for this run.
+    unhealthy = unhealthy_nodes(since) & launched_on
+    return sorted(gone | silent | unhealthy | set(cluster.failed(sorted(step_nodes))))
 
 
 def relaunch(

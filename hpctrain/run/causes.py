@@ -94,6 +94,9 @@ class Cause(Word):
     # Lives in a row (slurm.no_progress_lives) ended by a failure without a checkpoint newer than
     # any before them: a crash at every resume, a hang then a crash. The run stops; nothing retries.
     NO_PROGRESS = "no_progress"
+    # A node failed one of its checks at the start of a life (slurm.health, hpctrain.process.node_health):
+    # the failure names it, the check and what it found; the life is charged to node_failure.
+    NODE_HEALTH = "node_health"
 
 
 # Causes that restart the job, each with its own budget (slurm.restart_budget.<cause>).

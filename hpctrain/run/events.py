@@ -69,6 +69,9 @@ class Start(Event):
     # reads config.yaml, see hpctrain.status.cost).
     job_nodes: int | None = None
     gpus_per_node: int | None = None
+    # The node checks' seconds on rank 0's node (slurm.health: run_dir_s, scratch_s, ...), and the
+    # timed all-reduce among all ranks: allreduce_s, allreduce_gbps (bus bandwidth).
+    health: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -167,12 +170,17 @@ class Failure(Event):
     new_job_id: str | None = None  # requeue_refused, resubmitted: the job the run goes on in
     # node_failure: how the loss was seen: DETECTED_BY_SLURM (the node DOWN or gone from the job)
     # or DETECTED_BY_HEARTBEAT (its processes fell silent: a `silent` event came first) or
-    # DETECTED_BY_CHECK (it did not answer the node check of a relaunch that would have used it).
+    # DETECTED_BY_CHECK (it did not answer the node check of a relaunch that would have used it)
+    # or DETECTED_BY_HEALTH (it failed a check as the life started: a `node_health` failure came first).
     detected_by: str | None = None
     # hang: the folder of the ranks' hang reports (RUN_DIR-relative, hpctrain.run.hang_reports),
     # and the ranks that wrote none: the ones the others were waiting for.
     report: str | None = None
     not_reached: list[int] | None = None
+    # node_health: the check the node failed (a name of slurm.health.checks, or `command`) and
+    # what it found.
+    check: str | None = None
+    result: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,6 +219,7 @@ BY_KEEPER = "keeper"
 DETECTED_BY_SLURM = "slurm"
 DETECTED_BY_HEARTBEAT = "heartbeat"
 DETECTED_BY_CHECK = "check"  # no answer to a relaunch's node check (hpctrain.recovery.node_check)
+DETECTED_BY_HEALTH = "health"  # a check at the life's start failed (slurm.health: a `node_health` failure first)
 # hpctrain-cancel's name in `cancelled` events (`by`).
 CANCELLED_BY_COMMAND = "hpctrain-cancel"
 

@@ -21,6 +21,9 @@ WORKER_USER_ERROR = 78  # a bad value or file (sysexits EX_CONFIG), already told
 # A newer generation of the run dir exists (hpctrain.run.generations): this life was replaced
 # (the keeper or the guardian submitted the run again, a user's --retry); it wrote nothing more.
 WORKER_FENCED = 79
+# This node failed a check at the start of the life (slurm.health): its `failure` is journaled;
+# the control step counts the node as lost (a relaunch on a spare, or a requeue without it).
+WORKER_NODE_UNHEALTHY = 80
 
 # ---- the batch script and its control step -----------------------------------------------------
 BATCH_FINISHED = 0

@@ -1,6 +1,8 @@
 """hpctrain-status --detail: what the journal says about why a run is slow or why it stopped.
 
 straggler: rank 1 on node2 2.71x its peers from step 300, cleared at step 360
+node_health: node2 failed its scratch check in job 41 restart 0: 0.2 GB free in /tmp (...)
+kept out: node2 (named by the failures of 2 lives in a row: slurm.health.keep_out_after_lives)
 stopped: 3 lives in a row ended (crash this one) without a newer checkpoint (no_progress)
 """
 
@@ -8,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hpctrain.recovery.history import nodes_failing_in_a_row
 from hpctrain.run.causes import Cause
 from hpctrain.run.events import Event, Failure, Straggler, StragglerCleared
 
 
-def diagnosis_lines(events: Sequence[Event]) -> list[str]:
-    return [*_stragglers(events), *_stopped(events)]
+def diagnosis_lines(events: Sequence[Event], keep_out_after_lives: int = 2) -> list[str]:
+    return [*_stragglers(events), *_unhealthy(events, keep_out_after_lives), *_stopped(events)]
 
 
 def _stragglers(events: Sequence[Event]) -> list[str]:
@@ -30,6 +33,23 @@ def _stragglers(events: Sequence[Event]) -> list[str]:
                     lines.append(f"{open_.pop(rank)}, cleared at step {event.step}")
     lines += [f"{line}, still slow at the last window" for line in open_.values()]
     return lines[-5:]
+
+
+def _unhealthy(events: Sequence[Event], keep_out_after_lives: int) -> list[str]:
+    """The newest 3 failed node checks, and the nodes kept out for failing lives in a row."""
+    failed = [e for e in events if isinstance(e, Failure) and e.cause == Cause.NODE_HEALTH]
+    lines = [
+        f"node_health: {','.join(e.nodes or [])} failed its {e.check} check in job {e.job_id} "
+        f"restart {e.restart}: {e.result}"
+        for e in failed[-3:]
+    ]
+    kept_out = sorted(nodes_failing_in_a_row(events, keep_out_after_lives))
+    if kept_out:
+        lines.append(
+            f"kept out: {','.join(kept_out)} (named by the failures of {keep_out_after_lives} lives in a row: "
+            "slurm.health.keep_out_after_lives)"
+        )
+    return lines
 
 
 def _stopped(events: Sequence[Event]) -> list[str]:

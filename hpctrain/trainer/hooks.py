@@ -54,3 +54,5 @@ class ProcessHooks:
     # Called once, when the trainer is ready to train (the model built, the checkpoint loaded):
     # the start-up's phases in seconds, for the `start` record (hpctrain.process.startup_clock).
     ready: Callable[[], dict[str, float]]
+    # What the node checks measured before training (hpctrain.process.node_health), for `start`.
+    health: dict[str, float] | None = None

@@ -14,7 +14,12 @@ from hpctrain.trainer.layout import Layout
 
 
 def start_record(
-    ctx: DistContext, resumed_from_step: int, total_steps: int, layout: Layout, startup: dict[str, float]
+    ctx: DistContext,
+    resumed_from_step: int,
+    total_steps: int,
+    layout: Layout,
+    startup: dict[str, float],
+    health: dict[str, float] | None = None,
 ) -> Start:
     """Collective: every rank reports where it runs, which GPU it binds and which CPUs it may run
     on (Slurm's task/affinity pins each task to its slurm.cpus_per_task CPUs), so the journal
@@ -45,4 +50,5 @@ def start_record(
         # as this life's step sees them.
         job_nodes=ctx.life.job_nodes,
         gpus_per_node=ctx.life.gpus_on_node,
+        health=health or None,
     )

@@ -76,7 +76,9 @@ class Trainer:
         # step (which may compile) has trainer.first_step_timeout_s.
         self.watchdog.beat(FIRST_STEP)
         course = self.course
-        started = start_record(self.ctx, self.state.step, course.total_steps, course.layout, self.hooks.ready())
+        started = start_record(
+            self.ctx, self.state.step, course.total_steps, course.layout, self.hooks.ready(), self.hooks.health
+        )
         self.journal.write_event(started)
         cfg = self.config.trainer
         nodes = [str(rank["node"]) for rank in started.ranks or []]
