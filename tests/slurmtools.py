@@ -415,10 +415,10 @@ def running_daemons() -> dict[str, list[str]]:
     return found
 
 
-def node_state(env: dict[str, str], node: str, state: str) -> None:
-    """`scontrol update nodename=NODE state=STATE` (down, resume), as an administrator sets it."""
+def node_state(env: dict[str, str], node: str, state: str, reason: str = "hpctrain-test") -> None:
+    """`scontrol update nodename=NODE state=STATE` (down, drain, resume), as an administrator sets it."""
     done = subprocess.run(
-        ["scontrol", "update", f"nodename={node}", f"state={state}", "reason=hpctrain-test"],
+        ["scontrol", "update", f"nodename={node}", f"state={state}", f"reason={reason}"],
         env=env,
         capture_output=True,
         text=True,

@@ -126,6 +126,11 @@ class SlurmConfig:
     # node dead and relaunches on a spare or requeues without it, instead of waiting for Slurm's
     # SlurmdTimeout (300 s by default) or the collective timeout; 0: no heartbeats.
     silent_node_timeout_s: float = 10.0
+    # With spare nodes, how often (seconds) the batch script's watcher asks Slurm about the step's
+    # nodes: a training node an administrator drains, while a spare is free, is left at the next
+    # step boundary after a forced save, the step relaunched on the spare (docs/diagnostics.md).
+    # 0: never (the run trains on there until its life ends). Needs silent_node_timeout_s > 0.
+    drain_poll_s: float = 30.0
     # With spare nodes, one standby per node of the job (hpctrain.process.standby) imports torch and the
     # trainer once the life trains, and waits: a relaunch's tasks are handed to it and start
     # without those imports (seconds at every relaunch). Jobs with GPUs start cold (docs/lost-nodes.md).
@@ -205,6 +210,7 @@ class SlurmConfig:
             require(value is None or value >= 1, f"slurm.{key}", f"must be >= 1 or null (got {value})")
         require(self.gpus_per_node >= 0, "slurm.gpus_per_node", f"must be >= 0 (got {self.gpus_per_node})")
         require(self.guardian_gpus >= 0, "slurm.guardian_gpus", f"must be >= 0 (got {self.guardian_gpus})")
+        require(self.drain_poll_s >= 0, "slurm.drain_poll_s", f"must be >= 0 (got {self.drain_poll_s})")
         require(self.signal_delay_s >= 0, "slurm.signal_delay_s", f"must be >= 0 (got {self.signal_delay_s})")
         require(
             self.silent_node_timeout_s == 0 or self.silent_node_timeout_s >= MIN_SILENT_NODE_TIMEOUT_S,

@@ -107,6 +107,8 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
         requeue = Requeue(**mark, cause=Cause.LAUNCH, excluded=sorted(shaped), nodes=nodes)
         return Decision(Action.REQUEUE, (requeue,), tuple(sorted(shaped)), "requeue (its srun started no task)")
     cause = classify(since, outcome, lost, preempting=cluster.preempting)
+    if cause is Cause.DRAIN:
+        return _leave_drained(history, outcome, cluster)
     written: list[Event] = []
     if lost:
         heard_silent = silent_nodes(since)
@@ -156,6 +158,22 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
     written.append(Requeue(**mark, cause=cause, excluded=excluded, nodes=nodes))
     given_up = f"; on {nodes} nodes, the spares it cannot have given up" if nodes is not None else ""
     return Decision(Action.REQUEUE, tuple(written), tuple(excluded), f"requeue ({cause.value}{given_up})")
+
+
+def _leave_drained(history: History, outcome: Outcome, cluster: ClusterView) -> Decision:
+    """The ranks saved and stopped at the watcher's word: a training node drains and a spare was
+    free (hpctrain.recovery.drain_watch). Relaunched at once without the drained nodes (relaunch
+    leaves out every node that is not in service), charged to no budget: nothing failed, and
+    the drained node never comes back into the step. Without the nodes for it by now (the spare
+    failed meanwhile), requeued without them, charged to nothing either."""
+    kept_out = keep_out(outcome, cluster, [])
+    again = relaunch(history, outcome, cluster, kept_out, [], Cause.DRAIN)
+    if again:
+        said = f"relaunch on {','.join(again.nodes)} (drain: {','.join(cluster.drained(cluster.original))} left)"
+        return Decision(Action.RELAUNCH, (again,), tuple(again.excluded), said, step_nodes=len(again.nodes))
+    shaped, nodes = requeue_shape(kept_out, outcome, cluster)  # Slurm starts nothing on a drained node
+    requeue = Requeue(**marks(history), cause=Cause.DRAIN, excluded=sorted(shaped), nodes=nodes)
+    return Decision(Action.REQUEUE, (requeue,), tuple(sorted(shaped)), "requeue (drain: no spare left for it)")
 
 
 def decide_cancelled(history: History, requeued_by_slurm: bool = False, timed_out: bool = False) -> Decision:

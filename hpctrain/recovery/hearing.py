@@ -72,6 +72,10 @@ class StepHearing:
             place.live.add(rank)
             place.newest = now
 
+    def nodes(self) -> list[str]:
+        """The nodes with a rank that has not said bye: the step's training nodes."""
+        return sorted(name for name, place in list(self._nodes.items()) if place.live)
+
     def afresh(self, now: float) -> None:
         """Every rank heard at `now` (the watcher itself did not run: the silence was its own)."""
         for heard in self.ranks.values():

@@ -98,8 +98,9 @@ def checkpoint_interval_s(events: Sequence[Event]) -> float | None:
 
 # Lives that end for these made no mistake of the run's: they never count as lives without
 # progress (nor break a row of them). A preemption or the time limit without a save (GraceTime 0)
-# loses the life's steps by the site's doing; a launch that started no task trained nothing.
-_NOT_THE_RUNS = (Cause.PREEMPT, Cause.TIMELIMIT, Cause.LAUNCH)
+# loses the life's steps by the site's doing; a launch that started no task trained nothing; a
+# drained node is left after a save, by an administrator's doing.
+_NOT_THE_RUNS = (Cause.PREEMPT, Cause.TIMELIMIT, Cause.LAUNCH, Cause.DRAIN)
 
 
 def lives_without_progress(events: Sequence[Event], this_life: tuple[str, int], ending_for: Cause) -> int:

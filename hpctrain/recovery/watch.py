@@ -23,6 +23,9 @@ killed it, or this node is cut off itself), a training process that is merely sl
 SIGSTOPped (its beater beats on), and this watcher paused itself (a suspended job: the gap is its
 own, so every rank is heard afresh).
 
+With spare nodes it also watches for a training node an administrator drains
+(hpctrain.recovery.drain_watch), and leaves it for a spare at the next step boundary.
+
 It also answers the batch host's keeper (hpctrain.recovery.keeper), a step on another node that asks
 once a second whether this node and its batch script are still there.
 """
@@ -41,6 +44,7 @@ from pathlib import Path
 
 from hpctrain import faults
 from hpctrain.config.slurm_file import slurm_settings
+from hpctrain.recovery.drain_watch import DrainWatch
 from hpctrain.recovery.hearing import StepHearing
 from hpctrain.run.events import Journal, Silent
 from hpctrain.run.heartbeats import BEAT_S, PING, PONG, Beat
@@ -83,6 +87,16 @@ class Watcher:
         # silence must not end the new step.
         self.step_srun: int | None = None
         self.ended: set[str] = set()  # steps this watcher ended
+        # With spares: a training node an administrator drains is left for one (drain_watch).
+        poll_s = float(settings.drain_poll_s) if settings.spare_nodes > 0 else 0.0
+        self.drains = DrainWatch(self.journal, self.job_id, self.restart, poll_s, self._running_step, self.env)
+
+    def _running_step(self) -> tuple[str, list[str]] | None:
+        """The step now training and its nodes (for the drain watch's thread)."""
+        step, heard = self.step, self.heard
+        if not step or self._step_srun() is None or step in self.ended:
+            return None
+        return step, heard.nodes()
 
     def listen(self) -> socket.socket:
         """The UDP socket, and FOLDER/addr naming it (written whole: the shell may read it at once)."""
@@ -100,6 +114,7 @@ class Watcher:
     def run(self) -> int:
         shell = os.getppid()
         sock = self.listen()
+        self.drains.start()
         tick = time.monotonic()
         while os.getppid() == shell:  # the batch shell gone: nothing left to watch for
             self._receive(sock, until=time.monotonic() + TICK_S)

@@ -97,6 +97,9 @@ class Cause(Word):
     # A node failed one of its checks at the start of a life (slurm.health, hpctrain.process.node_health):
     # the failure names it, the check and what it found; the life is charged to node_failure.
     NODE_HEALTH = "node_health"
+    # A training node drained by an administrator, left for a free spare at a step boundary after
+    # a forced save (hpctrain.recovery.drain_watch): no step redone, charged to no budget.
+    DRAIN = "drain"
 
 
 # Causes that restart the job, each with its own budget (slurm.restart_budget.<cause>).

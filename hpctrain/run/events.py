@@ -11,42 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hpctrain.run.causes import Cause, CheckpointReason, StopReason, Word
+from hpctrain.run.causes import Cause, CheckpointReason, StopReason
+from hpctrain.run.event_base import Event
 from hpctrain.run.jsonlines import JsonLines, read_jsonl
-
-
-@dataclass(frozen=True)
-class Event:
-    name: ClassVar[str] = ""
-    # Fields written even when None (null: hpctrain-train has no job); others only when known.
-    always: ClassVar[tuple[str, ...]] = ("job_id",)
-    time: float = 0.0
-    job_id: str | None = None  # the life's job as Slurm names it, `36_7` in an array (None: no Slurm job)
-    restart: int | None = None  # SLURM_RESTART_COUNT of the life that wrote it
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    def __post_init__(self) -> None:
-        # A cause or reason given as its word (a journal line, a caller's string) is held as its enum.
-        for name, kind in _WORD_FIELDS.get(type(self), {}).items():
-            value = getattr(self, name)
-            if isinstance(value, str) and not isinstance(value, kind):
-                object.__setattr__(self, name, kind.read(value))
-
-    def to_record(self) -> dict[str, Any]:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        always = self.written_when_none()
-        kept = {k: v for k, v in fields.items() if v is not None or k in always}
-        record = {"event": self.name, **kept, **self.extra}
-        return {k: (v.value if isinstance(v, Word) else v) for k, v in record.items()}
-
-    def written_when_none(self) -> tuple[str, ...]:
-        return self.always
+from hpctrain.run.watch_events import Draining, Silent, Straggler, StragglerCleared
 
 
 @dataclass(frozen=True)
@@ -183,20 +156,6 @@ class Failure(Event):
     result: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class Silent(Event):
-    """The batch script's heartbeat watcher heard nothing from every training process of `nodes`
-    for `silent_s` seconds while the others beat on (hpctrain.recovery.watch): written before it
-    ends the step. The step's after-step counts these nodes as failed."""
-
-    name: ClassVar[str] = "silent"
-    nodes: list[str]
-    ranks: list[int]
-    silent_s: float
-    timeout_s: float  # slurm.silent_node_timeout_s
-    step_id: str | None = None  # the training step's SLURM_STEP_ID
-
-
 @dataclass(frozen=True)
 class Cancelled(Event):
     name: ClassVar[str] = "cancelled"
@@ -293,30 +252,6 @@ class Released(Event):
     by: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class Straggler(Event):
-    """Ranks persistently slower than their peers at the work of a step that waits on no one
-    (hpctrain.trainer.stragglers): written once when the episode begins."""
-
-    name: ClassVar[str] = "straggler"
-    step: int  # the step that ended the window that found them
-    ranks: list[int]
-    nodes: list[str]  # the ranks' nodes, in the same order
-    slowdown: list[float]  # each rank's time over its peers' median, in the same order
-    window_steps: int  # the steps each rank's time is the median of
-
-
-@dataclass(frozen=True, kw_only=True)
-class StragglerCleared(Event):
-    """Ranks named by a `straggler` that are no longer slower than the threshold."""
-
-    name: ClassVar[str] = "straggler_cleared"
-    step: int
-    ranks: list[int]
-    nodes: list[str]
-    window_steps: int
-
-
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.name: cls
     for cls in (
@@ -328,6 +263,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Relaunch,
         Failure,
         Silent,
+        Draining,
         Cancelled,
         Retry,
         Replanned,
@@ -344,20 +280,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
 # hpctrain-status's "how it ended" both read them. `pruned`: hpctrain-tune's pruner ended the
 # trial on purpose, like a finish.
 ENDINGS: tuple[type[Event], ...] = (Finish, Failure, Requeue, Relaunch, Cancelled, Pruned)
-
-
-def _word_fields(cls: type[Event]) -> dict[str, type[Word]]:
-    """The fields of `cls` typed as a word of hpctrain.run.causes, with their enum."""
-    hints = typing.get_type_hints(cls)
-    return {
-        f.name: kind
-        for f in dataclasses.fields(cls)
-        for kind in (hints[f.name], *typing.get_args(hints[f.name]))
-        if isinstance(kind, type) and issubclass(kind, Word)
-    }
-
-
-_WORD_FIELDS = {cls: _word_fields(cls) for cls in EVENT_TYPES.values()}
 
 
 def from_record(record: dict[str, Any]) -> Event | None:

@@ -346,10 +346,13 @@ def run_on_node(job_id: str, node: str, command: list[str], purpose: Purpose, *,
 # ---- sinfo, sacct, sacctmgr ------------------------------------------------------------------
 
 
-def nodes(columns: NodeColumns, purpose: Purpose, *, until: float | None = None) -> Answer[str]:
-    """`sinfo -N -h -a -o COLUMNS`: every node, one line per node and partition, in sinfo's words
-    (the recovery's parsers read them); "" unless Slurm answered."""
-    done = _ask([SINFO, "-N", "-h", "-a", "-o", columns.value], purpose, until=until)
+def nodes(
+    columns: NodeColumns, purpose: Purpose, *, until: float | None = None, names: Sequence[str] = ()
+) -> Answer[str]:
+    """`sinfo -N -h -a -o COLUMNS [-n NAMES]`: every node (or those named), one line per node and
+    partition, in sinfo's words (the recovery's parsers read them); "" unless Slurm answered."""
+    named = ["-n", ",".join(names)] if names else []
+    done = _ask([SINFO, "-N", "-h", "-a", *named, "-o", columns.value], purpose, until=until)
     return Answer(done, done.stdout if done.ok else "")
 
 
