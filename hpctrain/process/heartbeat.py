@@ -18,11 +18,17 @@ it sees its parent gone. So a rank that exits (a crash, the end, a stop) is neve
 silent node. A SIGSTOPped training process alone keeps its beater beating: its node is alive, and
 its peers' hang watchdog reports it (hpctrain.process.watchdog). Only a node whose every process
 stops (its beater too) or whose network is gone falls silent.
+
+Before the watcher ends a step for a silent node, it asks each live rank's beater for the rank's
+stacks (hpctrain.run.heartbeats.StacksAsked): the beater sends its training process STACKS_SIGNAL,
+on which faulthandler (registered by `start`) dumps every thread's stack into a file of this
+node's own, and writes them as the rank's hang report (hpctrain.run.hang_reports.write_asked).
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import socket
@@ -31,13 +37,20 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
 
-from hpctrain.run.heartbeats import ADDR_ENV, BEAT_S, Beat, parse_addr
+from hpctrain.run import hang_reports
+from hpctrain.run.heartbeats import ADDR_ENV, BEAT_S, STACKS_SIGNAL_NAME, Beat, StacksAsked, parse_addr
 
 # How often the beater looks whether its training process has ended.
 LOOK_S = 0.2
 # The signals the beater leaves to its training process (srun and Slurm signal the whole task).
 IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
+STACKS_SIGNAL = getattr(signal, STACKS_SIGNAL_NAME)
+# How long the beater waits for its training process's dump: faulthandler writes from the signal
+# handler at once; a process that wrote nothing by then is stopped or stuck in the kernel.
+STACKS_WAIT_S = 1.0
 
 
 @dataclass
@@ -80,14 +93,53 @@ def start(environ: Mapping[str, str], rank: int) -> Beating | None:
         return None
     node = environ.get("SLURMD_NODENAME") or socket.gethostname()
     step = environ.get("SLURM_STEP_ID", "")
-    command = [sys.executable, "-m", "hpctrain.process.heartbeat", addr, str(rank), node, step, str(os.getpid())]
+    stacks = _dump_stacks_on_signal(environ)
+    command = [
+        sys.executable,
+        "-m",
+        "hpctrain.process.heartbeat",
+        addr,
+        str(rank),
+        node,
+        step,
+        str(os.getpid()),
+        stacks,
+    ]
     global _current
     _current = Beating(subprocess.Popen(command, stdin=subprocess.DEVNULL, close_fds=True), addr, rank, node, step)
     return _current
 
 
-def beat(addr: str, rank: int, node: str, step: str, parent: int, clock: Callable[[], float] = time.monotonic) -> None:
-    """Send a beat every BEAT_S seconds while `parent` (the training process) lives; then `bye`."""
+def _dump_stacks_on_signal(environ: Mapping[str, str]) -> str:
+    """This process dumps every thread's stack into a file of this node's own on STACKS_SIGNAL
+    (faulthandler: from C, so it answers while the main thread waits in a collective); the
+    file's path, "" where none could be opened (then no stacks are given)."""
+    folder = environ.get("TMPDIR") or "/tmp"
+    path = os.path.join(folder, f"hpctrain-stacks.{os.getpid()}.txt")
+    try:
+        global _stacks_file
+        _stacks_file = open(path, "w")  # noqa: SIM115 (held open for faulthandler as long as the process lives)
+        faulthandler.register(STACKS_SIGNAL, file=_stacks_file, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):
+        return ""
+    return path
+
+
+_stacks_file: TextIO | None = None
+
+
+def beat(
+    addr: str,
+    rank: int,
+    node: str,
+    step: str,
+    parent: int,
+    clock: Callable[[], float] = time.monotonic,
+    stacks: str = "",
+) -> None:
+    """Send a beat every BEAT_S seconds while `parent` (the training process) lives; then `bye`.
+    Between beats, answer the watcher's StacksAsked with the parent's stacks (`stacks`: the file
+    faulthandler dumps them in)."""
     for signum in IGNORED:
         signal.signal(signum, signal.SIG_IGN)
     host, port = parse_addr(addr)
@@ -97,6 +149,8 @@ def beat(addr: str, rank: int, node: str, step: str, parent: int, clock: Callabl
     target = _resolve(host, port)
     seq, next_beat = 0, clock()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as out:
+        out.bind(("0.0.0.0", 0))  # the watcher answers to the port the beats come from
+        out.settimeout(LOOK_S)
         while os.getppid() == parent:
             if clock() >= next_beat:
                 target = target or _resolve(host, port)
@@ -104,10 +158,45 @@ def beat(addr: str, rank: int, node: str, step: str, parent: int, clock: Callabl
                     target = None
                 seq, next_beat = seq + 1, next_beat + BEAT_S
                 next_beat = max(next_beat, clock())  # after a pause (suspended), beat at once
-            time.sleep(LOOK_S)
+            asked = _listen(out)
+            if asked is not None:
+                _give_stacks(asked, parent, stacks, rank, node)
         target = target or _resolve(host, port)
         if target is not None:
             _send(out, target, Beat(rank, node, step, parent, seq, bye=True))
+
+
+def _listen(out: socket.socket) -> StacksAsked | None:
+    """What the watcher asked within LOOK_S, if anything."""
+    try:
+        data, _ = out.recvfrom(4096)
+    except (TimeoutError, OSError):
+        return None
+    return StacksAsked.decode(data)
+
+
+def _give_stacks(asked: StacksAsked, parent: int, stacks: str, rank: int, node: str) -> None:
+    """The parent's stacks as its hang report: signalled, given STACKS_WAIT_S to dump, written."""
+    dumped = ""
+    if stacks:
+        try:
+            before = os.path.getsize(stacks)
+            os.kill(parent, STACKS_SIGNAL)
+            deadline = time.monotonic() + STACKS_WAIT_S
+            size = before
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                now = os.path.getsize(stacks)
+                if now > before and now == size:  # grown, and no longer growing: the dump is whole
+                    break
+                size = now
+            with open(stacks) as dump:
+                dump.seek(before)
+                dumped = dump.read()
+        except OSError:
+            dumped = ""
+    with contextlib.suppress(OSError):
+        hang_reports.write_asked(Path(asked.folder), rank, node, parent, asked.why, dumped)
 
 
 def _resolve(host: str, port: int) -> tuple[str, int] | None:
@@ -128,8 +217,14 @@ def _send(out: socket.socket, target: tuple[str, int], one: Beat) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    addr, rank, node, step, parent = argv
-    beat(addr, int(rank), node, step, int(parent))
+    addr, rank, node, step, parent, *rest = argv
+    stacks = rest[0] if rest else ""
+    try:
+        beat(addr, int(rank), node, step, int(parent), stacks=stacks)
+    finally:
+        if stacks:  # the training process has ended: its stacks file with it
+            with contextlib.suppress(OSError):
+                os.unlink(stacks)
     return 0
 
 

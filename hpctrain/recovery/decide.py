@@ -56,6 +56,7 @@ from hpctrain.run.events import (
     Failure,
     Finish,
     Requeue,
+    Silent,
     Start,
     last_checkpoint_step,
 )
@@ -120,8 +121,17 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
             detected = DETECTED_BY_CHECK
         else:
             detected = DETECTED_BY_SLURM
+        # The live ranks' stacks, taken by the watcher before it ended the step (where they waited).
+        report = next((e.report for e in reversed(since) if isinstance(e, Silent) and e.report), None)
         written.append(
-            Failure(**mark, cause=Cause.NODE_FAILURE, nodes=lost, exit_code=outcome.exit_code, detected_by=detected)
+            Failure(
+                **mark,
+                cause=Cause.NODE_FAILURE,
+                nodes=lost,
+                exit_code=outcome.exit_code,
+                detected_by=detected,
+                report=report if detected == DETECTED_BY_HEARTBEAT else None,
+            )
         )
     if cause in (Cause.CRASH, Cause.HANG) and not any(is_failure(e, cause) for e in since):
         written.append(Failure(**mark, cause=cause, nodes=[], exit_code=outcome.exit_code))

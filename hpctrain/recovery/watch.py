@@ -46,8 +46,9 @@ from hpctrain import faults
 from hpctrain.config.slurm_file import slurm_settings
 from hpctrain.recovery.drain_watch import DrainWatch
 from hpctrain.recovery.hearing import StepHearing
+from hpctrain.run import hang_reports
 from hpctrain.run.events import Journal, Silent
-from hpctrain.run.heartbeats import BEAT_S, PING, PONG, Beat
+from hpctrain.run.heartbeats import BEAT_S, PING, PONG, Beat, StacksAsked
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.node_address import rank0_address
 from hpctrain.slurm import client
@@ -63,6 +64,9 @@ RECEIVE_BUFFER_BYTES = 8 << 20
 ADDR_FILE, SRUN_PID_FILE = "addr", "srun.pid"
 # The scancel's head start before srun is killed: the request leaves before the shell moves on.
 SCANCEL_LEAD_S = 0.5
+# How long the live ranks get to give their stacks before a silent node's step is ended: their
+# beaters wait a second for the dump, then write it.
+STACKS_WAIT_S = 2.5
 
 
 def paused(previous_tick: float, now: float, timeout_s: float) -> bool:
@@ -87,6 +91,9 @@ class Watcher:
         # silence must not end the new step.
         self.step_srun: int | None = None
         self.ended: set[str] = set()  # steps this watcher ended
+        self.senders: dict[int, tuple[str, int]] = {}  # the current step's ranks: where their beats come from
+        self.sock: socket.socket | None = None
+        self.life = life
         # With spares: a training node an administrator drains is left for one (drain_watch).
         poll_s = float(settings.drain_poll_s) if settings.spare_nodes > 0 else 0.0
         self.drains = DrainWatch(self.journal, self.job_id, self.restart, poll_s, self._running_step, self.env)
@@ -113,7 +120,7 @@ class Watcher:
 
     def run(self) -> int:
         shell = os.getppid()
-        sock = self.listen()
+        sock = self.sock = self.listen()
         self.drains.start()
         tick = time.monotonic()
         while os.getppid() == shell:  # the batch shell gone: nothing left to watch for
@@ -164,11 +171,14 @@ class Watcher:
                 return  # a late beat of the step before
             self.heard, self.step = StepHearing(), beat.step  # a new step (a relaunch): its ranks only
             self.step_srun = self._srun()
+            self.senders = {}
         self.heard.hear(beat.rank, beat.node, time.monotonic(), bye=beat.bye)
+        self.senders[beat.rank] = sender
 
     def _end_step(self, silent: dict[str, list[int]], now: float) -> None:
         longest = max(now - self.heard.ranks[rank].last for ranks in silent.values() for rank in ranks)
         nodes = sorted(silent)
+        report = self._ask_stacks(silent, f"{','.join(nodes)} silent for {longest:.0f} s")
         self.journal.write_event(
             Silent(
                 job_id=self.job_id,
@@ -178,11 +188,13 @@ class Watcher:
                 silent_s=round(longest, 1),
                 timeout_s=self.timeout_s,
                 step_id=self.step or None,
+                report=report,
             )
         )
         print(
             f"hpctrain: no heartbeat from {','.join(nodes)} for {longest:.0f} s "
-            f"(slurm.silent_node_timeout_s={self.timeout_s:g}): ending the step",
+            f"(slurm.silent_node_timeout_s={self.timeout_s:g}): ending the step"
+            + (f"; the live ranks' stacks are in {report}" if report else ""),
             file=sys.stderr,
             flush=True,
         )
@@ -196,6 +208,27 @@ class Watcher:
                 os.kill(srun, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def _ask_stacks(self, silent: dict[str, list[int]], why: str) -> str | None:
+        """Each live rank's stacks as its hang report, before the step is ended: asked of its
+        beater (hpctrain.run.heartbeats.StacksAsked), awaited STACKS_WAIT_S at most, never
+        longer (a rank that gives none is said so in its report, or has none). The reports'
+        folder, RUN_DIR-relative; None when none came."""
+        gone = {rank for ranks in silent.values() for rank in ranks}
+        live = {r: addr for r, addr in self.senders.items() if r not in gone and not self.heard.ranks[r].gone}
+        if self.sock is None or not live:
+            return None
+        folder = hang_reports.folder_of(self.run_dir, self.life)
+        asked = StacksAsked(str(folder), why).encode()
+        for addr in live.values():
+            with contextlib.suppress(OSError):
+                self.sock.sendto(asked, addr)
+        deadline = time.monotonic() + STACKS_WAIT_S
+        while time.monotonic() < deadline and not set(live) <= hang_reports.reported(folder):
+            time.sleep(0.1)
+        if not hang_reports.reported(folder):
+            return None
+        return str(folder.relative_to(self.run_dir)) if folder.is_relative_to(self.run_dir) else str(folder)
 
     def _srun(self) -> int | None:
         """The running step's srun (its pid file written by the shell at launch, removed when it

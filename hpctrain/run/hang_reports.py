@@ -7,6 +7,10 @@ node gone) leaves no file, and that absence is the answer: the rank the others w
 first rank to write waits a few seconds for its peers' reports, then names the ranks that wrote
 none in its `failure` event (`not_reached`) with the folder (`report`).
 
+The batch script's watcher asks for the same reports before it ends a step whose node fell silent
+(hpctrain.run.heartbeats.StacksAsked): each live rank's beater has its training process dump
+its stacks and writes them here (`write_asked`); the silent node's ranks write none.
+
 <life> is `<job id>.<restart>` in a Slurm job, `local.<parent pid>` for hpctrain-train's own ranks
 (they share the process that forked them).
 """
@@ -62,3 +66,18 @@ def header(rank: int, node: str, idle_s: float, steps: int, phase: str) -> Itera
     yield f"rank {rank} on {node}, pid {os.getpid()}"
     yield f"no training step finished for {idle_s:.0f} s; {steps} steps finished this life; in: {phase}"
     yield ""
+
+
+def write_asked(folder: Path, rank: int, node: str, pid: int, why: str, stacks: str) -> None:
+    """A report the watcher asked for, written whole (a temporary file renamed): `stacks` as the
+    training process dumped them, or, when it dumped nothing, why there are none."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = report_path(folder, rank)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    said = (
+        stacks
+        if stacks.strip()
+        else "no stacks: the process did not dump them in time (stopped, or stuck in the kernel)\n"
+    )
+    tmp.write_text(f"rank {rank} on {node}, pid {pid}\nasked by the batch script's watcher: {why}\n\n{said}")
+    tmp.replace(path)

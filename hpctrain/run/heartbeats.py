@@ -5,7 +5,11 @@ names it `host:port` in ADDR_ENV for the training step. On that port:
   - each training process's beater (hpctrain.process.heartbeat) sends a `Beat` every BEAT_S
     seconds, and a last one with `bye` when its training process leaves;
   - the batch host's keeper (hpctrain.recovery.keeper, on another node) sends PING once every
-    BEAT_S and the watcher answers PONG at once.
+    BEAT_S and the watcher answers PONG at once;
+  - before the watcher ends a step whose node fell silent, it sends each live rank's beater a
+    `StacksAsked` (to the address its beats come from): the beater has its training process dump
+    every thread's stack (STACKS_SIGNAL, faulthandler) and writes the rank's hang report in the
+    folder it names (hpctrain.run.hang_reports).
 Beater, watcher and keeper may run different Pythons (a container's, slurm.control_python's) but
 always the same hpctrain: the format is versioned all the same, so a stray packet or another
 version is ignored, never taken for a beat. Standard library only: the watcher starts without torch.
@@ -25,6 +29,34 @@ VERSION = 1
 # The keeper asks, the watcher answers: a batch host that stops answering has lost its batch
 # script, or is silent itself.
 PING, PONG = b"hpctrain-keeper-ping", b"hpctrain-keeper-pong"
+# What a training process dumps its stacks on (faulthandler, from C: it answers while the main
+# thread waits in a collective or holds the GIL). SIGURG: ignored by default, so a process that
+# registered nothing for it is never harmed; no Python, torch or Slurm use of it.
+STACKS_SIGNAL_NAME = "SIGURG"
+_STACKS = b"hpctrain-stacks "
+
+
+@dataclass(frozen=True)
+class StacksAsked:
+    """The watcher asks a beater for its rank's stacks: the hang reports' folder, and why."""
+
+    folder: str  # RUN_DIR/hangs/<life>
+    why: str  # "node2 silent for 10 s"
+
+    def encode(self) -> bytes:
+        return _STACKS + json.dumps({"v": VERSION, **asdict(self)}, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> StacksAsked | None:
+        if not data.startswith(_STACKS):
+            return None
+        try:
+            record = json.loads(data[len(_STACKS) :])
+            if not isinstance(record, dict) or record.get("v") != VERSION:
+                return None
+            return cls(folder=str(record["folder"]), why=str(record["why"]))
+        except (ValueError, KeyError, TypeError):
+            return None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,9 @@ class Silent(Event):
     silent_s: float
     timeout_s: float  # slurm.silent_node_timeout_s
     step_id: str | None = None  # the training step's SLURM_STEP_ID
+    # The live ranks' hang reports, asked before the step was ended (RUN_DIR-relative folder,
+    # hpctrain.run.hang_reports); None when none came.
+    report: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
