@@ -54,7 +54,9 @@ def test_a_key_config_yaml_lacks_takes_the_schemas_default(tmp_path: Path) -> No
     defaults = SlurmConfig()
     for text in ("slurm:\n  nodes: 1\n", "trainer:\n  max_steps: 3\n"):
         controller = Controller(run_dir(tmp_path / str(len(text)), text), env={"SLURM_JOB_ID": "1"})
-        assert controller.gather.budgets() == Budgets(defaults.restart_budget, None, defaults.no_progress_lives)
+        assert controller.gather.budgets() == Budgets(
+            defaults.restart_budget, None, defaults.no_progress_lives, defaults.health.keep_out_after_lives
+        )
         assert controller.gather.budgets().total == 108  # not 0: every restart would have failed the job
         assert controller.gather.outcome(1, False, False, []).signal_delay_s == defaults.signal_delay_s
 

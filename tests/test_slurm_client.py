@@ -424,6 +424,7 @@ ALLOWED = {
     "hpctrain/submit/git_state.py",
     "hpctrain/process/heartbeat.py",
     "hpctrain/run/listeners.py",
+    "hpctrain/process/node_health.py",  # a site's own health command (slurm.health.command), never Slurm
 }
 RUNNERS = {"subprocess", "os.system", "os.popen", "pty", "asyncio.subprocess"}
 # The verbs: every function of the client that takes a Purpose.

@@ -125,6 +125,10 @@ class TrainerConfig:
     # (a peer that never joins is a hang too) and the first step (torch.compile included). Must
     # be below collective_timeout_s.
     hang_timeout_s: int = 900
+    # Collectives each rank's torch records (its Flight Recorder ring: sequence number, op, sizes,
+    # state), shown in its hang report; the rank behind its peers' newest is the one they wait
+    # for. 0: none recorded. A TORCH_FR_BUFFER_SIZE of the user's own stands.
+    collective_records: int = 64
     # In steady state, the wait for the next step is learned from the life's steps: max(this,
     # 10 x the recent steps' 90th percentile), never above hang_timeout_s; after the start, an
     # evaluation or a save, hang_timeout_s again (hpctrain.process.step_timeout). A rank stuck in

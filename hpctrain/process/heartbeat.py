@@ -49,8 +49,9 @@ LOOK_S = 0.2
 IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 STACKS_SIGNAL = getattr(signal, STACKS_SIGNAL_NAME)
 # How long the beater waits for its training process's dump: faulthandler writes from the signal
-# handler at once; a process that wrote nothing by then is stopped or stuck in the kernel.
-STACKS_WAIT_S = 1.0
+# handler at once, the watchdog thread answers within its tick (a second); a process that wrote
+# nothing by then is stopped or stuck in the kernel.
+STACKS_WAIT_S = 1.5
 
 
 @dataclass
@@ -110,22 +111,40 @@ def start(environ: Mapping[str, str], rank: int) -> Beating | None:
     return _current
 
 
+@dataclass(frozen=True)
+class StackFiles:
+    """A training process's files on its own node for the watcher's asks: faulthandler dumps its
+    stacks into `stacks` on STACKS_SIGNAL; the beater creates `asked`, and the process's watchdog
+    thread answers it with its recorded collectives in `collectives` (hpctrain.process.watchdog)."""
+
+    stacks: str
+    asked: str
+    collectives: str
+
+    @classmethod
+    def of(cls, pid: int, environ: Mapping[str, str]) -> StackFiles:
+        base = os.path.join(environ.get("TMPDIR") or "/tmp", f"hpctrain-stacks.{pid}")
+        return cls(f"{base}.txt", f"{base}.asked", f"{base}.collectives")
+
+
 def _dump_stacks_on_signal(environ: Mapping[str, str]) -> str:
     """This process dumps every thread's stack into a file of this node's own on STACKS_SIGNAL
     (faulthandler: from C, so it answers while the main thread waits in a collective); the
     file's path, "" where none could be opened (then no stacks are given)."""
-    folder = environ.get("TMPDIR") or "/tmp"
-    path = os.path.join(folder, f"hpctrain-stacks.{os.getpid()}.txt")
+    global _stacks_file, stack_files
+    files = StackFiles.of(os.getpid(), environ)
     try:
-        global _stacks_file
-        _stacks_file = open(path, "w")  # noqa: SIM115 (held open for faulthandler as long as the process lives)
+        _stacks_file = open(files.stacks, "w")  # noqa: SIM115 (held open for faulthandler as long as the process lives)
         faulthandler.register(STACKS_SIGNAL, file=_stacks_file, all_threads=True, chain=False)
     except (OSError, ValueError, RuntimeError):
         return ""
-    return path
+    stack_files = files
+    return files.stacks
 
 
 _stacks_file: TextIO | None = None
+# This training process's files, once `start` registered the dump (None: no beater, no asks).
+stack_files: StackFiles | None = None
 
 
 def beat(
@@ -176,27 +195,36 @@ def _listen(out: socket.socket) -> StacksAsked | None:
 
 
 def _give_stacks(asked: StacksAsked, parent: int, stacks: str, rank: int, node: str) -> None:
-    """The parent's stacks as its hang report: signalled, given STACKS_WAIT_S to dump, written."""
-    dumped = ""
+    """The parent's stacks and collectives as its hang report: asked (the stacks by signal, the
+    collectives by a file its watchdog thread answers), given STACKS_WAIT_S, written."""
+    dumped, collectives = "", ""
     if stacks:
+        files = StackFiles(stacks, stacks.removesuffix(".txt") + ".asked", stacks.removesuffix(".txt") + ".collectives")
         try:
             before = os.path.getsize(stacks)
+            with contextlib.suppress(OSError):
+                os.unlink(files.collectives)
+            Path(files.asked).touch()
             os.kill(parent, STACKS_SIGNAL)
-            deadline = time.monotonic() + STACKS_WAIT_S
-            size = before
+            deadline, size = time.monotonic() + STACKS_WAIT_S, before
             while time.monotonic() < deadline:
                 time.sleep(0.1)
                 now = os.path.getsize(stacks)
-                if now > before and now == size:  # grown, and no longer growing: the dump is whole
+                # The dump grown and no longer growing, and the collectives answered: all there is.
+                if now > before and now == size and os.path.exists(files.collectives):
                     break
                 size = now
             with open(stacks) as dump:
                 dump.seek(before)
                 dumped = dump.read()
+            with contextlib.suppress(OSError):
+                collectives = Path(files.collectives).read_text()
         except OSError:
-            dumped = ""
+            pass
+        with contextlib.suppress(OSError):
+            os.unlink(files.asked)
     with contextlib.suppress(OSError):
-        hang_reports.write_asked(Path(asked.folder), rank, node, parent, asked.why, dumped)
+        hang_reports.write_asked(Path(asked.folder), rank, node, parent, asked.why, dumped, collectives)
 
 
 def _resolve(host: str, port: int) -> tuple[str, int] | None:
@@ -222,9 +250,11 @@ def main(argv: list[str]) -> int:
     try:
         beat(addr, int(rank), node, step, int(parent), stacks=stacks)
     finally:
-        if stacks:  # the training process has ended: its stacks file with it
-            with contextlib.suppress(OSError):
-                os.unlink(stacks)
+        if stacks:  # the training process has ended: its files with it
+            base = stacks.removesuffix(".txt")
+            for path in (stacks, f"{base}.asked", f"{base}.collectives"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
     return 0
 
 

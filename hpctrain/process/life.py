@@ -23,6 +23,7 @@ from hpctrain import faults, logs
 from hpctrain.checkpoint import NoUsableCheckpoint
 from hpctrain.config import load_run_config
 from hpctrain.config.schema import Config
+from hpctrain.dist import collective_records
 from hpctrain.dist import context as hdist
 from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError
@@ -115,6 +116,7 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
     torch.set_num_threads(config.trainer.threads)
     if config.trainer.deterministic:
         deterministic_kernels()
+    collective_records.enable(config.trainer.collective_records)  # read as the group forms
     try:
         hdist.init_process_group(
             ctx, config.trainer.backend, config.trainer.collective_timeout_s, run_dir, config.slurm.network

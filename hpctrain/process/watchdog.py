@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpctrain.dist.collective_records import last_collectives, report_lines
 from hpctrain.process import heartbeat
 from hpctrain.process.step_timeout import StepTimeout, phase_timeouts
 from hpctrain.run import hang_reports
@@ -88,6 +89,7 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, self.timeout_s / 4)):
+            answer_asked_collectives()
             with self._lock:
                 idle, limit, source = time.monotonic() - self._last, self.steps.timeout_s(), self.steps.source()
             if idle > limit:
@@ -114,6 +116,23 @@ class Watchdog:
             log.exception("could not record the hang in the journal")
 
 
+def answer_asked_collectives() -> None:
+    """The batch script's watcher asked this process's beater for a hang report (a silent node
+    ends the step): the collectives this process recorded, for the beater to put in it. From the
+    watchdog's thread, which runs while the main thread waits in a collective."""
+    files = heartbeat.stack_files
+    if files is None or not os.path.exists(files.asked):
+        return
+    tmp = f"{files.collectives}.tmp"
+    try:
+        with open(tmp, "w") as out:
+            out.write("\n".join(report_lines(last_collectives())) + "\n")
+        os.replace(tmp, files.collectives)
+        os.unlink(files.asked)
+    except OSError as error:
+        log.warning("could not answer the watcher's ask for collectives: %s", error)
+
+
 class HangReport:
     """This rank's RUN_DIR/hangs/<life>/rank-N.txt (hpctrain.run.hang_reports)."""
 
@@ -121,6 +140,7 @@ class HangReport:
         self.run_root = run_root
         self.folder = hang_reports.folder_of(run_root, life)
         self.rank, self.world_size, self.node = rank, world_size, node
+        self.behind: list[int] = []  # ranks whose newest collective was below their peers'
 
     def write(self, idle_s: float, steps: int, phase: str) -> None:
         """Where this rank stood, then every thread's stack. A full disk or a stuck file system
@@ -131,6 +151,7 @@ class HangReport:
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             with open(tmp, "w") as out:
                 out.write("\n".join(hang_reports.header(self.rank, self.node, idle_s, steps, phase)) + "\n")
+                out.write("\n".join(report_lines(last_collectives())) + "\n")
                 out.flush()
                 faulthandler.dump_traceback(file=out, all_threads=True)
             tmp.replace(path)
@@ -138,10 +159,13 @@ class HangReport:
             log.error("could not write the hang report in %s: %s", self.folder, error)
 
     def not_reached(self) -> list[int]:
-        """The ranks that wrote no report in time: the ones the others wait for."""
+        """The ranks that wrote no report in time, and those whose newest collective is below
+        their peers': the ones the others wait for."""
         if self.world_size < 2:
             return []
-        return hang_reports.missing(self.folder, self.world_size)
+        absent = hang_reports.missing(self.folder, self.world_size)
+        self.behind = hang_reports.behind(self.folder)
+        return sorted(set(absent) | set(self.behind))
 
 
 def hang_reporter(
@@ -152,7 +176,14 @@ def hang_reporter(
 
     def write(idle_s: float) -> None:
         absent = report.not_reached() if report is not None else None
-        said = f"; rank {', '.join(map(str, absent))} wrote no hang report" if absent else ""
+        said = ""
+        if absent:
+            late = (
+                "did not reach the collective the others wait in"
+                if report and report.behind
+                else "wrote no hang report"
+            )
+            said = f"; rank {', '.join(map(str, absent))} {late}"
         Journal(events).write_event(
             Failure(
                 job_id=life.job_id,

@@ -25,6 +25,9 @@ from pathlib import Path
 from hpctrain.run.life import LifeStamp
 
 FOLDER = "hangs"
+# The line of a report that gives the newest collective its rank entered (torch's Flight Recorder,
+# hpctrain.dist.collective_records): a rank below its peers' is the one they wait for.
+NEWEST_WORDS = "newest collective seq:"
 # How long the first rank's report waits for its peers' before naming the missing ones: a live
 # rank's watchdog fires within a second or two of the others' (the same timeouts, the same step).
 PEERS_WAIT_S = 5.0
@@ -62,15 +65,35 @@ def missing(folder: Path, world_size: int, wait_s: float = PEERS_WAIT_S) -> list
         time.sleep(0.2)
 
 
+def behind(folder: Path) -> list[int]:
+    """The ranks whose report gives a newest collective below the others' newest: the ones that
+    did not reach the collective their peers wait in (reports without the line say nothing)."""
+    newest: dict[int, int] = {}
+    for rank in reported(folder):
+        try:
+            text = report_path(folder, rank).read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith(NEWEST_WORDS) and line.removeprefix(NEWEST_WORDS).strip().isdigit():
+                newest[rank] = int(line.removeprefix(NEWEST_WORDS))
+                break
+    if not newest:
+        return []
+    top = max(newest.values())
+    return sorted(rank for rank, seq in newest.items() if seq < top)
+
+
 def header(rank: int, node: str, idle_s: float, steps: int, phase: str) -> Iterable[str]:
     yield f"rank {rank} on {node}, pid {os.getpid()}"
     yield f"no training step finished for {idle_s:.0f} s; {steps} steps finished this life; in: {phase}"
     yield ""
 
 
-def write_asked(folder: Path, rank: int, node: str, pid: int, why: str, stacks: str) -> None:
-    """A report the watcher asked for, written whole (a temporary file renamed): `stacks` as the
-    training process dumped them, or, when it dumped nothing, why there are none."""
+def write_asked(folder: Path, rank: int, node: str, pid: int, why: str, stacks: str, collectives: str = "") -> None:
+    """A report the watcher asked for, written whole (a temporary file renamed): the collectives
+    the training process recorded, and `stacks` as it dumped them, or, when it dumped nothing,
+    why there are none."""
     folder.mkdir(parents=True, exist_ok=True)
     path = report_path(folder, rank)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -79,5 +102,7 @@ def write_asked(folder: Path, rank: int, node: str, pid: int, why: str, stacks: 
         if stacks.strip()
         else "no stacks: the process did not dump them in time (stopped, or stuck in the kernel)\n"
     )
-    tmp.write_text(f"rank {rank} on {node}, pid {pid}\nasked by the batch script's watcher: {why}\n\n{said}")
+    tmp.write_text(
+        f"rank {rank} on {node}, pid {pid}\nasked by the batch script's watcher: {why}\n\n{collectives}{said}"
+    )
     tmp.replace(path)
