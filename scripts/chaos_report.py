@@ -22,6 +22,7 @@ from hpctrain.run.events import (
     Silent,
     Start,
     Stop,
+    Straggler,
     read_events,
 )
 from hpctrain.run.jsonlines import read_jsonl
@@ -54,6 +55,12 @@ def report(soak: Soak, max_steps: int) -> dict[str, Any]:
         "every fault applied": (not soak.skipped, f"skipped: {soak.skipped}" if soak.skipped else "none skipped"),
         "no job left": (not soak.jobs_left, f"left: {soak.jobs_left}"),
         "no process left": (not soak.processes_left, f"left: {soak.processes_left}"),
+        # The faults stop, kill and freeze ranks and nodes; none makes a rank slow: a `straggler`
+        # here is a false flag (a life's first steps, a save, a relaunch taken for slowness).
+        "no straggler named": (
+            not (named := [e for e in events if isinstance(e, Straggler)]),
+            f"named: {[(e.step, e.ranks, e.slowdown) for e in named]}" if named else "none",
+        ),
     }
     if soak.udp_blocked:
         checks.update(_udp_blocked_checks(soak.run_dir, events))

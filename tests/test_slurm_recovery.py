@@ -275,6 +275,13 @@ def test_recovery_cases_side_by_side(slurm_env, tmp_path: Path) -> None:
     causes = [e["cause"] for e in of("failure", runs["hang"])]
     assert causes[0] == "hang" and causes[-1] == "budget" and "crash" not in causes, events(runs["hang"])
     assert "hang" in of("failure", runs["hang"])[-1]["reason"]
+    # Its hang report, in the run dir: the rank's collectives section, then its stack, stuck in
+    # the model's forward.
+    hung = of("failure", runs["hang"])[0]
+    report = (runs["hang"] / hung["report"] / "rank-0.txt").read_text()
+    assert hung["report"] == f"hangs/{jobs['hang']}.0" and hung["not_reached"] == []
+    assert "last collectives (torch's Flight Recorder), newest last:" in report, report
+    assert "helpers/stuck.py" in report and "in forward" in report, report
 
     assert wait_finished(slurm_env, jobs["exclude"], 300, lift_holds=True) == "FAILED", job_output(runs["exclude"])
     assert all("node3" not in s["nodes"] for s in of("start", runs["exclude"]))
