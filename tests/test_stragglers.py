@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hpctrain.run.events import Straggler, StragglerCleared, from_record
-from hpctrain.trainer.stragglers import Episodes, Window, slowdowns
+from hpctrain.trainer.stragglers import Episodes, slowdowns, window_time
 
 ROWS = {
     # (each rank's median seconds of its own work, threshold) -> slow ranks and their slowdown
@@ -51,12 +51,10 @@ def test_a_rank_slow_for_one_window_at_a_time_is_never_named() -> None:
 
 
 def test_one_slow_step_in_a_window_flags_no_one() -> None:
-    """A first step that compiles, a step beside a checkpoint's write: the median ignores it."""
-    window = Window(5)
-    medians = [window.add(t) for t in (3.0, 0.1, 0.1, 0.1, 0.1)]
-    assert medians[:4] == [None] * 4 and medians[4] == 0.1
-    assert slowdowns([medians[4], 0.1], 1.3) == {}
-    assert [window.add(0.2) for _ in range(5)][-1] == 0.2  # a new window starts after each
+    """A first step that compiles, a step beside a checkpoint's write: left out of its window."""
+    slow_start = window_time([3.0, 0.1, 0.1, 0.1, 0.1])
+    assert slow_start == pytest.approx(0.1)
+    assert slowdowns([slow_start, 0.1], 1.3) == {}
 
 
 def test_the_events_read_back_whole() -> None:
@@ -103,3 +101,19 @@ def test_status_detail_says_each_episode_and_a_run_that_stopped_itself() -> None
         "life's own error is in its job's slurm-<job id>.out in the run dir",
     ]
     assert diagnosis_lines([]) == []
+
+
+@pytest.mark.parametrize(
+    ("times", "expected"),
+    [
+        # Stopped for part of every 100 ms: most forwards untouched (20 ms), some stretched past a
+        # stop (70 ms): the median says 20 ms, the rank's real pace is the mean.
+        ([0.02] * 11 + [0.07] * 9, (0.02 * 11 + 0.07 * 8) / 19),
+        # One step that compiled (2 s) is left out: the window is as its other steps.
+        ([2.0] + [0.01] * 19, 0.01),
+        ([0.01, 0.03], 0.02),  # too few to leave one out
+        ([], 0.0),
+    ],
+)
+def test_a_windows_time_is_its_mean_without_the_slowest_step(times: list[float], expected: float) -> None:
+    assert window_time(times) == pytest.approx(expected)

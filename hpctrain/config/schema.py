@@ -96,7 +96,8 @@ class TrainerConfig:
     # steps in two windows in a row, is journaled as a `straggler` (hpctrain.trainer.straggler_watch).
     # 0: not watched.
     straggler_threshold: float = 1.3
-    # The steps each rank's median is taken over (one small all-gather per window).
+    # The steps each rank's time is taken over (their mean, the slowest left out; one small
+    # all-gather per window).
     straggler_window_steps: int = 20
     # With fsdp: class names of the submodules sharded as units of their own (gathered one at a
     # time); empty means every module held in an nn.ModuleList (a transformer's blocks). The rest

@@ -1,5 +1,5 @@
 """Stragglers found while training: each rank times its steps' own work, the ranks compare
-their medians every `trainer.straggler_window_steps` steps, and rank 0 journals an episode once
+their windows' times every `trainer.straggler_window_steps` steps, and rank 0 journals an episode once
 (`straggler`, `straggler_cleared`). What is timed and why: hpctrain.trainer.stragglers.
 
 The own work of a step is from its start to the backward of its last micro-batch: the batches'
@@ -14,7 +14,6 @@ waits for the GPU to be timed.
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from typing import Any
 
@@ -23,7 +22,7 @@ import torch.distributed as dist
 
 from hpctrain.dist.context import DistContext
 from hpctrain.run.events import Journal, Straggler, StragglerCleared
-from hpctrain.trainer.stragglers import Episodes, slowdowns
+from hpctrain.trainer.stragglers import Episodes, slowdowns, window_time
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +77,7 @@ class StragglerWatch:
         if self.timer is None or len(self.timer.marks) < self.window:
             return
         times = self.timer.take()
-        mine = torch.tensor([statistics.median(times)], dtype=torch.float64, device=self.ctx.device)
+        mine = torch.tensor([window_time(times)], dtype=torch.float64, device=self.ctx.device)
         medians = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
         dist.all_gather(medians, mine)
         if not self.ctx.is_main:

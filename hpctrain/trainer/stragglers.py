@@ -3,10 +3,14 @@
 A slow rank slows every step of the job (its peers wait for it in the gradient all-reduce), so a
 step's wall time is the same on every rank and names no one. What differs is the work before the
 first collective of a step: the forward passes and the losses of its micro-batches. Each rank times
-that (hpctrain.trainer.step), and every `window` steps the ranks gather the median of their last
-window (one small all-gather); a rank whose median is over `threshold` times its peers' median (the
-other ranks') in two windows in a row is a straggler. The median keeps one slow step (a first step that compiles, a step
-beside a checkpoint's write) from flagging anyone; an evaluation is not timed at all.
+that (hpctrain.trainer.step), and every `window` steps the ranks gather their window's time (the
+mean of its steps, the slowest one left out: one small all-gather); a rank whose time is over
+`threshold` times its peers' median (the other ranks') in two windows in a row is a straggler.
+A mean, not a median: a rank slowed part of the time (throttled in bursts, sharing its cores,
+stopped for part of every 100 ms) finishes many steps untouched and the rest much later, and
+the median of such steps hides it. Leaving the slowest out, and the two windows, keep one slow
+step (a first step that compiles, a step beside a checkpoint's write) from flagging anyone; an
+evaluation is not timed at all.
 
 An episode is journaled once: `straggler` when ranks become slow, `straggler_cleared` when they are
 no longer. The functions here are pure: tests/test_stragglers.py is their table.
@@ -58,18 +62,7 @@ class Episodes:
         return began, ended
 
 
-class Window:
-    """One rank's timings of its steps' own work, and their median when a window is full."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-        self.times: list[float] = []
-
-    def add(self, seconds: float) -> float | None:
-        """Add one step's time; the window's median once it holds `steps` of them (then it starts again)."""
-        self.times.append(seconds)
-        if len(self.times) < self.steps:
-            return None
-        median = statistics.median(self.times)
-        self.times = []
-        return median
+def window_time(times: Sequence[float]) -> float:
+    """A rank's time for a window: the mean of its steps' own work, the slowest step left out."""
+    kept = sorted(times)[:-1] if len(times) > 2 else list(times)
+    return statistics.fmean(kept) if kept else 0.0
