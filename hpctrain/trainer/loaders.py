@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hpctrain.config import DataConfig
-from hpctrain.data.worker_seeds import SeededBatch, WorkerSeeded, batch_seed
+from hpctrain.data.worker_seeds import SeededBatch, WorkerSeeded
 from hpctrain.dist.context import DistContext
 from hpctrain.trainer.layout import Layout
 
@@ -66,7 +66,7 @@ class TrainBatches(Sampler[SeededBatch]):
             first, size = self.cuts[micro]
             base = step * self.layout.global_batch
             indices = [order[base + offset] for offset in self.offsets[first : first + size]]
-            yield SeededBatch(indices, batch_seed(self.seed, self.epoch, self.rank, batch))
+            yield SeededBatch(indices, self.seed, self.epoch, self.rank, batch)
 
     def __len__(self) -> int:
         return max(0, self.epoch_batches() - self.first_batch)
