@@ -232,15 +232,21 @@ def gate(
     results = check_node(health, run_dir, node, gpus_per_node, gpu_count)
     failed = next((r for r in results if not r.ok), None)
     if failed is not None:
-        journal.write_event(
-            Failure(
-                job_id=life.job_id,
-                restart=life.restart,
-                cause=Cause.NODE_HEALTH,
-                nodes=[node],
-                check=failed.check,
-                result=failed.result,
+        said = f"node {node} failed its {failed.check} check: {failed.result}"
+        try:
+            journal.write_event(
+                Failure(
+                    job_id=life.job_id,
+                    restart=life.restart,
+                    cause=Cause.NODE_HEALTH,
+                    nodes=[node],
+                    check=failed.check,
+                    result=failed.result,
+                )
             )
-        )
-        raise NodeUnhealthy(f"node {node} failed its {failed.check} check: {failed.result}")
+        except OSError as error:
+            # The run dir this node cannot write (a stale mount): the job's output says it; the
+            # step ends all the same, judged without the record (a crash).
+            said += f"; not journaled: {error}"
+        raise NodeUnhealthy(said)
     return {f"{r.check}_s": r.seconds for r in results}
