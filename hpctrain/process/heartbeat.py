@@ -123,8 +123,13 @@ class StackFiles:
 
     @classmethod
     def of(cls, pid: int, environ: Mapping[str, str]) -> StackFiles:
-        base = os.path.join(environ.get("TMPDIR") or "/tmp", f"hpctrain-stacks.{pid}")
-        return cls(f"{base}.txt", f"{base}.asked", f"{base}.collectives")
+        return cls.beside(os.path.join(environ.get("TMPDIR") or "/tmp", f"hpctrain-stacks.{pid}.txt"))
+
+    @classmethod
+    def beside(cls, stacks: str) -> StackFiles:
+        """The files that go with a stacks file (the beater is given its path alone)."""
+        base = stacks.removesuffix(".txt")
+        return cls(stacks, f"{base}.asked", f"{base}.collectives")
 
 
 def _dump_stacks_on_signal(environ: Mapping[str, str]) -> str:
@@ -199,7 +204,7 @@ def _give_stacks(asked: StacksAsked, parent: int, stacks: str, rank: int, node: 
     collectives by a file its watchdog thread answers), given STACKS_WAIT_S, written."""
     dumped, collectives = "", ""
     if stacks:
-        files = StackFiles(stacks, stacks.removesuffix(".txt") + ".asked", stacks.removesuffix(".txt") + ".collectives")
+        files = StackFiles.beside(stacks)
         try:
             before = os.path.getsize(stacks)
             with contextlib.suppress(OSError):
@@ -251,8 +256,8 @@ def main(argv: list[str]) -> int:
         beat(addr, int(rank), node, step, int(parent), stacks=stacks)
     finally:
         if stacks:  # the training process has ended: its files with it
-            base = stacks.removesuffix(".txt")
-            for path in (stacks, f"{base}.asked", f"{base}.collectives"):
+            files = StackFiles.beside(stacks)
+            for path in (files.stacks, files.asked, files.collectives):
                 with contextlib.suppress(OSError):
                     os.unlink(path)
     return 0

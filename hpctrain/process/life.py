@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -22,13 +21,13 @@ import torch
 from hpctrain import faults, logs
 from hpctrain.checkpoint import NoUsableCheckpoint
 from hpctrain.config import load_run_config
-from hpctrain.config.schema import Config
 from hpctrain.dist import collective_records
 from hpctrain.dist import context as hdist
 from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError
 from hpctrain.process import ending, node_health, startup_clock
 from hpctrain.process.early_signals import EarlySignals
+from hpctrain.process.health_start import node_checks, timed_allreduce
 from hpctrain.process.signals import StopFlag
 from hpctrain.process.watchdog import start_watchdog
 from hpctrain.run import fencing
@@ -107,7 +106,7 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
     # trainer.collective_timeout_s (longer, by the schema) and end as a crash.
     watchdog = start_watchdog(config, ctx, run_dir)
     try:
-        health = _node_checks(config, run_dir, ctx)
+        health = node_checks(config, run_dir, ctx)
     except BaseException:
         watchdog.stop()
         raise
@@ -126,7 +125,7 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
         raise
     ending.trained_here()
     if "allreduce" in config.slurm.health.checks and ctx.world_size > 1:
-        health.update(_timed_allreduce(ctx))
+        health.update(timed_allreduce(ctx))
     startup_clock.mark("joined")
     watchdog.beat()  # each stage of a start done is progress: a slow start on a loaded node is no hang
     trainer = None
@@ -145,51 +144,6 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
         gc.collect()
         hdist.destroy_process_group()
         watchdog.stop()
-
-
-def _node_checks(config: Config, run_dir: Path, ctx: DistContext) -> dict[str, float]:
-    """slurm.health's checks of this node, by its first task, in a Slurm job (elsewhere there is
-    no other node to go on with): each check's seconds; NodeUnhealthy when one fails."""
-    checks = config.slurm.health
-    if ctx.life.job_id is None or ctx.local_rank != 0 or not (checks.checks or checks.command):
-        return {}
-    node = ctx.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    began = time.monotonic()
-    seconds = node_health.gate(
-        checks,
-        run_dir,
-        node,
-        config.slurm.gpus_per_node,
-        torch.cuda.device_count,
-        Journal(RunDir(run_dir).events),
-        ctx.life,
-    )
-    return {**seconds, "checks_s": round(time.monotonic() - began, 4)}
-
-
-def _timed_allreduce(ctx: DistContext) -> dict[str, float]:
-    """One all-reduce of node_health.ALLREDUCE_BYTES among all ranks, after one to warm the link:
-    its seconds and bus bandwidth, the same on every rank (the slowest rank's time)."""
-    import torch.distributed as dist
-
-    data = torch.zeros(node_health.ALLREDUCE_BYTES // 4, dtype=torch.float32, device=ctx.device)
-    dist.all_reduce(data)
-    _synchronize(ctx)
-    began = time.perf_counter()
-    dist.all_reduce(data)
-    _synchronize(ctx)
-    took = torch.tensor([time.perf_counter() - began], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(took, op=dist.ReduceOp.MAX)
-    seconds = float(took.item())
-    return {
-        "allreduce_s": round(seconds, 5),
-        "allreduce_gbps": round(node_health.allreduce_gbps(ctx.world_size, seconds), 3),
-    }
-
-
-def _synchronize(ctx: DistContext) -> None:
-    if ctx.device.type == "cuda":
-        torch.cuda.synchronize(ctx.device)
 
 
 def _ready() -> dict[str, float]:

@@ -78,11 +78,11 @@ class StragglerWatch:
             return
         times = self.timer.take()
         mine = torch.tensor([window_time(times)], dtype=torch.float64, device=self.ctx.device)
-        medians = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
-        dist.all_gather(medians, mine)
+        by_rank = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
+        dist.all_gather(by_rank, mine)
         if not self.ctx.is_main:
             return
-        slow = slowdowns([float(m.item()) for m in medians], self.threshold)
+        slow = slowdowns([float(t.item()) for t in by_rank], self.threshold)
         began, ended = self.episodes.update(slow)
         if began:
             ranks = sorted(began)
