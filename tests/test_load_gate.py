@@ -31,6 +31,32 @@ def test_a_bad_bar_names_the_variable(raw: str) -> None:
         load_gate.per_core_from_env({"HPCTRAIN_TEST_MAX_LOAD_PER_CORE": raw})
 
 
+@pytest.mark.parametrize(
+    ("loadavg", "count"),
+    [("0.36 1.39 2.18 1/120 23802\n", 0), ("9.10 7.00 5.00 12/412 999", 11), ("0.00 0.00 0.00 0/10 1", 0)],
+)
+def test_the_runnable_count_leaves_out_its_reader(loadavg: str, count: int) -> None:
+    assert load_gate.runnable(loadavg) == count
+
+
+def test_the_load_now_is_the_runnable_counts_mean_over_the_sample() -> None:
+    counts = iter([3, 5, 1, 11, 1])  # with the reader: 2, 4, 0, 10, 0
+    slept: list[float] = []
+
+    def read() -> str:
+        return f"0.10 0.10 0.10 {next(counts)}/300 1"
+
+    assert load_gate.load_now(read, slept.append, sample_s=1.0, every_s=0.2) == 16 / 5
+    assert slept == [0.2] * 4
+
+
+def test_without_proc_loadavg_the_load_now_is_the_one_minute_average() -> None:
+    def read() -> str:
+        raise FileNotFoundError("/proc/loadavg")
+
+    assert load_gate.load_now(read, lambda s: None, fallback=lambda: 4.5) == 4.5
+
+
 class FakeClock:
     """Time that moves only when the gate sleeps."""
 
@@ -48,13 +74,13 @@ class FakeClock:
     ("last_start", "loads", "calm_load", "waited"),
     [
         (None, [1.0], None, 0.0),  # the first heavy start, room at once
-        (None, [9.0, 7.0, 5.9], None, 10.0),  # two polls over the bar of 6, then room
-        (None, [6.0, 5.0], None, 5.0),  # the bar itself is over it
-        (990.0, [3.0], None, 10.0),  # another worker started 10 s ago: 20 s apart
-        (995.0, [3.0], None, 15.0),
-        (980.0, [3.0], None, 0.0),  # 20 s ago: its turn at once
-        (997.0, [1.0], 2.0, 2.0),  # a calm machine (load under 2): 5 s apart
-        (997.0, [3.0], 2.0, 17.0),  # a busy one: 20 s
+        (None, [9.0, 7.0, 5.9], None, 6.0),  # two polls (3 s each) over the bar of 6, then room
+        (None, [6.0, 5.0], None, 3.0),  # the bar itself is over it
+        (997.0, [3.0], None, 3.0),  # another worker started 3 s ago: 6 s apart
+        (995.0, [3.0], None, 1.0),
+        (994.0, [3.0], None, 0.0),  # 6 s ago: its turn at once
+        (999.0, [1.0], 2.0, 2.0),  # a calm machine (load under 2): 3 s apart
+        (999.0, [3.0], 2.0, 5.0),  # a busy one: 6 s
         (None, [50.0], None, 600.0),  # never room: the cap, then the test runs anyway
     ],
 )
