@@ -20,6 +20,7 @@ from pathlib import Path
 
 import load_gate
 import pytest
+import straggler_audit
 import suite_order
 import torch
 
@@ -344,6 +345,33 @@ def _no_node_left_drained(request: pytest.FixtureRequest):
 
     for said in slurmtools.resume_nodes_drained_by_kill_task_failed():
         warnings.warn(f"{request.node.nodeid}: {said}", stacklevel=1)
+
+
+# The folders of the tests marked `stragglers` (they slow a rank on purpose), in this worker.
+_slowed_on_purpose: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _note_a_rank_slowed_on_purpose(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("stragglers") is not None:
+        _slowed_on_purpose.append(request.getfixturevalue("tmp_path"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_false_straggler(tmp_path_factory: pytest.TempPathFactory):
+    """At the end of the worker's session, every journal its tests left is read: a `straggler` that
+    no test marked `stragglers` made is an error (tests/straggler_audit.py)."""
+    yield
+    import slurmtools
+
+    base = tmp_path_factory.getbasetemp()
+    roots = [base, base.parent / "shared-train-runs"]
+    references = slurmtools.references_of_this_run()
+    if references is not None:
+        roots.append(references)
+    false = straggler_audit.false_stragglers(roots, expected=_slowed_on_purpose)
+    if false:
+        pytest.fail("a straggler was named where no test slowed a rank:\n" + "\n".join(false), pytrace=False)
 
 
 @pytest.hookimpl(trylast=True)

@@ -499,19 +499,28 @@ class Reference:
         return self.run_dir
 
 
-def _shared_reference(overrides: list[str]) -> Path | None:
-    """Where the workers of this pytest-xdist run share the run of these overrides (None: no xdist)."""
-    import hashlib
-    import json
+def references_of_this_run() -> Path | None:
+    """The store of this pytest-xdist run's shared reference runs (None: no xdist, none shared)."""
     import tempfile
 
     # Both lanes of scripts/test.sh share one store (HPCTRAIN_TEST_RUN_ID); a lone xdist run its own.
     run = os.environ.get("HPCTRAIN_TEST_RUN_ID") or os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if not run:
         return None
+    return Path(tempfile.gettempdir()) / "hpctrain-references" / run
+
+
+def _shared_reference(overrides: list[str]) -> Path | None:
+    """Where the workers of this pytest-xdist run share the run of these overrides (None: no xdist)."""
+    import hashlib
+    import json
+
+    store = references_of_this_run()
+    if store is None:
+        return None
     kept = [o for o in overrides if not o.startswith(("slurm.", "cluster=", "hydra."))]
     key = hashlib.sha1(json.dumps(kept).encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / "hpctrain-references" / run / key
+    return store / key
 
 
 def _claim(shared: Path) -> bool:

@@ -17,7 +17,7 @@ import pytest
 from slurmtools import cancel_run, job_field, of, start_cluster, submit, wait_for_step
 from test_slurm_recovery_more import worker_pid
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.stragglers]
 
 TRAIN = [
     "model=gpt",

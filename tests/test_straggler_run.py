@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import train_command, train_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.stragglers]
 
 GPT = ["model=gpt", "data=tokens", "data.dataset.seq_len=64", "trainer.nprocs=2", "trainer.eval_every=0"]
 SLOWED_S = 20.0  # two windows of the slowed steps, with room on a loaded machine

@@ -51,7 +51,7 @@ class Straggler(Event):
     ranks: list[int]
     nodes: list[str]  # the ranks' nodes, in the same order
     slowdown: list[float]  # each rank's time over its peers' median, in the same order
-    window_steps: int  # the steps each rank's time is the median of
+    window_steps: int  # the steps a rank's time is taken over (their mean, the slowest step left out)
 
 
 @dataclass(frozen=True, kw_only=True)
