@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import straggler_audit
+
+# Its journals name stragglers on purpose: its folders are left out of the suite's own check.
+pytestmark = pytest.mark.stragglers
 
 STRAGGLER = {
     "event": "straggler",
