@@ -4,7 +4,7 @@ within 60 s, a rank 1.3x slower within 20 steps of the window).
 
 One real run (`hpctrain-train`, a small GPT on two processes, `trainer.straggler_window_steps`
 20, a step logged every step) trains while rank 1 is slowed again and again, the slowdowns in
-rotated order: it is stopped (SIGSTOP) for 1 - 1/x of every 100 ms, so it runs at 1/x of its
+rotated order: it is stopped (SIGSTOP) for 1 - 1/x of every 10 ms (`--period-ms`), so it runs at 1/x of its
 speed, until the run journals `straggler` for it (or `--give-up-s`), then left at full speed
 until `straggler_cleared` and two windows more. For each episode: the step the slowdown began at
 (the run's newest logged step then), the step and the seconds at which the rank was named, the
@@ -12,7 +12,7 @@ slowdown the run measured, and the steps counted from the end of the first windo
 throughout (a window's steps are those after a multiple of 20). Printed: per slowdown, median and
 p90 of the seconds and the steps, and every episode.
 
-    python scripts/bench_straggler_detection.py [--episodes 4] [--slowdowns 1.5 1.3]
+    python scripts/bench_straggler_detection.py [--episodes 4] [--slowdowns 1.5 1.3] [--period-ms 10]
 """
 
 from __future__ import annotations
@@ -41,7 +41,11 @@ GPT = [
     "trainer.max_steps=1000000",
     f"trainer.straggler_window_steps={WINDOW}",
 ]
-PERIOD_S = 0.1
+# The slowdown's period: stopped for 1 - 1/x of each. Shorter than a step's forward, so every
+# forward is slowed alike, as a throttled GPU slows every kernel; the tests' 100 ms periods are
+# longer than this model's forward and land in it unevenly, window by window (with them, a rank
+# measured at 1.40x in all went 336 steps before two windows in a row were over 1.3x).
+PERIOD_S = 0.01
 
 
 @dataclass
@@ -61,7 +65,8 @@ class Episode:
         """Steps from the end of the first window slowed throughout to the naming."""
         if self.named_step is None:
             return None
-        first_full_end = (self.began_step // WINDOW + 2) * WINDOW
+        # Window k holds steps 20k-19..20k: the first after the slowdown began starts past began_step.
+        first_full_end = (-(-self.began_step // WINDOW) + 1) * WINDOW
         return self.named_step - first_full_end
 
 
@@ -111,8 +116,8 @@ def wait_until(predicate, timeout_s: float, launcher: subprocess.Popen) -> bool:
     return False
 
 
-def slow_until_named(rank: int, slowdown: float, run_dir: Path, give_up_s: float) -> Episode:
-    stopped_s = PERIOD_S * (1 - 1 / slowdown)
+def slow_until_named(rank: int, slowdown: float, run_dir: Path, give_up_s: float, period_s: float) -> Episode:
+    stopped_s = period_s * (1 - 1 / slowdown)
     named_before = len(events(run_dir, "straggler"))
     began_step, began = newest_step(run_dir), time.time()
     try:
@@ -120,7 +125,7 @@ def slow_until_named(rank: int, slowdown: float, run_dir: Path, give_up_s: float
             os.kill(rank, signal.SIGSTOP)
             time.sleep(stopped_s)
             os.kill(rank, signal.SIGCONT)
-            time.sleep(PERIOD_S - stopped_s)
+            time.sleep(period_s - stopped_s)
             named = events(run_dir, "straggler")[named_before:]
             if named:
                 first = named[0]
@@ -142,7 +147,7 @@ def wait_for_full_speed(run_dir: Path, launcher: subprocess.Popen) -> None:
     wait_until(lambda: newest_step(run_dir) >= at + 2 * WINDOW, 120, launcher)
 
 
-def run_episodes(folder: Path, run_dir: Path, order: list[float], give_up_s: float) -> list[Episode]:
+def run_episodes(folder: Path, run_dir: Path, order: list[float], give_up_s: float, period_s: float) -> list[Episode]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     command = [sys.executable, "-m", "hpctrain.cli.train", *GPT, f"hydra.run.dir={run_dir}"]
     episodes: list[Episode] = []
@@ -157,7 +162,7 @@ def run_episodes(folder: Path, run_dir: Path, order: list[float], give_up_s: flo
             if len(ranks) != 2:
                 raise SystemExit(f"expected 2 ranks, found {ranks}")
             for slowdown in order:
-                episode = slow_until_named(ranks[1], slowdown, run_dir, give_up_s)
+                episode = slow_until_named(ranks[1], slowdown, run_dir, give_up_s, period_s)
                 episodes.append(episode)
                 print(
                     f"  {slowdown}x from step {episode.began_step}: named at step {episode.named_step} "
@@ -199,12 +204,13 @@ def main() -> int:
     parser.add_argument("--episodes", type=int, default=4, help="episodes of each slowdown")
     parser.add_argument("--slowdowns", type=float, nargs="+", default=[1.5, 1.3])
     parser.add_argument("--give-up-s", type=float, default=120.0)
+    parser.add_argument("--period-ms", type=float, default=PERIOD_S * 1000, help="the slowdown's period")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bench-straggler-"))
     run_dir = folder / "run"
     kinds = len(args.slowdowns)
     order = [args.slowdowns[(e + i) % kinds] for e in range(args.episodes) for i in range(kinds)]  # rotated
-    episodes = run_episodes(folder, run_dir, order, args.give_up_s)
+    episodes = run_episodes(folder, run_dir, order, args.give_up_s, args.period_ms / 1000)
     print_table(episodes, args.slowdowns)
     return 0
 
