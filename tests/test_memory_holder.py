@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import memory_holders
 
 from hpctrain.checkpoint import memory_wire as wire
 from hpctrain.checkpoint.memory_client import HolderClient, holder_addresses
@@ -67,23 +68,10 @@ def test_a_damaged_copy_is_refused() -> None:
 
 @pytest.fixture
 def holders(tmp_path: Path) -> Iterator[tuple[Path, dict[str, subprocess.Popen[bytes]]]]:
-    """Two real holders, as nodes n1 and n2 of one life, and a third process for another life."""
+    """Two real holders, as nodes n1 and n2 of one life (token "life-1")."""
     run_dir = tmp_path / "run"
-    started: dict[str, subprocess.Popen[bytes]] = {}
-    for node in ("n1", "n2"):
-        env = {**os.environ, wire.TOKEN_ENV: "life-1", "SLURMD_NODENAME": node}
-        started[node] = subprocess.Popen(
-            [sys.executable, "-m", "hpctrain.checkpoint.memory_holder", str(run_dir), "--max-bytes", str(64 << 20)],
-            env=env,
-        )
-    deadline = time.monotonic() + 30
-    while len(holder_addresses(run_dir / "memory")) < 2:
-        assert time.monotonic() < deadline, "the holders wrote no address within 30 s"
-        time.sleep(0.05)
-    yield run_dir, started
-    for process in started.values():
-        process.kill()
-        process.wait()
+    with memory_holders.holders(run_dir) as started:
+        yield run_dir, started
 
 
 def test_a_ranks_state_kept_on_two_holders_survives_either(holders) -> None:

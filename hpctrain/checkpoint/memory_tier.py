@@ -1,0 +1,190 @@
+"""The in-memory tier, a rank's side: its state copied to host memory and sent to two holders, and
+read back from them after a loss (issue 37).
+
+Every `every` steps a rank copies its whole training state (the model's and the optimizer's
+state dicts, the trainer's state tree, its own RNG) into reusable host buffers
+(hpctrain.checkpoint.snapshot: the only part training waits for), then a thread of its own
+serializes the copy and sends it to the memory holder of its node and to that of its partner node
+(hpctrain.checkpoint.memory_holder, restore_point.partner_nodes). A copy still on its way when
+the next one is due is not waited for: that step is skipped (counted), so a slow network costs
+copies, never step time. A holder that does not answer costs the rank that copy and a warning
+once; training goes on.
+
+After a loss, rank 0 asks every holder what it holds (each within a timeout: a holder on a node
+that died silently answers nothing), chooses the newest step every rank's state survives for
+(restore_point.restore_point, against the newest whole checkpoint on disk) and tells the ranks
+which holder has each one's copy; every rank fetches its own. If any rank fails to, every rank
+falls back to the disk, as without the tier: the ranks never start from different steps.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hpctrain.checkpoint import rng
+from hpctrain.checkpoint.memory_client import HolderClient
+from hpctrain.checkpoint.restore_point import HeldCopy, RestorePoint, restore_point
+from hpctrain.checkpoint.snapshot import Snapshotter
+from hpctrain.dist.context import DistContext
+
+log = logging.getLogger(__name__)
+
+# How long rank 0 waits for each holder's listing at a restore (all asked at once).
+LIST_TIMEOUT_S = 3.0
+
+
+@dataclass
+class SendCounts:
+    """What the tier did: copies sent whole, skipped (the one before still on its way), failed."""
+
+    sent: int = 0
+    skipped: int = 0
+    failed: int = 0
+    newest: int | None = None  # the newest step sent to every holder
+    blocking_s: float = 0.0  # the newest copy's seconds of host copy (what training waited)
+
+
+class MemoryTier:
+    def __init__(
+        self,
+        ctx: DistContext,
+        every: int,
+        holders: Iterable[HolderClient],
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        fingerprint: str,
+    ) -> None:
+        self.ctx, self.every = ctx, every
+        self.holders = list(holders)
+        self.model, self.optimizer, self.fingerprint = model, optimizer, fingerprint
+        self.snapshotter = Snapshotter()
+        self.sender: threading.Thread | None = None
+        self.counts = SendCounts()
+        self._warned = False
+
+    def stepped(self, step: int, state_tree: Callable[[], dict[str, Any]]) -> None:
+        """After `step`: copy and send the state when it is due and the copy before it has gone."""
+        if self.every <= 0 or step % self.every or not self.holders:
+            return
+        if self.sender is not None and self.sender.is_alive():
+            self.counts.skipped += 1
+            return
+        started = time.perf_counter()
+        tree = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            **state_tree(),
+            "rng": rng.capture(),
+            "rank": self.ctx.rank,
+            "world_size": self.ctx.world_size,
+            "fingerprint": self.fingerprint,
+        }
+        copied = self.snapshotter.take(tree)
+        self.counts.blocking_s = time.perf_counter() - started
+        self.sender = threading.Thread(target=self._send, args=(step, copied), name="hpctrain-memory", daemon=True)
+        self.sender.start()
+
+    def _send(self, step: int, copied: dict[str, Any]) -> None:
+        buffer = io.BytesIO()
+        torch.save(copied, buffer)
+        payload = buffer.getbuffer()
+        whole = True
+        for holder in self.holders:
+            try:
+                holder.put(self.ctx.rank, step, payload)
+            except OSError as error:
+                whole = False
+                if not self._warned:
+                    self._warned = True
+                    host, port = holder.address
+                    log.warning("memory tier: the copy of step %d to %s:%d failed (%s)", step, host, port, error)
+        if whole:
+            self.counts.sent += 1
+            self.counts.newest = step
+        else:
+            self.counts.failed += 1
+
+    def wait(self) -> None:
+        """The copy under way, sent (or failed)."""
+        if self.sender is not None:
+            self.sender.join()
+
+    def close(self) -> None:
+        self.wait()
+        for holder in self.holders:
+            holder.close()
+
+
+def listings(holders: dict[str, HolderClient]) -> tuple[list[HeldCopy], list[str]]:
+    """Every holder's copies, asked at once; the nodes whose holder did not answer are the lost."""
+
+    def ask(node: str) -> list[HeldCopy] | None:
+        try:
+            return holders[node].listing()
+        except OSError:
+            return None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(holders)))) as pool:
+        answers = dict(zip(holders, pool.map(ask, holders)))
+    copies = [copy for answer in answers.values() if answer for copy in answer]
+    return copies, sorted(node for node, answer in answers.items() if answer is None)
+
+
+def plan(
+    world_size: int, copies: list[HeldCopy], lost: list[str], newest_on_disk: int | None
+) -> tuple[RestorePoint, dict[int, str]]:
+    """The restore point and, when it is in memory, the node to fetch each rank's copy from."""
+    point = restore_point(world_size, copies, lost, newest_on_disk)
+    where: dict[int, str] = {}
+    if point.source == "memory":
+        for copy in sorted(copies, key=lambda c: c.node):
+            if copy.step == point.step and copy.node not in lost:
+                where.setdefault(copy.rank, copy.node)
+    return point, where
+
+
+def restore(
+    ctx: DistContext,
+    holders: dict[str, HolderClient],
+    newest_on_disk: int | None,
+) -> tuple[RestorePoint, dict[str, Any] | None]:
+    """Collective. The restore point every rank agrees on, and this rank's state when it is in
+    memory (None: resume from the disk, or start afresh, as the point says)."""
+    chosen: list[Any] = [None]
+    if ctx.is_main:
+        copies, lost = listings(holders)
+        point, where = plan(ctx.world_size, copies, lost, newest_on_disk)
+        if lost:
+            log.info("memory tier: no answer from the holders on %s", ", ".join(lost))
+        chosen = [(point, where)]
+    if ctx.distributed:
+        dist.broadcast_object_list(chosen, src=0)
+    point, where = chosen[0]
+    if point.source != "memory":
+        return point, None
+    state: dict[str, Any] | None = None
+    try:
+        payload = holders[where[ctx.rank]].get(ctx.rank, point.step)
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except (OSError, KeyError, RuntimeError) as error:
+        log.warning("memory tier: rank %d could not fetch its state at step %d (%s)", ctx.rank, point.step, error)
+    fetched = [state is not None]
+    if ctx.distributed:
+        every: list[Any] = [None] * ctx.world_size
+        dist.all_gather_object(every, fetched[0])
+        fetched = every
+    if not all(fetched):
+        fallback = RestorePoint("disk", newest_on_disk) if newest_on_disk is not None else RestorePoint("none", 0)
+        return fallback, None
+    return point, state
