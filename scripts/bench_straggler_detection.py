@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""How soon a slowed rank is named a straggler (issue 36's targets: a rank 1.5x slower named
+"""How soon a slowed rank is named a straggler (the targets: a rank 1.5x slower named
 within 60 s, a rank 1.3x slower within 20 steps of the window).
 
 One real run (`hpctrain-train`, a small GPT on two processes, `trainer.straggler_window_steps`

@@ -1,4 +1,4 @@
-"""No false `straggler` anywhere in the suite (issue 36): a rank is named slow only where a test
+"""No false `straggler` anywhere in the suite: a rank is named slow only where a test
 slowed it on purpose.
 
 The suite's training runs go through every phase that looks like a slow rank from afar: a first

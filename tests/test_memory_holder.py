@@ -1,4 +1,4 @@
-"""The memory holders of the in-memory tier (hpctrain.checkpoint.memory_holder): the store's policy
+"""The memory holders of the in-memory tier (hpctrain.recovery.memory_holder): the store's policy
 as tables, then real holder processes spoken to over TCP by the rank's client."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from helpers import memory_holders
 
-from hpctrain.checkpoint import memory_wire as wire
 from hpctrain.checkpoint.memory_client import HolderClient, holder_addresses
-from hpctrain.checkpoint.memory_holder import CopyStore, Refused
 from hpctrain.checkpoint.restore_point import HeldCopy, restore_point
+from hpctrain.recovery.memory_holder import CopyStore, Refused
+from hpctrain.run import memory_wire as wire
 
 
 def put(store: CopyStore, rank: int, step: int, size: int) -> None:
@@ -127,7 +127,7 @@ def test_a_holder_that_stopped_answering_costs_the_rank_its_timeout_only(holders
 def test_a_holder_without_a_token_refuses_to_start(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != wire.TOKEN_ENV}
     done = subprocess.run(
-        [sys.executable, "-m", "hpctrain.checkpoint.memory_holder", str(tmp_path)],
+        [sys.executable, "-m", "hpctrain.recovery.memory_holder", str(tmp_path)],
         env=env,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""A rank's side of the memory holders (hpctrain.checkpoint.memory_holder): send a copy, ask what
+"""A rank's side of the memory holders (hpctrain.recovery.memory_holder): send a copy, ask what
 is held, fetch a copy back.
 
 A rank keeps one connection per holder it talks to (its own node's and its partner's) and opens
@@ -13,9 +13,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from hpctrain.checkpoint import memory_wire as wire
-from hpctrain.checkpoint.memory_holder import ADDR_SUFFIX
 from hpctrain.checkpoint.restore_point import HeldCopy
+from hpctrain.run import memory_wire as wire
+from hpctrain.run.memory_wire import ADDR_SUFFIX
 
 
 def holder_addresses(folder: Path) -> dict[str, str]:

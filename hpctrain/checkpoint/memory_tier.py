@@ -1,11 +1,11 @@
 """The in-memory tier, a rank's side: its state copied to host memory and sent to two holders, and
-read back from them after a loss (issue 37).
+read back from them after a loss.
 
 Every `every` steps a rank copies its whole training state (the model's and the optimizer's
 state dicts, the trainer's state tree, its own RNG) into reusable host buffers
 (hpctrain.checkpoint.snapshot: the only part training waits for), then a thread of its own
 serializes the copy and sends it to the memory holder of its node and to that of its partner node
-(hpctrain.checkpoint.memory_holder, restore_point.partner_nodes). A copy still on its way when
+(hpctrain.recovery.memory_holder, restore_point.partner_nodes). A copy still on its way when
 the next one is due is not waited for: that step is skipped (counted), so a slow network costs
 copies, never step time. A holder that does not answer costs the rank that copy and a warning
 once; training goes on.
@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 # How long rank 0 waits for each holder's listing at a restore (all asked at once).
 LIST_TIMEOUT_S = 3.0
+# How often a rank looks again for holders it has not found yet (a glob of RUN_DIR/memory).
+LOOK_EVERY_S = 5.0
 
 
 @dataclass
@@ -64,9 +66,17 @@ class MemoryTier:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         fingerprint: str,
+        find_holders: Callable[[], dict[str, HolderClient]] | None = None,
+        wanted: int | None = None,
     ) -> None:
+        """`holders`: the clients to send to. `find_holders`, when given, is asked again (at most
+        every LOOK_EVERY_S, when a copy is due) while fewer than `wanted` are known: a life's
+        holders start beside its first training step and write their addresses seconds later."""
         self.ctx, self.every = ctx, every
         self.holders = list(holders)
+        self.find_holders = find_holders
+        self.wanted = len(self.holders) if wanted is None else wanted
+        self._looked_at = -LOOK_EVERY_S
         self.model, self.optimizer, self.fingerprint = model, optimizer, fingerprint
         self.snapshotter = Snapshotter()
         self.sender: threading.Thread | None = None
@@ -75,10 +85,13 @@ class MemoryTier:
 
     def stepped(self, step: int, state_tree: Callable[[], dict[str, Any]]) -> None:
         """After `step`: copy and send the state when it is due and the copy before it has gone."""
-        if self.every <= 0 or step % self.every or not self.holders:
+        if self.every <= 0 or step % self.every:
             return
         if self.sender is not None and self.sender.is_alive():
             self.counts.skipped += 1
+            return
+        self._look_for_holders()
+        if not self.holders:
             return
         started = time.perf_counter()
         tree = {
@@ -94,6 +107,19 @@ class MemoryTier:
         self.counts.blocking_s = time.perf_counter() - started
         self.sender = threading.Thread(target=self._send, args=(step, copied), name="hpctrain-memory", daemon=True)
         self.sender.start()
+
+    def _look_for_holders(self) -> None:
+        if self.find_holders is None or len(self.holders) >= self.wanted:
+            return
+        now = time.monotonic()
+        if now - self._looked_at < LOOK_EVERY_S:
+            return
+        self._looked_at = now
+        found = list(self.find_holders().values())
+        if len(found) > len(self.holders):
+            for holder in self.holders:
+                holder.close()
+            self.holders = found
 
     def _send(self, step: int, copied: dict[str, Any]) -> None:
         buffer = io.BytesIO()

@@ -1,6 +1,6 @@
 """Where a life's state comes from when copies of it are kept in memory as well as on disk.
 
-The in-memory tier (issue 37) keeps each rank's newest states in host memory twice: on the rank's
+The in-memory tier keeps each rank's newest states in host memory twice: on the rank's
 own node and on its partner's, a node of the job other than its own, so a node lost takes one
 copy of its ranks' states and leaves the other. After a loss, the ranks of the next step can
 restore from memory only at a step for which every rank of the world that saved it still has a

@@ -121,6 +121,15 @@ class TrainerConfig:
     keep_checkpoints: int = 2
     # Write periodic checkpoints in a background thread; training waits only for an in-memory copy.
     async_checkpoint: bool = True
+    # The in-memory tier: every N steps each rank's whole state is copied to host memory and sent,
+    # from a thread, to the memory holder of its node and of the next training node, so a node
+    # lost with a spare resumes from the newest step every rank's copy survives for, not from the
+    # disk's (Slurm jobs, trainer.strategy=ddp; the disk checkpoints stay). 0: off.
+    memory_ckpt_every: int = 0
+    # The most host memory one node's holder keeps, in GB (the newest two copies of each of its
+    # own ranks and of its partner node's); a copy past it is refused and the disk used. null: a
+    # quarter of the node's available memory when the holder starts.
+    memory_max_gb: Optional[float] = None
     # End a process when no step finishes for this many seconds (a hang), so the job recovers
     # instead of idling to its time limit; 0 disables. Covers start-up from the rendezvous on
     # (a peer that never joins is a hang too) and the first step (torch.compile included). Must
@@ -149,7 +158,15 @@ class TrainerConfig:
     progress_bar: str = "auto"
 
     def __post_init__(self) -> None:
-        for key in ("max_steps", "epochs", "eval_every", "ckpt_every", "hang_timeout_s", "step_hang_timeout_s"):
+        for key in (
+            "max_steps",
+            "epochs",
+            "eval_every",
+            "ckpt_every",
+            "hang_timeout_s",
+            "step_hang_timeout_s",
+            "memory_ckpt_every",
+        ):
             value = getattr(self, key)
             require(value >= 0, f"trainer.{key}", f"must be >= 0 (got {value})")
         require(
@@ -188,6 +205,11 @@ class TrainerConfig:
             f"must be >= 2 so a torn newest checkpoint has one to fall back on (got {self.keep_checkpoints})",
         )
         require(self.grad_clip >= 0, "trainer.grad_clip", f"must be >= 0 (got {self.grad_clip})")
+        require(
+            self.memory_max_gb is None or self.memory_max_gb > 0,
+            "trainer.memory_max_gb",
+            f"must be above 0, or null for a quarter of a node's available memory (got {self.memory_max_gb})",
+        )
         require(
             self.precision in ("bf16", "fp16", "fp32"),
             "trainer.precision",

@@ -12,6 +12,7 @@ hpctrain-status, hpctrain-follow) agrees on about a run dir.
     protocol    the batch shell and its control step: their calls, answer line and exit codes
     heartbeats  the datagrams on the heartbeat watcher's port (beats, the keeper's ping)
     node_address  the address a node of the job is reached at (rank 0's, the watcher's)
+    memory_wire the wire between a rank and a memory holder of the in-memory tier
     listeners   the programs a run dir names to be told when the run has ended (hpctrain-tune's)
 No torch here: the batch shell's control step imports it and must answer in a moment.
 May import: slurm (job ids, the task's environment); every other folder may import run.

@@ -28,6 +28,9 @@ class Start(Event):
     world_size: int = 0
     nodes: list[str] = field(default_factory=list)
     resumed_from_step: int = 0
+    # Where the resumed state came from: "disk" (a checkpoint) or "memory" (the in-memory tier's
+    # copies, hpctrain.checkpoint.memory_tier); None for a fresh start.
+    resumed_from: str | None = None
     total_steps: int | None = None
     ranks: list[Any] | None = None  # each rank's node, GPU and device
     allocated_at: float | None = None  # when Slurm started this life's batch script (hpctrain's own)

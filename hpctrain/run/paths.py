@@ -106,6 +106,12 @@ class RunDir:
         return self.root / ".rendezvous"
 
     @property
+    def memory(self) -> Path:
+        """The in-memory tier's holders of the life: NODE.addr, `host:port` of each
+        (hpctrain.recovery.memory_holder)."""
+        return self.root / "memory"
+
+    @property
     def wandb_run(self) -> Path:
         """The W&B run id every life of the run logs to (with metrics.wandb)."""
         return self.root / "wandb_run.json"

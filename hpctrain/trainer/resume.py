@@ -8,6 +8,7 @@ rest: the data position, moved into this run's layout when the number of process
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -30,10 +31,12 @@ def resume(
     scaler: torch.amp.GradScaler | None,
     config: Config,
     ctx: DistContext,
+    from_memory: dict[str, Any] | None = None,
 ) -> TrainState:
     """Collective. Where the newest checkpoint left the run, its state loaded into the parts;
-    a fresh TrainState when there is none."""
-    saved = checkpointer.load()
+    a fresh TrainState when there is none. `from_memory`: the state the in-memory tier restored
+    (its model and optimizer already loaded, hpctrain.trainer.memory_copies), used instead."""
+    saved = checkpointer.load() if from_memory is None else from_memory
     if saved is None:
         return TrainState()
     faults.point("trainer.resume_loading")

@@ -20,6 +20,7 @@ def start_record(
     layout: Layout,
     startup: dict[str, float],
     health: dict[str, float] | None = None,
+    resumed_from: str | None = None,
 ) -> Start:
     """Collective: every rank reports where it runs, which GPU it binds and which CPUs it may run
     on (Slurm's task/affinity pins each task to its slurm.cpus_per_task CPUs), so the journal
@@ -41,6 +42,7 @@ def start_record(
         world_size=ctx.world_size,
         nodes=sorted({r["node"] for r in ranks}),
         resumed_from_step=resumed_from_step,
+        resumed_from=resumed_from,
         total_steps=total_steps,
         ranks=ranks,
         allocated_at=ctx.life.allocated_at,

@@ -16,6 +16,7 @@ from typing import Any
 
 from hpctrain import faults
 from hpctrain.checkpoint import checkpointer_for
+from hpctrain.checkpoint.memory_tier import MemoryTier
 from hpctrain.checkpoint.writer import DiskFull
 from hpctrain.config import Config
 from hpctrain.dist.context import DistContext
@@ -23,7 +24,7 @@ from hpctrain.metrics import MetricSinks, open_sinks
 from hpctrain.run.causes import CheckpointReason
 from hpctrain.run.events import Finish, Journal, Pruned
 from hpctrain.run.paths import RunDir
-from hpctrain.trainer import components, loaders
+from hpctrain.trainer import components, loaders, memory_copies
 from hpctrain.trainer.course import Course
 from hpctrain.trainer.evaluate import evaluate
 from hpctrain.trainer.hooks import EVALUATION, FIRST_STEP, SAVE, ProcessHooks
@@ -66,18 +67,31 @@ class Trainer:
         self.stopping = Stopping(hooks, ctx, config, self.journal, self.checkpointer)
         # Made at the start, once every rank's node is known (the `start` record's gather).
         self.stragglers = StragglerWatch(ctx, self.journal, 0.0, 1, [])
+        # The in-memory tier's copies (hpctrain.trainer.memory_copies); None where it is off.
+        self.memory: MemoryTier | None = None
 
     # ---- the run -------------------------------------------------------------------------
 
     def train(self) -> dict[str, Any]:
         """Train to the end (returns the final metrics) or raise StopTraining after a save."""
-        self.state = resume(self.checkpointer, self.parts, self.course, self.stepper.scaler, self.config, self.ctx)
+        parts = self.parts
+        _, from_memory = memory_copies.restored(self.config, self.ctx, self.run, parts.raw_model, parts.optimizer)
+        self.state = resume(
+            self.checkpointer, parts, self.course, self.stepper.scaler, self.config, self.ctx, from_memory
+        )
+        resumed_from = "memory" if from_memory is not None else ("disk" if self.state.step else None)
         # The model built and the checkpoint loaded: progress, however long it took; the first
         # step (which may compile) has trainer.first_step_timeout_s.
         self.watchdog.beat(FIRST_STEP)
         course = self.course
         started = start_record(
-            self.ctx, self.state.step, course.total_steps, course.layout, self.hooks.ready(), self.hooks.health
+            self.ctx,
+            self.state.step,
+            course.total_steps,
+            course.layout,
+            self.hooks.ready(),
+            self.hooks.health,
+            resumed_from,
         )
         self.journal.write_event(started)
         cfg = self.config.trainer
@@ -86,6 +100,7 @@ class Trainer:
             self.ctx, self.journal, cfg.straggler_threshold, cfg.straggler_window_steps, nodes
         )
         self.stepper.timer = self.stragglers.timer
+        self.memory = memory_copies.tier_for(self.config, self.ctx, self.run, nodes, parts.raw_model, parts.optimizer)
         self.metrics = open_sinks(self.config, self.run.root, self.state.step, self.ctx.is_main)
         bar = self.config.trainer.progress_bar
         progress = Progress(self.ctx, course.layout.global_batch, course.total_steps, self.state.step, bar)
@@ -100,6 +115,8 @@ class Trainer:
         finally:
             progress.close()
             self.metrics.close(outcome)
+            if self.memory is not None:
+                self.memory.close()
 
     def _train(self, progress: Progress) -> dict[str, Any]:
         """The steps, from the resumed state to the end or a stop."""
@@ -115,6 +132,8 @@ class Trainer:
             self.watchdog.stepped()
             self.stragglers.stepped(self.state.step)
             step, final = self.state.step, self.state.step == self.course.total_steps
+            if self.memory is not None and not final:
+                self.memory.stepped(step, self._state_tree)
             evaluate_now = final or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
             if evaluate_now or step % cfg.log_every == 0:
                 last = self._log(progress, evaluate_now)

@@ -1,4 +1,4 @@
-"""Real memory holders (hpctrain.checkpoint.memory_holder) for a test, as the nodes of one life."""
+"""Real memory holders (hpctrain.recovery.memory_holder) for a test, as the nodes of one life."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from hpctrain.checkpoint import memory_wire as wire
 from hpctrain.checkpoint.memory_client import holder_addresses
+from hpctrain.run import memory_wire as wire
 
 TOKEN = "life-1"
 
@@ -29,7 +29,7 @@ def holders(
             command = [
                 sys.executable,
                 "-m",
-                "hpctrain.checkpoint.memory_holder",
+                "hpctrain.recovery.memory_holder",
                 str(run_dir),
                 "--max-bytes",
                 str(max_bytes),

@@ -1,4 +1,4 @@
-"""The wire between a rank and a memory holder (hpctrain.checkpoint.memory_holder): one message is a
+"""The wire between a rank and a memory holder (hpctrain.recovery.memory_holder): one message is a
 4-byte length, a JSON header, and `size` bytes of payload where the header has a size.
 
 Requests: `put` (rank, step, size, crc32; the payload is the rank's serialized state), `list` (the
@@ -18,6 +18,8 @@ import zlib
 from typing import Any
 
 TOKEN_ENV = "HPCTRAIN_MEMORY_TOKEN"
+# Each holder's address, `host:port`, in RUN_DIR/memory/NODE.addr (RunDir.memory).
+ADDR_SUFFIX = ".addr"
 _LENGTH = struct.Struct("!I")
 # A header is a few hundred bytes; a longer one is another protocol talking to the port.
 MAX_HEADER_BYTES = 1 << 20

@@ -1,13 +1,13 @@
 """A memory holder: one process per node of a job that keeps ranks' newest states in its memory.
 
-The in-memory tier (issue 37) copies each rank's state, every `trainer.memory_ckpt_every` steps,
+The in-memory tier copies each rank's state, every `trainer.memory_ckpt_every` steps,
 to the holder of its own node and to the holder of its partner node (hpctrain.checkpoint.
 restore_point.partner_nodes). A holder outlives the training steps of its life: a relaunch on a
 spare finds the lost node's ranks' states on the partner, and every other rank's on its own node,
 without reading the disk. It holds what it is sent as bytes (it never imports torch: it starts in
 tens of milliseconds and costs no more memory than what it holds):
 
-    python -m hpctrain.checkpoint.memory_holder RUN_DIR --keep 2 --max-bytes N
+    python -m hpctrain.recovery.memory_holder RUN_DIR --keep 2 --max-bytes N
 
 It listens on TCP (an ephemeral port, on the node's address as the job's other processes see it:
 hpctrain.run.node_address) and writes `host:port` to RUN_DIR/memory/NODE.addr once it listens.
@@ -15,7 +15,7 @@ Per rank it keeps the newest `keep` steps (two by default: while one rank's newe
 its way, the step before is whole on every rank). It never holds more than `max-bytes`: a copy
 that would pass it drops that rank's oldest first, and is refused, saying the numbers, when it
 still would not fit. The CopyStore below is the policy, apart from the sockets (its tests are
-tables); wire format: hpctrain.checkpoint.memory_wire.
+tables); wire format: hpctrain.run.memory_wire.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain.checkpoint import memory_wire as wire
+from hpctrain.run import memory_wire as wire
 from hpctrain.run.node_address import rank0_address
 
-ADDR_SUFFIX = ".addr"
+ADDR_SUFFIX = wire.ADDR_SUFFIX
 
 
 class Refused(ValueError):
@@ -140,11 +140,24 @@ def listen(folder: Path, node: str, host: str) -> socket.socket:
     return server
 
 
+def available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """The node's MemAvailable in bytes (0 where it cannot be read: no bound then)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpctrain.checkpoint.memory_holder")
+    parser = argparse.ArgumentParser(prog="python -m hpctrain.recovery.memory_holder")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--keep", type=int, default=2, help="newest steps kept per rank")
-    parser.add_argument("--max-bytes", type=int, default=0, help="the most it holds (0: no bound)")
+    parser.add_argument(
+        "--max-bytes", type=int, default=0, help="the most it holds (0: a quarter of the node's available memory)"
+    )
     parser.add_argument("--suffix", default="", help="slurm.network.master_addr_suffix")
     parser.add_argument("--ifname", default="", help="slurm.network.master_addr_ifname")
     args = parser.parse_args(argv)
@@ -155,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     host = rank0_address(node, args.suffix, args.ifname)
     server = listen(args.run_dir / "memory", node, host)
-    Holder(CopyStore(keep=max(1, args.keep), max_bytes=max(0, args.max_bytes)), token, node).serve(server)
+    max_bytes = args.max_bytes if args.max_bytes > 0 else available_bytes() // 4
+    Holder(CopyStore(keep=max(1, args.keep), max_bytes=max_bytes), token, node).serve(server)
     return 0
 
 

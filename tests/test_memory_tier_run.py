@@ -1,0 +1,64 @@
+"""The in-memory tier through the trainer, on this machine: real training processes copy their state
+to a real memory holder every step, a rank is SIGKILLed (no save: the disk has no checkpoint),
+and the run started again in its run dir resumes from memory, ending bit-identical to an
+uninterrupted run.
+
+Outside Slurm nothing starts holders; the test starts one as the batch script would (the life's
+token in the environment, the holder named after this machine, where both ranks run).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from conftest import assert_ok, run_train
+from helpers import memory_holders
+from slurmtools import same_weights
+
+from hpctrain import faults
+from hpctrain.run.memory_wire import TOKEN_ENV
+
+pytestmark = pytest.mark.slow
+
+CONFIG = [
+    "trainer.nprocs=2",
+    "trainer.max_steps=60",
+    "trainer.log_every=1",
+    "trainer.eval_every=0",
+    "trainer.ckpt_every=1000",  # no periodic checkpoint: only memory holds the state before the end
+]
+
+
+def starts(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == "start"]
+
+
+def test_a_run_killed_without_a_save_resumes_from_memory_bit_identical(tmp_path: Path) -> None:
+    reference = tmp_path / "reference"
+    assert_ok(run_train(reference, CONFIG))
+    run_dir = tmp_path / "run"
+    tiered = [*CONFIG, "trainer.memory_ckpt_every=1"]
+    with memory_holders.holders(run_dir, nodes=(socket.gethostname(),)):
+        env = {TOKEN_ENV: memory_holders.TOKEN}
+        # Rank 1 killed right after its 40th step: its newest copy is step 39's or 40's.
+        killed = run_train(run_dir, tiered, extra_env={**env, faults.ENV: "trainer.step=kill@40#1"})
+        assert killed.returncode != 0, killed.stdout[-2000:]
+        assert not list((run_dir / "checkpoints").glob("*.pt")), "no checkpoint on disk before the end"
+        resumed = run_train(run_dir, tiered, extra_env=env)
+        assert_ok(resumed)
+    first, second = starts(run_dir)
+    assert first.get("resumed_from") is None
+    assert second["resumed_from"] == "memory" and 38 <= second["resumed_from_step"] <= 40, second
+    assert same_weights(run_dir, reference), "not bit-identical to the uninterrupted run"
+
+
+def test_without_the_lifes_holders_the_tier_is_off_and_the_run_trains_as_before(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, [*CONFIG, "trainer.max_steps=5", "trainer.memory_ckpt_every=1"])
+    assert_ok(proc)
+    (start,) = starts(run_dir)
+    assert start.get("resumed_from") is None and not (run_dir / "memory").exists()
