@@ -155,3 +155,21 @@ def test_the_plan_names_a_live_holder_for_each_rank(
     copies: list[HeldCopy], lost: list[str], disk: int, point: RestorePoint, where: dict[int, str]
 ) -> None:
     assert plan(2, copies, lost, disk) == (point, where)
+
+
+def test_a_tier_that_would_take_over_half_the_nodes_memory_turns_itself_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_dir = tmp_path / "run"
+    with memory_holders.holders(run_dir, nodes=("n1",)):
+        model, optimizer = trained(1)
+        # The node's MemAvailable as a node with only 4 kB left would show it.
+        monkeypatch.setattr("hpctrain.checkpoint.memory_tier.available_bytes", lambda: 4096)
+        tier = MemoryTier(SINGLE, 1, clients(run_dir).values(), model, optimizer, fingerprint="f1")
+        tier.stepped(1, lambda: {})
+        tier.stepped(2, lambda: {})
+        tier.wait()
+        assert tier.sender is None and tier.every == 0 and tier.counts.sent == 0
+        assert clients(run_dir)["n1"].listing() == []  # nothing sent
+    (warned,) = [r.getMessage() for r in caplog.records if "memory tier off" in r.getMessage()]
+    assert "more than half the 0.00 GB the node has available" in warned and "trainer.memory_ckpt_every=0" in warned

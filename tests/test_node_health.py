@@ -22,7 +22,6 @@ from hpctrain.process.node_health import (
     judge_gpus,
     judge_memory,
     judge_scratch,
-    memory_available_kb,
 )
 from hpctrain.recovery.decide import History, decide
 from hpctrain.recovery.facts import Budgets, ClusterView
@@ -31,6 +30,7 @@ from hpctrain.run.causes import Action, Cause
 from hpctrain.run.events import DETECTED_BY_HEALTH, Failure, Journal, Relaunch, Requeue, read_events
 from hpctrain.run.exitcodes import WORKER_NODE_UNHEALTHY
 from hpctrain.run.life import LifeStamp
+from hpctrain.run.node_memory import memory_available_kb
 from hpctrain.status.diagnosis import diagnosis_lines
 
 GB = 1024**3

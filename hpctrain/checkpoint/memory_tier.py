@@ -35,8 +35,9 @@ from torch import nn
 from hpctrain.checkpoint import rng
 from hpctrain.checkpoint.memory_client import HolderClient
 from hpctrain.checkpoint.restore_point import HeldCopy, RestorePoint, restore_point
-from hpctrain.checkpoint.snapshot import Snapshotter
+from hpctrain.checkpoint.snapshot import Snapshotter, state_bytes
 from hpctrain.dist.context import DistContext
+from hpctrain.run.node_memory import available_bytes
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +104,32 @@ class MemoryTier:
             "world_size": self.ctx.world_size,
             "fingerprint": self.fingerprint,
         }
+        if self.counts.sent + self.counts.failed + self.counts.skipped == 0 and not self._fits(tree):
+            self.every = 0  # off for this life: the disk checkpoints go on
+            return
         copied = self.snapshotter.take(tree)
         self.counts.blocking_s = time.perf_counter() - started
         self.sender = threading.Thread(target=self._send, args=(step, copied), name="hpctrain-memory", daemon=True)
         self.sender.start()
+
+    def _fits(self, tree: dict[str, Any]) -> bool:
+        """Whether the node's ranks' copies (each rank's host buffers and its serialized copy) take
+        at most half the node's available memory: the tier must never make a node swap."""
+        need = 2 * state_bytes(tree) * max(1, self.ctx.local_world_size)
+        available = available_bytes()
+        if available is None or need <= available // 2:
+            return True
+        if self.ctx.local_rank == 0:
+            log.warning(
+                "memory tier off for this life: %d ranks on this node x 2 x %.2f GB of state = %.2f GB of host "
+                "memory, more than half the %.2f GB the node has available; the disk checkpoints go on "
+                "(trainer.memory_ckpt_every=0 turns the tier off)",
+                max(1, self.ctx.local_world_size),
+                state_bytes(tree) / 1e9,
+                need / 1e9,
+                available / 1e9,
+            )
+        return False
 
     def _look_for_holders(self) -> None:
         if self.find_holders is None or len(self.holders) >= self.wanted:

@@ -30,6 +30,7 @@ from hpctrain.config.health import HealthConfig
 from hpctrain.run.causes import Cause
 from hpctrain.run.events import Failure, Journal
 from hpctrain.run.life import LifeStamp
+from hpctrain.run.node_memory import available_bytes
 
 GB = 1024**3
 # What an all-reduce check sends: big enough to be timed, small enough to cost nothing.
@@ -74,16 +75,6 @@ def judge_command(command: str, exit_code: int | None, output: str, timeout_s: f
     if exit_code != 0:
         return False, f"`{command}` exited {exit_code}{said}"
     return True, f"`{command}` exited 0"
-
-
-def memory_available_kb(meminfo: str) -> int | None:
-    """MemAvailable of /proc/meminfo, in kB (None where the kernel does not show it)."""
-    for line in meminfo.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() == "MemAvailable":
-            words = value.split()
-            return int(words[0]) if words and words[0].isdigit() else None
-    return None
 
 
 def expected_gpus(gpus_per_node: int, visible: str | None) -> int:
@@ -187,10 +178,8 @@ def _free_bytes(folder: str) -> int | None:
 
 
 def _meminfo_available() -> int | None:
-    try:
-        return memory_available_kb(Path("/proc/meminfo").read_text())
-    except OSError:
-        return None
+    available = available_bytes()
+    return None if available is None else available // 1024
 
 
 def _site_command(health: HealthConfig, run_dir: Path, env: Mapping[str, str]) -> tuple[bool, str]:

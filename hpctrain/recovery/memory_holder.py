@@ -31,6 +31,7 @@ from pathlib import Path
 
 from hpctrain.run import memory_wire as wire
 from hpctrain.run.node_address import rank0_address
+from hpctrain.run.node_memory import available_bytes
 
 ADDR_SUFFIX = wire.ADDR_SUFFIX
 
@@ -140,17 +141,6 @@ def listen(folder: Path, node: str, host: str) -> socket.socket:
     return server
 
 
-def available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
-    """The node's MemAvailable in bytes (0 where it cannot be read: no bound then)."""
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpctrain.recovery.memory_holder")
     parser.add_argument("run_dir", type=Path)
@@ -168,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     host = rank0_address(node, args.suffix, args.ifname)
     server = listen(args.run_dir / "memory", node, host)
-    max_bytes = args.max_bytes if args.max_bytes > 0 else available_bytes() // 4
+    max_bytes = args.max_bytes if args.max_bytes > 0 else (available_bytes() or 0) // 4
     Holder(CopyStore(keep=max(1, args.keep), max_bytes=max_bytes), token, node).serve(server)
     return 0
 
