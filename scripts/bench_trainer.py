@@ -9,14 +9,20 @@ Steady state = time(long run) - time(short run): start-up, the final evaluation 
 save appear in both and cancel. Printed: per-round times, medians and the ratio
 hpctrain samples/s / baseline samples/s (target >= 0.98).
 
-    python scripts/bench_trainer.py [--nprocs 2] [--rounds 7] [--short 20] [--long 620] [overrides...]
+    python scripts/bench_trainer.py [--nprocs 2] [--rounds 7] [--short 20] [--long 620] [--memory-tier] [overrides...]
+
+--memory-tier: the hpctrain side copies its whole state every step to a memory holder (the
+in-memory tier at trainer.memory_ckpt_every=1): its ratio against a run without is the tier's cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +41,7 @@ from hpctrain.config import Config, load_run_config, save_resolved, targets
 from hpctrain.dist.context import DistContext
 from hpctrain.process.signals import StopFlag
 from hpctrain.process.watchdog import start_watchdog
+from hpctrain.run.memory_wire import TOKEN_ENV
 from hpctrain.trainer.hooks import ProcessHooks
 from hpctrain.trainer.trainer import Trainer
 
@@ -76,10 +83,30 @@ def baseline(config: Config, ctx: DistContext, steps: int) -> None:
         epoch += 1
 
 
+# With --memory-tier: this round's memory holder (rank 0's child), as the batch script starts one per node.
+_holder: list[subprocess.Popen[bytes]] = []
+
+
+def fresh_holder(run_dir: Path) -> None:
+    """A new memory holder for the round (the last round's copies would be resumed from), named
+    after this machine, where every rank runs: its start-up is in the short and the long run alike."""
+    for old in _holder:
+        old.kill()
+        old.wait()
+    _holder.clear()
+    shutil.rmtree(run_dir / "memory", ignore_errors=True)
+    env = {**os.environ, "SLURMD_NODENAME": socket.gethostname()}
+    _holder.append(subprocess.Popen([sys.executable, "-m", "hpctrain.recovery.memory_holder", str(run_dir)], env=env))
+    while not (run_dir / "memory" / f"{socket.gethostname()}.addr").exists():
+        time.sleep(0.01)
+
+
 def hpctrain_run(run_dir: Path, ctx: DistContext) -> None:
     # Every round starts fresh: a checkpoint left by the last round would resume at its end.
     if ctx.rank == 0:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        if os.environ.get(TOKEN_ENV):
+            fresh_holder(run_dir)
     dist.barrier()
     config = load_run_config(run_dir)
     # What a training process lends its trainer: an uninstalled stop flag (no signal stops a
@@ -113,6 +140,8 @@ def worker(rank: int, nprocs: int, store: str, runs: dict[str, str], rounds: int
         if round_ < 0:
             continue
         lines.append(" ".join(f"{k}={v:.4f}" for k, v in times.items()))
+        for holder in _holder:  # the round's copies gone with it
+            holder.kill()
         if rank == 0:
             print(f"round {round_}: " + lines[-1], flush=True)
     if rank == 0:
@@ -136,8 +165,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--short", type=int, default=20, help="steps of the short run")
     parser.add_argument("--long", type=int, default=620, help="steps of the long run")
+    parser.add_argument(
+        "--memory-tier",
+        action="store_true",
+        help="hpctrain copies its state to a memory holder every step (trainer.memory_ckpt_every=1)",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for both sides, e.g. model=mlp")
     args = parser.parse_args()
+    if args.memory_tier:
+        os.environ[TOKEN_ENV] = "bench"  # inherited by the ranks and their holder
+        args.overrides = [*args.overrides, "trainer.memory_ckpt_every=1"]
     hconfig.register()
     with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as tmp:
         root = Path(tmp)
