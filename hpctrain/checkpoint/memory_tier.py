@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpctrain.checkpoint import rng
+from hpctrain.checkpoint import memory_interval, rng
 from hpctrain.checkpoint.memory_client import HolderClient
 from hpctrain.checkpoint.restore_point import HeldCopy, RestorePoint, restore_point
 from hpctrain.checkpoint.snapshot import Snapshotter, state_bytes
@@ -69,11 +69,20 @@ class MemoryTier:
         fingerprint: str,
         find_holders: Callable[[], dict[str, HolderClient]] | None = None,
         wanted: int | None = None,
+        overhead: float = 0.0,
     ) -> None:
-        """`holders`: the clients to send to. `find_holders`, when given, is asked again (at most
-        every LOOK_EVERY_S, when a copy is due) while fewer than `wanted` are known: a life's
-        holders start beside its first training step and write their addresses seconds later."""
-        self.ctx, self.every = ctx, every
+        """`every`: the fewest steps between copies; `overhead` (above 0) widens that interval until a
+        copy's measured cost is at most this share of the steps' time (hpctrain.checkpoint.
+        memory_interval: the ranks agree on it at fixed steps, a collective). `holders`: the clients
+        to send to. `find_holders`, when given, is asked again (at most every LOOK_EVERY_S, when a
+        copy is due) while fewer than `wanted` are known: a life's holders start beside its first
+        training step and write their addresses seconds later."""
+        self.ctx, self.every, self.minimum, self.overhead = ctx, every, every, overhead
+        self.fits: bool | None = None  # whether this node can hold the copies, asked at the first one
+        self.first_step: int | None = None
+        self.copy_s = 0.0  # a copy's cost (its host copy and its sending thread's CPU), smoothed
+        self.step_s = 0.0  # a step's wall time, smoothed
+        self._stepped_at: float | None = None
         self.holders = list(holders)
         self.find_holders = find_holders
         self.wanted = len(self.holders) if wanted is None else wanted
@@ -85,7 +94,16 @@ class MemoryTier:
         self._warned = False
 
     def stepped(self, step: int, state_tree: Callable[[], dict[str, Any]]) -> None:
-        """After `step`: copy and send the state when it is due and the copy before it has gone."""
+        """After `step` (every rank, every step): copy and send the state when it is due and the copy
+        before it has gone; at the agreement steps, agree on the interval first (a collective)."""
+        now = time.perf_counter()
+        if self._stepped_at is not None:
+            self.step_s = _smoothed(self.step_s, now - self._stepped_at)
+        self._stepped_at = now
+        if self.first_step is None:
+            self.first_step = step
+        if self.overhead > 0 and self.minimum > 0 and memory_interval.agrees_at(step, self.first_step):
+            self._agree()
         if self.every <= 0 or step % self.every:
             return
         if self.sender is not None and self.sender.is_alive():
@@ -104,13 +122,34 @@ class MemoryTier:
             "world_size": self.ctx.world_size,
             "fingerprint": self.fingerprint,
         }
-        if self.counts.sent + self.counts.failed + self.counts.skipped == 0 and not self._fits(tree):
-            self.every = 0  # off for this life: the disk checkpoints go on
+        if self.fits is None:
+            self.fits = self._fits(tree)
+        if not self.fits:
+            if self.overhead <= 0:
+                self.every = 0  # off for this life (with an overhead, the next agreement turns every rank's off)
             return
         copied = self.snapshotter.take(tree)
         self.counts.blocking_s = time.perf_counter() - started
         self.sender = threading.Thread(target=self._send, args=(step, copied), name="hpctrain-memory", daemon=True)
         self.sender.start()
+
+    def _agree(self) -> None:
+        """Collective. The interval every rank copies at from now on (memory_interval.agreed)."""
+        mine = memory_interval.Measured(self.fits, self.copy_s, self.step_s)
+        views: list[Any] = [mine]
+        if self.ctx.distributed:
+            views = [None] * self.ctx.world_size
+            dist.all_gather_object(views, mine)
+        interval = memory_interval.agreed(views, self.overhead, self.minimum)
+        if interval != self.every and self.ctx.is_main:
+            log.info(
+                "memory tier: a copy every %d steps (a copy costs %.1f ms, a step %.1f ms; at most %g of the time)",
+                interval,
+                self.copy_s * 1e3,
+                self.step_s * 1e3,
+                self.overhead,
+            )
+        self.every = interval
 
     def _fits(self, tree: dict[str, Any]) -> bool:
         """Whether the node's ranks' copies (each rank's host buffers and its serialized copy) take
@@ -145,6 +184,7 @@ class MemoryTier:
             self.holders = found
 
     def _send(self, step: int, copied: dict[str, Any]) -> None:
+        cpu_started = time.thread_time()
         buffer = io.BytesIO()
         torch.save(copied, buffer)
         payload = buffer.getbuffer()
@@ -158,6 +198,7 @@ class MemoryTier:
                     self._warned = True
                     host, port = holder.address
                     log.warning("memory tier: the copy of step %d to %s:%d failed (%s)", step, host, port, error)
+        self.copy_s = _smoothed(self.copy_s, self.counts.blocking_s + time.thread_time() - cpu_started)
         if whole:
             self.counts.sent += 1
             self.counts.newest = step
@@ -173,6 +214,11 @@ class MemoryTier:
         self.wait()
         for holder in self.holders:
             holder.close()
+
+
+def _smoothed(mean: float, sample: float, weight: float = 0.2) -> float:
+    """An exponentially weighted mean (the first sample as it is)."""
+    return sample if mean <= 0 else (1 - weight) * mean + weight * sample
 
 
 def listings(holders: dict[str, HolderClient]) -> tuple[list[HeldCopy], list[str]]:

@@ -126,6 +126,11 @@ class TrainerConfig:
     # lost with a spare resumes from the newest step every rank's copy survives for, not from the
     # disk's (Slurm jobs, trainer.strategy=ddp; the disk checkpoints stay). 0: off.
     memory_ckpt_every: int = 0
+    # With the tier on, the share of training time its copies may take: the interval is widened
+    # from trainer.memory_ckpt_every until a copy's measured cost (its host copy and its sending
+    # thread's CPU) fits, the ranks agreeing on one interval 20 steps into a life and every 200
+    # steps after (hpctrain.checkpoint.memory_interval). 0: exactly every memory_ckpt_every steps.
+    memory_ckpt_overhead: float = 0.02
     # The most host memory one node's holder keeps, in GB (the newest two copies of each of its
     # own ranks and of its partner node's); a copy past it is refused and the disk used. null: a
     # quarter of the node's available memory when the holder starts.
@@ -205,6 +210,11 @@ class TrainerConfig:
             f"must be >= 2 so a torn newest checkpoint has one to fall back on (got {self.keep_checkpoints})",
         )
         require(self.grad_clip >= 0, "trainer.grad_clip", f"must be >= 0 (got {self.grad_clip})")
+        require(
+            0 <= self.memory_ckpt_overhead < 1,
+            "trainer.memory_ckpt_overhead",
+            f"must be a share of the training time, 0 to under 1 (got {self.memory_ckpt_overhead})",
+        )
         require(
             self.memory_max_gb is None or self.memory_max_gb > 0,
             "trainer.memory_max_gb",

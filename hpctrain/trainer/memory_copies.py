@@ -99,4 +99,5 @@ def tier_for(
             if node in wanted
         },
         wanted=len(wanted),
+        overhead=config.trainer.memory_ckpt_overhead,
     )
