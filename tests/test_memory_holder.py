@@ -82,7 +82,8 @@ def test_a_ranks_state_kept_on_two_holders_survives_either(holders) -> None:
     states = {step: os.urandom(4 << 20) for step in (41, 42, 43)}  # a few MB each
     for step, state in states.items():
         for client in (own, partner):
-            client.put(0, step, state)
+            spent = client.put(0, step, state)
+            assert 0 < spent < 1.0, spent  # the holder's CPU for receiving and checking 4 MB
     assert own.listing() == [HeldCopy(0, 42, "n1"), HeldCopy(0, 43, "n1")]  # the newest two
     assert bytes(partner.get(0, 43)) == states[43]
 

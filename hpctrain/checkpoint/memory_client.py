@@ -53,10 +53,12 @@ class HolderClient:
             raise wire.WireError(str(reply.get("error") or f"refused: {reply!r}"))
         return reply, out
 
-    def put(self, rank: int, step: int, payload: bytes | bytearray | memoryview) -> None:
-        """Keep this copy of RANK's state at STEP; raises WireError with the holder's reason."""
+    def put(self, rank: int, step: int, payload: bytes | bytearray | memoryview) -> float:
+        """Keep this copy of RANK's state at STEP; raises WireError with the holder's reason. The
+        CPU seconds keeping it took the holder (receiving, checking, storing)."""
         header = {"op": "put", "rank": rank, "step": step, "size": len(payload), "crc32": wire.crc32(payload)}
-        self._request(header, payload)
+        reply, _ = self._request(header, payload)
+        return float(reply.get("cpu_s", 0.0))
 
     def listing(self) -> list[HeldCopy]:
         reply, _ = self._request({"op": "list"})

@@ -2,9 +2,10 @@
 at most `trainer.memory_ckpt_overhead` of the training time, never fewer than
 `trainer.memory_ckpt_every`.
 
-A copy's cost is what its rank spends on it: the host copy training waits for, and the CPU its
-sending thread takes (serializing, checksumming, the socket), which on a machine whose cores the
-training processes keep busy comes out of training too. On a GPU node the training thread mostly
+A copy's cost is the CPU it takes: the host copy training waits for, its sending thread's
+(serializing, checksumming, the socket) and the holders' (receiving and checking it, reported in
+their answers), which on nodes whose cores the training processes keep busy comes out of
+training too. On a GPU node the training thread mostly
 waits on the device and a copy every step is cheap; on CPU, a copy of a small model costs a good
 share of a step. So the ranks measure both, and every AGREE_EVERY steps (the first time
 AGREE_FIRST steps into the life) they agree on one interval (an all-gather of a few numbers): the

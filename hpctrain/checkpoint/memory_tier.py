@@ -189,16 +189,18 @@ class MemoryTier:
         torch.save(copied, buffer)
         payload = buffer.getbuffer()
         whole = True
+        holders_cpu_s = 0.0  # the holders' CPU is a node's too: the copy's cost counts it
         for holder in self.holders:
             try:
-                holder.put(self.ctx.rank, step, payload)
+                holders_cpu_s += holder.put(self.ctx.rank, step, payload)
             except OSError as error:
                 whole = False
                 if not self._warned:
                     self._warned = True
                     host, port = holder.address
                     log.warning("memory tier: the copy of step %d to %s:%d failed (%s)", step, host, port, error)
-        self.copy_s = _smoothed(self.copy_s, self.counts.blocking_s + time.thread_time() - cpu_started)
+        spent = self.counts.blocking_s + time.thread_time() - cpu_started + holders_cpu_s
+        self.copy_s = _smoothed(self.copy_s, spent)
         if whole:
             self.counts.sent += 1
             self.counts.newest = step
