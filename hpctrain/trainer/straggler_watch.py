@@ -19,6 +19,7 @@ still counts.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -43,6 +44,7 @@ class OwnWorkTimer:
         self.marks: list[tuple[Any, Any]] = []
         self._began: Any = None
         self._schedstat: str | None = SCHEDSTAT
+        self._fd: int | None = None
 
     def begin(self) -> None:
         self._began = self._now()
@@ -68,12 +70,15 @@ class OwnWorkTimer:
         return event
 
     def _queued_s(self) -> float:
-        """Seconds this thread has waited for a core since it started (0 where the kernel does not say)."""
+        """Seconds this thread has waited for a core since it started (0 where the kernel does not say).
+        The file stays open (opened by the training thread, whose figures it then shows): a read
+        from its start regenerates it, a few microseconds."""
         if self._schedstat is None:
             return 0.0
         try:
-            with open(self._schedstat, "rb") as file:
-                return int(file.read().split()[1]) / 1e9
+            if self._fd is None:
+                self._fd = os.open(self._schedstat, os.O_RDONLY)
+            return int(os.pread(self._fd, 128, 0).split()[1]) / 1e9
         except (OSError, IndexError, ValueError):
             self._schedstat = None  # not shown by this kernel: the wall clock alone from now on
             return 0.0
