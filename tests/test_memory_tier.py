@@ -14,7 +14,8 @@ from torch import nn
 
 from hpctrain.checkpoint import rng
 from hpctrain.checkpoint.memory_client import HolderClient, holder_addresses
-from hpctrain.checkpoint.memory_tier import MemoryTier, plan, restore
+from hpctrain.checkpoint.memory_restore import plan, restore
+from hpctrain.checkpoint.memory_tier import MemoryTier
 from hpctrain.checkpoint.restore_point import HeldCopy, RestorePoint
 from hpctrain.dist.context import DistContext
 

@@ -1,5 +1,4 @@
-"""The in-memory tier, a rank's side: its state copied to host memory and sent to two holders, and
-read back from them after a loss.
+"""The in-memory tier, a rank's side: its state copied to host memory and sent to two holders.
 
 Every `every` steps a rank copies its whole training state (the model's and the optimizer's
 state dicts, the trainer's state tree, its own RNG) into reusable host buffers
@@ -10,11 +9,7 @@ the next one is due is not waited for: that step is skipped (counted), so a slow
 copies, never step time. A holder that does not answer costs the rank that copy and a warning
 once; training goes on.
 
-After a loss, rank 0 asks every holder what it holds (each within a timeout: a holder on a node
-that died silently answers nothing), chooses the newest step every rank's state survives for
-(restore_point.restore_point, against the newest whole checkpoint on disk) and tells the ranks
-which holder has each one's copy; every rank fetches its own. If any rank fails to, every rank
-falls back to the disk, as without the tier: the ranks never start from different steps.
+The restore after a loss: hpctrain.checkpoint.memory_restore.
 """
 
 from __future__ import annotations
@@ -24,7 +19,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,15 +28,12 @@ from torch import nn
 
 from hpctrain.checkpoint import memory_interval, rng
 from hpctrain.checkpoint.memory_client import HolderClient
-from hpctrain.checkpoint.restore_point import HeldCopy, RestorePoint, restore_point
 from hpctrain.checkpoint.snapshot import Snapshotter, state_bytes
 from hpctrain.dist.context import DistContext
 from hpctrain.run.node_memory import available_bytes
 
 log = logging.getLogger(__name__)
 
-# How long rank 0 waits for each holder's listing at a restore (all asked at once).
-LIST_TIMEOUT_S = 3.0
 # How often a rank looks again for holders it has not found yet (a glob of RUN_DIR/memory).
 LOOK_EVERY_S = 5.0
 
@@ -154,7 +145,8 @@ class MemoryTier:
     def _fits(self, tree: dict[str, Any]) -> bool:
         """Whether the node's ranks' copies (each rank's host buffers and its serialized copy) take
         at most half the node's available memory: the tier must never make a node swap."""
-        need = 2 * state_bytes(tree) * max(1, self.ctx.local_world_size)
+        state = state_bytes(tree)
+        need = 2 * state * max(1, self.ctx.local_world_size)
         available = available_bytes()
         if available is None or need <= available // 2:
             return True
@@ -164,7 +156,7 @@ class MemoryTier:
                 "memory, more than half the %.2f GB the node has available; the disk checkpoints go on "
                 "(trainer.memory_ckpt_every=0 turns the tier off)",
                 max(1, self.ctx.local_world_size),
-                state_bytes(tree) / 1e9,
+                state / 1e9,
                 need / 1e9,
                 available / 1e9,
             )
@@ -221,67 +213,3 @@ class MemoryTier:
 def _smoothed(mean: float, sample: float, weight: float = 0.2) -> float:
     """An exponentially weighted mean (the first sample as it is)."""
     return sample if mean <= 0 else (1 - weight) * mean + weight * sample
-
-
-def listings(holders: dict[str, HolderClient]) -> tuple[list[HeldCopy], list[str]]:
-    """Every holder's copies, asked at once; the nodes whose holder did not answer are the lost."""
-
-    def ask(node: str) -> list[HeldCopy] | None:
-        try:
-            return holders[node].listing()
-        except OSError:
-            return None
-
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(holders)))) as pool:
-        answers = dict(zip(holders, pool.map(ask, holders)))
-    copies = [copy for answer in answers.values() if answer for copy in answer]
-    return copies, sorted(node for node, answer in answers.items() if answer is None)
-
-
-def plan(
-    world_size: int, copies: list[HeldCopy], lost: list[str], newest_on_disk: int | None
-) -> tuple[RestorePoint, dict[int, str]]:
-    """The restore point and, when it is in memory, the node to fetch each rank's copy from."""
-    point = restore_point(world_size, copies, lost, newest_on_disk)
-    where: dict[int, str] = {}
-    if point.source == "memory":
-        for copy in sorted(copies, key=lambda c: c.node):
-            if copy.step == point.step and copy.node not in lost:
-                where.setdefault(copy.rank, copy.node)
-    return point, where
-
-
-def restore(
-    ctx: DistContext,
-    holders: dict[str, HolderClient],
-    newest_on_disk: int | None,
-) -> tuple[RestorePoint, dict[str, Any] | None]:
-    """Collective. The restore point every rank agrees on, and this rank's state when it is in
-    memory (None: resume from the disk, or start afresh, as the point says)."""
-    chosen: list[Any] = [None]
-    if ctx.is_main:
-        copies, lost = listings(holders)
-        point, where = plan(ctx.world_size, copies, lost, newest_on_disk)
-        if lost:
-            log.info("memory tier: no answer from the holders on %s", ", ".join(lost))
-        chosen = [(point, where)]
-    if ctx.distributed:
-        dist.broadcast_object_list(chosen, src=0)
-    point, where = chosen[0]
-    if point.source != "memory":
-        return point, None
-    state: dict[str, Any] | None = None
-    try:
-        payload = holders[where[ctx.rank]].get(ctx.rank, point.step)
-        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    except (OSError, KeyError, RuntimeError) as error:
-        log.warning("memory tier: rank %d could not fetch its state at step %d (%s)", ctx.rank, point.step, error)
-    fetched = [state is not None]
-    if ctx.distributed:
-        every: list[Any] = [None] * ctx.world_size
-        dist.all_gather_object(every, fetched[0])
-        fetched = every
-    if not all(fetched):
-        fallback = RestorePoint("disk", newest_on_disk) if newest_on_disk is not None else RestorePoint("none", 0)
-        return fallback, None
-    return point, state

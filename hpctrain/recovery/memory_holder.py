@@ -34,8 +34,6 @@ from hpctrain.run import memory_wire as wire
 from hpctrain.run.node_address import rank0_address
 from hpctrain.run.node_memory import available_bytes
 
-ADDR_SUFFIX = wire.ADDR_SUFFIX
-
 
 class Refused(ValueError):
     """A copy the holder will not keep; the sentence says why and what to change."""
@@ -140,9 +138,9 @@ def listen(folder: Path, node: str, host: str) -> socket.socket:
     """The holder's socket, and FOLDER/NODE.addr naming it (written whole: a rank may read it at once)."""
     server = socket.create_server(("", 0), backlog=128)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f"{node}{ADDR_SUFFIX}.tmp"
+    tmp = folder / f"{node}{wire.ADDR_SUFFIX}.tmp"
     tmp.write_text(f"{host}:{server.getsockname()[1]}\n")
-    tmp.replace(folder / f"{node}{ADDR_SUFFIX}")
+    tmp.replace(folder / f"{node}{wire.ADDR_SUFFIX}")
     return server
 
 

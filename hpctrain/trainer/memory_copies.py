@@ -20,7 +20,8 @@ from torch import nn
 from hpctrain.checkpoint import store
 from hpctrain.checkpoint.base import CheckpointMismatch
 from hpctrain.checkpoint.memory_client import HolderClient, holder_addresses
-from hpctrain.checkpoint.memory_tier import LIST_TIMEOUT_S, MemoryTier, restore
+from hpctrain.checkpoint.memory_restore import LIST_TIMEOUT_S, restore
+from hpctrain.checkpoint.memory_tier import MemoryTier
 from hpctrain.checkpoint.restore_point import RestorePoint, partner_nodes
 from hpctrain.config import Config, fingerprint
 from hpctrain.dist.context import DistContext
