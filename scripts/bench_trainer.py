@@ -9,10 +9,15 @@ Steady state = time(long run) - time(short run): start-up, the final evaluation 
 save appear in both and cancel. Printed: per-round times, medians and the ratio
 hpctrain samples/s / baseline samples/s (target >= 0.98).
 
-    python scripts/bench_trainer.py [--nprocs 2] [--rounds 7] [--short 20] [--long 620] [--memory-tier] [overrides...]
+    python scripts/bench_trainer.py [--nprocs 2] [--rounds 7] [--short 20] [--long 620] [--memory-tier]
+        [--versus OVERRIDE ...] [overrides...]
 
 --memory-tier: the hpctrain side copies its whole state every step to a memory holder (the
 in-memory tier at trainer.memory_ckpt_every=1): its ratio against a run without is the tier's cost.
+
+--versus OVERRIDE: a third side, hpctrain with these overrides too, timed in the same rounds; the
+ratio variant/hpctrain is then what the overrides change, each round's three sides in rotated order
+(`--versus trainer.straggler_threshold=0`: the straggler watch's cost, as hpctrain/variant).
 """
 
 from __future__ import annotations
@@ -130,13 +135,18 @@ def worker(rank: int, nprocs: int, store: str, runs: dict[str, str], rounds: int
     configs = {name: load_run_config(Path(path)) for name, path in runs.items()}
     lines = []
     # Round -1 warms allocators, kernels and page caches for both sides and is not counted.
+    sides = ["baseline", "hpctrain", *(["variant"] if "variant_short" in runs else [])]
     for round_ in range(-1, rounds):
-        times = {
-            "baseline_short": timed(baseline, configs["short"], ctx, configs["short"].trainer.max_steps),
-            "hpctrain_short": timed(hpctrain_run, Path(runs["short"]), ctx),
-            "baseline_long": timed(baseline, configs["long"], ctx, configs["long"].trainer.max_steps),
-            "hpctrain_long": timed(hpctrain_run, Path(runs["long"]), ctx),
-        }
+        times = {}
+        # Each round starts with the next side: no side always runs first (or always after another).
+        turn = sides[round_ % len(sides) :] + sides[: round_ % len(sides)]
+        for length in ("short", "long"):
+            for side in turn:
+                key = f"{side}_{length}"
+                if side == "baseline":
+                    times[key] = timed(baseline, configs[length], ctx, configs[length].trainer.max_steps)
+                else:
+                    times[key] = timed(hpctrain_run, Path(runs[length if side == "hpctrain" else key]), ctx)
         if round_ < 0:
             continue
         lines.append(" ".join(f"{k}={v:.4f}" for k, v in times.items()))
@@ -170,6 +180,13 @@ def main() -> None:
         action="store_true",
         help="hpctrain copies its state to a memory holder every step (trainer.memory_ckpt_every=1)",
     )
+    parser.add_argument(
+        "--versus",
+        nargs="+",
+        default=[],
+        metavar="OVERRIDE",
+        help="a third side: hpctrain with these overrides too (its ratio against hpctrain is printed)",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for both sides, e.g. model=mlp")
     args = parser.parse_args()
     if args.memory_tier:
@@ -183,6 +200,10 @@ def main() -> None:
             "short": str(make_run_dir(root, "short", [*common, f"trainer.max_steps={args.short}"])),
             "long": str(make_run_dir(root, "long", [*common, f"trainer.max_steps={args.long}"])),
         }
+        if args.versus:
+            for length, steps in (("short", args.short), ("long", args.long)):
+                name = f"variant_{length}"
+                runs[name] = str(make_run_dir(root, name, [*common, *args.versus, f"trainer.max_steps={steps}"]))
         out = root / "times.txt"
         mp.start_processes(
             worker,
@@ -191,9 +212,8 @@ def main() -> None:
             start_method="spawn",
         )
         rows = [dict(kv.split("=") for kv in line.split()) for line in out.read_text().splitlines()]
-    steady = {
-        side: [float(r[f"{side}_long"]) - float(r[f"{side}_short"]) for r in rows] for side in ("baseline", "hpctrain")
-    }
+    sides = ("baseline", "hpctrain", "variant") if args.versus else ("baseline", "hpctrain")
+    steady = {side: [float(r[f"{side}_long"]) - float(r[f"{side}_short"]) for r in rows] for side in sides}
     steps = args.long - args.short
     base, ours = statistics.median(steady["baseline"]), statistics.median(steady["hpctrain"])
     # Paired per-round ratios show how much of the spread is machine noise.
@@ -203,6 +223,16 @@ def main() -> None:
     print(f"  hpctrain: median {ours:.3f}  all {[round(x, 3) for x in steady['hpctrain']]}")
     print(f"  paired ratios: {[round(x, 3) for x in paired]} (median {statistics.median(paired):.3f})")
     print(f"throughput ratio hpctrain/baseline = {base / ours:.3f} (target >= 0.98)")
+    if args.versus:
+        variant = steady["variant"]
+        against = sorted(v / h for v, h in zip(variant, steady["hpctrain"]))  # > 1: the variant is slower
+        p90 = against[min(len(against) - 1, round(0.9 * (len(against) - 1)))]
+        shown = [round(x, 3) for x in variant]
+        print(f"  variant ({' '.join(args.versus)}): median {statistics.median(variant):.3f}  all {shown}")
+        print(
+            f"throughput ratio hpctrain/variant = {statistics.median(variant) / ours:.3f}"
+            f" (paired per round: median {statistics.median(against):.3f}, p90 {p90:.3f})"
+        )
     sys.exit(0)
 
 
