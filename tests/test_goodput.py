@@ -254,6 +254,7 @@ def test_goodput_of_a_real_run_stopped_by_sigterm_and_resumed(tmp_path: Path) ->
     assert len(got.lives) == 2 and len(stopped_at) == 1
     assert [life.ending for life in got.lives] == ["stopped", "finish"]
     assert [(life.resumed_from, life.kept_to) for life in got.lives] == [(0, stopped_at[0]), (stopped_at[0], 200)]
+    assert [life.state_from for life in got.lives] == [None, "disk"]
     # Every kept step took at least the pace; a SIGTERM save loses no step.
     assert got.lives[0].kept_s >= stopped_at[0] * PAUSE_S
     assert got.kept_s >= 200 * PAUSE_S

@@ -932,7 +932,7 @@ def test_detail_and_json_show_each_life_and_the_goodput(
         {**start("95"), "time": 100.0},
         preempted,
         {"event": "requeue", "time": 152.0, "job_id": "95", "cause": "preempt"},
-        {**start("95", restart=1), "resumed_from_step": 50, "time": 300.0},
+        {**start("95", restart=1), "resumed_from_step": 50, "resumed_from": "disk", "time": 300.0},
         {"event": "finish", "time": 352.0, "step": 100},
     ]
     metrics = [{"step": 50, "loss": 1.0, "time": 148.0}, {"step": 100, "loss": 0.5, "time": 350.0}]
@@ -949,9 +949,10 @@ def test_detail_and_json_show_each_life_and_the_goodput(
     lines = out.splitlines()
     life_lines = [line.split() for line in lines[2:4]]
     assert lines[1].split()[0] == "LIFE" and lines[4].startswith("goodput")
-    assert [(cells[0], cells[9], cells[10]) for cells in life_lines] == [
-        ("1", "0-50", "requeue"),
-        ("2", "50-100", "finish"),
+    # STATE FROM: a fresh start has none; the second life's state came from a checkpoint.
+    assert [(cells[0], cells[9], cells[10], cells[11]) for cells in life_lines] == [
+        ("1", "0-50", "-", "requeue"),
+        ("2", "50-100", "disk", "finish"),
     ]
     # No accounting, no GPU: each allocation's 52 s on its one node, from the records.
     assert lines[5] == "cost: no GPUs; 0.029 node-h allocated, 0.027 on kept steps (94.2%) (from records)"

@@ -26,6 +26,9 @@ from pathlib import Path
 # The moment the batch shell launched the step (`date +%s.%N`), exported for its tasks; the
 # start-up clock (hpctrain.process.startup_clock) times a task's launch from it too.
 LAUNCHED_AT_ENV = "HPCTRAIN_LAUNCHED_AT"
+# "1" when the step is a relaunch within the life (onto a spare, after a lost node), empty on the
+# life's first launch: only that one has the batch script's set-up before it to time.
+RELAUNCHED_ENV = "HPCTRAIN_RELAUNCHED"
 PREFIX = ".launched-"
 
 

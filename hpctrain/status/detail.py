@@ -1,8 +1,8 @@
 """hpctrain-status --detail: one run's lives and its goodput, as text.
 
 run dir runs/2026-11-22/10-04-31: job 4121, RUNNING, step 1200/5000
-LIFE  JOB   RESTART  STARTED   ALLOCATED  START-UP  KEPT    STALLS  REDONE  STEPS KEPT  ENDED BY
-   1  4121        0  10:04:31     12m03s      0.0s  11m50s    1.2s   11.2s  0-1100      requeue (preempt)
+LIFE  JOB   RESTART  STARTED   ALLOCATED  START-UP  KEPT    STALLS  REDONE  STEPS KEPT  STATE FROM  ENDED BY
+   1  4121        0  10:04:31     12m03s      0.0s  11m50s    1.2s   11.2s  0-1100      -           requeue (preempt)
 goodput 96.1%: 1h02m kept of 1h04m allocated; lost: start-up 0.0s, checkpoint stalls 3.1s,
 redone 1m00s; waits between lives 4m02s (not allocated, not counted)
 cost: 1.61 GPU-h allocated, 1.58 on kept steps (98.1%); 0.40 node-h (from sacct)
@@ -31,6 +31,7 @@ HEADER = (
     "STALLS",
     "REDONE",
     "STEPS KEPT",
+    "STATE FROM",  # memory (the in-memory tier), disk (a checkpoint), - (a fresh start)
     "ENDED BY",
 )
 _RIGHT = {0, 2, 4, 5, 6, 7, 8}  # numeric columns, right-aligned
@@ -124,6 +125,7 @@ def _cells(number: int, life: Life) -> tuple[str, ...]:
         duration(life.stall_s),
         duration(life.redone_s),
         f"{life.resumed_from}-{life.kept_to}",
+        life.state_from or "-",
         ended_by,
     )
 

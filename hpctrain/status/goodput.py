@@ -69,6 +69,9 @@ class Life:
     stall_s: float
     redone_s: float
     detection_s: float = 0.0  # of the lost time: a dead node's silence until the watcher declared it
+    # Where the life's state came from: "memory" (the in-memory tier), "disk" (a checkpoint), None
+    # for a fresh start (the `start` event's resumed_from).
+    state_from: str | None = None
 
     @property
     def allocated_s(self) -> float:
@@ -225,6 +228,7 @@ def _life(
         stall_s=stall,
         redone_s=redone,
         detection_s=detection,
+        state_from=start.resumed_from,
     )
 
 
