@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 import torch
 
 from hpctrain import faults
+from hpctrain.checkpoint import read_ahead
 from hpctrain.checkpoint.transient import transient, with_retries
 from hpctrain.run import fencing
 from hpctrain.run.paths import CheckpointFiles as Entry
@@ -182,11 +183,8 @@ def has_any(folder: Path) -> bool:
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    """Taken while the rendezvous formed where the start read this file ahead (hpctrain.checkpoint.read_ahead)."""
+    return read_ahead.sha256_of(path)
 
 
 def verify(entry: Entry) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from hpctrain import faults, logs
-from hpctrain.checkpoint import NoUsableCheckpoint
+from hpctrain.checkpoint import NoUsableCheckpoint, read_ahead
 from hpctrain.config import load_run_config
 from hpctrain.dist import collective_records
 from hpctrain.dist import context as hdist
@@ -111,6 +111,8 @@ def _run(run_dir: Path, ctx: DistContext, early: EarlySignals | None) -> StopRea
         watchdog.stop()
         raise
     faults.point("worker.before_rendezvous")
+    # The newest checkpoint read and hashed while the peers meet and the model is built.
+    read_ahead.start(RunDir(run_dir).checkpoints, ctx.rank, ctx.world_size)
     # Threads before any work: the count is part of what makes a run bit-reproducible.
     torch.set_num_threads(config.trainer.threads)
     if config.trainer.deterministic:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain import faults
-from hpctrain.checkpoint import checkpointer_for
+from hpctrain.checkpoint import checkpointer_for, read_ahead
 from hpctrain.checkpoint.memory_tier import MemoryTier
 from hpctrain.checkpoint.writer import DiskFull
 from hpctrain.config import Config
@@ -80,6 +80,7 @@ class Trainer:
             self.checkpointer, parts, self.course, self.stepper.scaler, self.config, self.ctx, from_memory
         )
         resumed_from = "memory" if from_memory is not None else ("disk" if self.state.step else None)
+        read_ahead.stop()  # resumed: whatever it has not read is not needed
         # The model built and the checkpoint loaded: progress, however long it took; the first
         # step (which may compile) has trainer.first_step_timeout_s.
         self.watchdog.beat(FIRST_STEP)
