@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Where a requeued life's start-up goes: from Slurm's start of its batch script to its first step.
 
-    python scripts/bench_requeue_startup.py [--requeues 6] [--dir D] [--port-base P] [--keep]
+    python scripts/bench_requeue_startup.py [--requeues 6] [--steps-between 40] [--drop-caches]
+        [--dir D] [--port-base P] [--keep] [overrides...]
 
 One job on a real Slurm dev cluster (scripts/devcluster.py; 3 nodes, the job on 2 with a task
 each, the default ConvNet, a checkpoint every 20 steps, a step logged every step) is requeued by
 `scontrol requeue` again and again, each time 40 steps or more after its last start; Slurm's
 ~120 s hold on a requeued job is lifted. A requeued life starts on a new allocation: no warm
-standby, no memory holder from before; every phase is paid again. For each requeued life, from
-its own records (the `start` event's `allocated_at` and `startup`, the first step logged after):
+standby, no memory holder from before; every phase is paid again. With --drop-caches the
+machine's page cache is dropped as each requeue is asked for (root): the next life reads its
+checkpoint, its Python and torch cold, as a new node reads them from a site's shared filesystem.
+For each requeued life, from its own records (the `start` event's `allocated_at` and
+`startup`, the first step logged after):
 
 - setup: the batch script's own lines before the step's srun (slurm.setup, the heartbeat watcher,
   the control step's begin);
@@ -47,7 +51,7 @@ CONFIG = [
     "trainer.log_every=1",
     "trainer.eval_every=0",
 ]
-STEPS_BETWEEN = 40  # trained by each life before it is requeued: it reached a checkpoint
+STEPS_BETWEEN = 40  # trained by each life before it is requeued (by default): it reached a checkpoint
 
 
 def slurm(env: dict[str, str], *command: str) -> str:
@@ -93,8 +97,11 @@ def reached(run_dir: Path, step: int) -> bool | None:
     return True if any(r.get("step", 0) >= step for r in records(run_dir / "metrics.jsonl")) else None
 
 
-def requeue(env: dict[str, str], job_id: str) -> None:
+def requeue(env: dict[str, str], job_id: str, drop_caches: bool) -> None:
     slurm(env, "scontrol", "requeue", job_id)
+    if drop_caches:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
     # Slurm holds a requeued job ~120 s (Reason=BeginTime): start it now. now+2, not now: a start
     # in the same second as the requeue is refused ("Job credential revoked").
     wait_for(
@@ -122,6 +129,8 @@ def main() -> None:
     parser.add_argument("--requeues", type=int, default=6)
     parser.add_argument("--dir", default=devcluster.DEFAULT_DIR)
     parser.add_argument("--port-base", type=int, default=devcluster.DEFAULT_PORT_BASE)
+    parser.add_argument("--steps-between", type=int, default=STEPS_BETWEEN, help="steps each life trains")
+    parser.add_argument("--drop-caches", action="store_true", help="drop the page cache at each requeue (root)")
     parser.add_argument("--keep", action="store_true", help="leave the dev cluster running")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for the job")
     args = parser.parse_args()
@@ -142,9 +151,9 @@ def main() -> None:
                     lives.append(pieces(life))
                     print(f"life {restart}: " + "  ".join(f"{k} {v:.2f}" for k, v in lives[-1].items()), flush=True)
                 if restart < args.requeues:
-                    step = life["resumed_from_step"] + STEPS_BETWEEN
+                    step = life["resumed_from_step"] + args.steps_between
                     wait_for(f"step {step}", lambda s=step: reached(run_dir, s))
-                    requeue(env, job_id)
+                    requeue(env, job_id, args.drop_caches)
         finally:
             if job_id:  # before the run dir goes
                 subprocess.run(["scancel", job_id], env=env, capture_output=True)

@@ -129,7 +129,7 @@ def training_steps(minutes: float, count: int) -> int:
     return int(training_seconds(minutes, count) / (2 * PACE_S))
 
 
-def overrides(max_steps: int) -> list[str]:
+def overrides(max_steps: int, memory_tier: bool = False) -> list[str]:
     return [
         "model._target_=helpers.paced.PacedConvNet",
         f"trainer.max_steps={max_steps}",
@@ -145,6 +145,8 @@ def overrides(max_steps: int) -> list[str]:
         "slurm.warm_standby=true",  # relaunches through the standbys, faults landing on them too
         "slurm.max_restarts=100",
         *(f"slurm.restart_budget.{cause}=30" for cause in ("preempt", "timelimit", "node_failure", "crash", "hang")),
+        # The in-memory tier asked for a copy every step (widened to its 2% budget as it measures).
+        *(["trainer.memory_ckpt_every=1"] if memory_tier else []),
     ]
 
 
@@ -178,6 +180,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="the job's trainer.max_steps (default: sized for a busy 2-core machine, each step twice the pace; "
         "on a quiet machine the run can end before the last faults, which are then reported skipped)",
+    )
+    parser.add_argument(
+        "--memory-tier",
+        action="store_true",
+        help="the job keeps its state in its nodes' memory too (trainer.memory_ckpt_every=1): a lost node "
+        "resumes from the copies, and the end must still be bit-exact",
     )
     parser.add_argument("--dir", default=None, help="the dev cluster's folder (scripts/devcluster.py)")
     parser.add_argument("--port-base", type=int, default=None, help="the dev cluster's first port")
@@ -217,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"chaos: --udp-blocked: {error}")
         print("chaos: every UDP datagram on the loopback is dropped until the soak ends")
     max_steps = args.steps or training_steps(args.minutes, len(plan))
-    config = overrides(max_steps)
+    config = overrides(max_steps, args.memory_tier)
     # A SIGTERM ends the soak like Ctrl-C: through the clean-up below.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     reference = faults.start_reference(env, soak.reference, config)
