@@ -10,7 +10,9 @@ training task as the kernel or a dying node would (SIGKILL, SIGSTOP) by its pid.
   step's (the highest SLURM_STEP_ID);
 - a relaunched task handed to its node's warm standby (hpctrain.process.handoff) is not the training
   process: the standby's fork that took it on is, named `hpctrain-rR` (hpctrain.process.standby). The
-  standby's own step (HPCTRAIN_STANDBY_ROLE=server) is never a rank.
+  standby's own step (HPCTRAIN_STANDBY_ROLE=server) is never a rank, nor are the batch script's
+  other helper steps, one task a node with SLURM_PROCID 0, 1, ... and a newer step id than the
+  training step's: the memory holders and the batch host's keeper (HELPERS).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from hpctrain.run.protocol import KEEPER_MODULE
 
 
 @dataclass(frozen=True)
@@ -59,11 +63,17 @@ def processes(naming: str | None = None) -> list[Process]:
     return found
 
 
+# The modules of the batch script's helper steps (srun --overlap beside the training step).
+HELPERS = ("hpctrain.recovery.memory_holder", KEEPER_MODULE)
+
+
 def is_task(process: Process) -> bool:
-    """A process of a job step other than the batch step's, srun itself and a warm standby."""
+    """A process of a job step other than the batch step's, srun itself, a warm standby and the
+    batch script's helpers."""
     step = process.environ.get("SLURM_STEP_ID")
     standby = process.environ.get("HPCTRAIN_STANDBY_ROLE") == "server"
-    return step is not None and step != "batch" and process.program != "srun" and not standby
+    helper = any(module in process.argv for module in HELPERS)
+    return step is not None and step != "batch" and process.program != "srun" and not standby and not helper
 
 
 def is_handoff(process: Process) -> bool:
