@@ -274,6 +274,22 @@ def test_a_warm_standby_only_where_a_relaunch_can_use_it(overrides: tuple[str, .
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "holders"),
+    [
+        (("slurm.nodes=2", "slurm.spare_nodes=1"), True),  # on by default (trainer.memory_ckpt_every=1)
+        (("slurm.nodes=2", "slurm.spare_nodes=0"), False),  # a requeue's new allocation has no copies
+        (("slurm.nodes=2", "slurm.spare_nodes=1", "trainer.memory_ckpt_every=0"), False),
+        (("slurm.nodes=2", "slurm.spare_nodes=1", "trainer.strategy=fsdp"), False),  # plain checkpoints only
+    ],
+)
+def test_memory_holders_only_where_a_relaunch_can_use_them(overrides: tuple[str, ...], holders: bool) -> None:
+    script = rendered(*overrides)
+    assert ("-m hpctrain.recovery.memory_holder" in script) is holders
+    assert ("export HPCTRAIN_MEMORY_TOKEN=" in script) is holders
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
 def test_the_sigterm_trap_marks_the_signal_before_its_control_step_runs(tmp_path: Path) -> None:
     """Slurm SIGTERMs every process of the batch step, then SIGKILLs them KillWait seconds later.
     Under load the trap's control step (a Python start) may not finish in time; the mark, a

@@ -1,10 +1,10 @@
 """The trainer's use of the in-memory tier (hpctrain.checkpoint.memory_tier): where a life's state
 comes from, and the copies it sends while it trains.
 
-On where `trainer.memory_ckpt_every` is set, the strategy is ddp, and the batch script started
-this life's memory holders (it exports HPCTRAIN_MEMORY_TOKEN and each holder writes its address
-to RUN_DIR/memory). Elsewhere (a local run, fsdp, a job without the holders) every call here is a
-no-op and the disk alone is used, as before the tier.
+On where `trainer.memory_ckpt_every` is set (1 by default), the strategy is ddp, and the batch
+script started this life's memory holders (a job with spare nodes: it exports
+HPCTRAIN_MEMORY_TOKEN and each holder writes its address to RUN_DIR/memory). Elsewhere (a local
+run, fsdp, a job without spare nodes) every call here is a no-op and the disk alone is used.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from hpctrain.checkpoint.memory_tier import MemoryTier
 from hpctrain.checkpoint.restore_point import RestorePoint, partner_nodes
 from hpctrain.config import Config, fingerprint
 from hpctrain.dist.context import DistContext
+from hpctrain.run.events import Start, read_events
 from hpctrain.run.memory_wire import TOKEN_ENV
 from hpctrain.run.paths import RunDir
 
@@ -53,6 +54,12 @@ def restored(
     token = token_for(config)
     if token is None:
         return None, None
+    saved_world = _world_of_last_start(run)
+    if saved_world not in (None, ctx.world_size):
+        # Each copy is one rank's of that world (its RNG, its share of the data): an elastic
+        # relaunch on fewer nodes resumes from the disk, whose load re-splits the batch.
+        log.info("the world is %d ranks, its memory copies were of %d: resuming from disk", ctx.world_size, saved_world)
+        return None, None
     holders = {node: HolderClient(a, token, LIST_TIMEOUT_S) for node, a in holder_addresses(run.memory).items()}
     try:
         point, state = restore(ctx, holders, newest_whole_on_disk(run))
@@ -68,6 +75,13 @@ def restored(
     optimizer.load_state_dict(state["optimizer"])
     log.info("resumed from memory at step %d", point.step)
     return point, state
+
+
+def _world_of_last_start(run: RunDir) -> int | None:
+    """The world size of the newest life that started (None: none yet), as every rank reads the
+    journal alike (this life writes its own `start` after the restore)."""
+    starts = [event for event in read_events(run.events) if isinstance(event, Start)]
+    return starts[-1].world_size if starts else None
 
 
 def tier_for(
