@@ -57,6 +57,9 @@ def killed_and_resumed(run_dir: Path, tiered: list[str]) -> tuple[str, dict]:
     first, second = starts(run_dir)
     assert first.get("resumed_from") is None
     assert second["resumed_from"] == "memory", second
+    # Every step logged once: the step resumed from has its line (the copy is made after it).
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == list(range(1, 61)), [r["step"] for r in lines]
     return killed.stdout + killed.stderr, second
 
 

@@ -133,11 +133,13 @@ class Trainer:
             self.watchdog.stepped()
             self.stragglers.stepped(self.state.step)
             step, final = self.state.step, self.state.step == self.course.total_steps
-            if self.memory is not None and not final:
-                self.memory.stepped(step, self._state_tree)
             evaluate_now = final or (cfg.eval_every > 0 and step % cfg.eval_every == 0)
             if evaluate_now or step % cfg.log_every == 0:
                 last = self._log(progress, evaluate_now)
+            if self.memory is not None and not final:
+                # After the step's line: a life resumed from this copy finds the step logged
+                # (rank 0's copy, which every restore needs, is made after it wrote the line).
+                self.memory.stepped(step, self._state_tree)
             if evaluate_now and not final and self.pruner is not None and self.pruner.should_prune(step, last):
                 return self._pruned(last)
             reason = self.stopping.poll(step)
