@@ -129,7 +129,7 @@ def training_steps(minutes: float, count: int) -> int:
     return int(training_seconds(minutes, count) / (2 * PACE_S))
 
 
-def overrides(max_steps: int, memory_tier: bool = False) -> list[str]:
+def overrides(max_steps: int, memory_tier: bool = True) -> list[str]:
     return [
         "model._target_=helpers.paced.PacedConvNet",
         f"trainer.max_steps={max_steps}",
@@ -145,8 +145,8 @@ def overrides(max_steps: int, memory_tier: bool = False) -> list[str]:
         "slurm.warm_standby=true",  # relaunches through the standbys, faults landing on them too
         "slurm.max_restarts=100",
         *(f"slurm.restart_budget.{cause}=30" for cause in ("preempt", "timelimit", "node_failure", "crash", "hang")),
-        # The in-memory tier asked for a copy every step (widened to its 2% budget as it measures).
-        *(["trainer.memory_ckpt_every=1"] if memory_tier else []),
+        # The in-memory tier is on by default in a job with spares: --no-memory-tier for the disk alone.
+        *([] if memory_tier else ["trainer.memory_ckpt_every=0"]),
     ]
 
 
@@ -182,10 +182,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "on a quiet machine the run can end before the last faults, which are then reported skipped)",
     )
     parser.add_argument(
-        "--memory-tier",
-        action="store_true",
-        help="the job keeps its state in its nodes' memory too (trainer.memory_ckpt_every=1): a lost node "
-        "resumes from the copies, and the end must still be bit-exact",
+        "--no-memory-tier",
+        dest="memory_tier",
+        action="store_false",
+        help="the job keeps no state in its nodes' memory (trainer.memory_ckpt_every=0; on by default in a "
+        "job with spares, as the soak's): every relaunch resumes from the disk",
     )
     parser.add_argument("--dir", default=None, help="the dev cluster's folder (scripts/devcluster.py)")
     parser.add_argument("--port-base", type=int, default=None, help="the dev cluster's first port")
