@@ -52,7 +52,7 @@ def killed_and_resumed(run_dir: Path, tiered: list[str]) -> tuple[str, dict]:
         env = {TOKEN_ENV: memory_holders.TOKEN}
         killed = run_train(run_dir, tiered, extra_env={**env, faults.ENV: "trainer.step=kill@40#1"})
         assert killed.returncode != 0, killed.stdout[-2000:]
-        assert not list((run_dir / "checkpoints").glob("*.pt")), "no checkpoint on disk before the end"
+        assert not list((run_dir / "checkpoints").glob("step_*")), "no checkpoint on disk before the end"
         assert_ok(run_train(run_dir, tiered, extra_env=env))
     first, second = starts(run_dir)
     assert first.get("resumed_from") is None
@@ -90,3 +90,32 @@ def test_without_the_lifes_holders_the_tier_is_off_and_the_run_trains_as_before(
     assert_ok(proc)
     (start,) = starts(run_dir)
     assert start.get("resumed_from") is None and not (run_dir / "memory").exists()
+
+
+# A GPT of two blocks sharded with FSDP2 on the two processes (tests/test_fsdp.py's tiny model).
+FSDP = [
+    "model=gpt",
+    "data=tokens",
+    "model.n_layer=2",
+    "model.n_embd=32",
+    "model.n_head=2",
+    "data.dataset.vocab_size=64",
+    "data.dataset.seq_len=16",
+    "data.dataset.num_train=512",
+    "data.dataset.num_eval=40",
+    "data.batch_size=6",
+    "sched=constant",
+    "trainer.strategy=fsdp",
+    *CONFIG,
+]
+
+
+def test_a_sharded_run_resumes_each_rank_from_its_own_shards_in_memory(tmp_path: Path) -> None:
+    """trainer.strategy=fsdp: each rank's copy is its shards of the parameters and of Adam's
+    moments (hpctrain.checkpoint.local_shards), given back as DTensors on the same mesh."""
+    reference = tmp_path / "reference"
+    assert_ok(run_train(reference, FSDP))
+    run_dir = tmp_path / "run"
+    _, second = killed_and_resumed(run_dir, [*FSDP, "trainer.memory_ckpt_every=1", "trainer.memory_ckpt_overhead=0"])
+    assert 38 <= second["resumed_from_step"] <= 40, second
+    assert same_weights(run_dir, reference), "not bit-identical to the uninterrupted run"

@@ -280,7 +280,7 @@ def test_a_warm_standby_only_where_a_relaunch_can_use_it(overrides: tuple[str, .
         (("slurm.nodes=2", "slurm.spare_nodes=1"), True),  # on by default (trainer.memory_ckpt_every=1)
         (("slurm.nodes=2", "slurm.spare_nodes=0"), False),  # a requeue's new allocation has no copies
         (("slurm.nodes=2", "slurm.spare_nodes=1", "trainer.memory_ckpt_every=0"), False),
-        (("slurm.nodes=2", "slurm.spare_nodes=1", "trainer.strategy=fsdp"), False),  # plain checkpoints only
+        (("slurm.nodes=2", "slurm.spare_nodes=1", "trainer.strategy=fsdp"), True),  # each rank's shards
     ],
 )
 def test_memory_holders_only_where_a_relaunch_can_use_them(overrides: tuple[str, ...], holders: bool) -> None:

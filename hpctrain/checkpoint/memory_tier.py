@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpctrain.checkpoint import memory_interval, rng
+from hpctrain.checkpoint import local_shards, memory_interval, rng
 from hpctrain.checkpoint.memory_client import HolderClient
 from hpctrain.checkpoint.snapshot import Snapshotter, state_bytes
 from hpctrain.dist.context import DistContext
@@ -105,8 +105,9 @@ class MemoryTier:
             return
         started = time.perf_counter()
         tree = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            # A sharded model's and optimizer's DTensors as this rank's shards (local_shards).
+            "model": local_shards.local(self.model.state_dict()),
+            "optimizer": local_shards.local(self.optimizer.state_dict()),
             **state_tree(),
             "rng": rng.capture(),
             "rank": self.ctx.rank,
@@ -114,7 +115,7 @@ class MemoryTier:
             "fingerprint": self.fingerprint,
         }
         if self.fits is None:
-            self.fits = self._fits(tree)
+            self.fits = self._fits(tree) and self._shards_come_back()
         if not self.fits:
             if self.overhead <= 0:
                 self.every = 0  # off for this life (with an overhead, the next agreement turns every rank's off)
@@ -161,6 +162,13 @@ class MemoryTier:
                 available / 1e9,
             )
         return False
+
+    def _shards_come_back(self) -> bool:
+        """Whether a sharded optimizer's state can be given back from this rank's shards."""
+        problem = local_shards.unsupported(self.optimizer)
+        if problem is not None and self.ctx.is_main:
+            log.warning("memory tier off for this life: the optimizer's %s; the disk checkpoints go on", problem)
+        return problem is None
 
     def _look_for_holders(self) -> None:
         if self.find_holders is None or len(self.holders) >= self.wanted:

@@ -124,7 +124,8 @@ class TrainerConfig:
     # The in-memory tier: every N steps each rank's whole state is copied to host memory and sent,
     # from a thread, to the memory holder of its node and of the next training node, so a node
     # lost with a spare resumes from the newest step every rank's copy survives for, not from the
-    # disk's (Slurm jobs with spare nodes, trainer.strategy=ddp; the disk checkpoints stay). 0: off.
+    # disk's (Slurm jobs with spare nodes; with fsdp each rank's shards; the disk checkpoints stay).
+    # 0: off.
     memory_ckpt_every: int = 1
     # With the tier on, the share of training time its copies may take: the interval is widened
     # from trainer.memory_ckpt_every until a copy's measured cost (its host copy and its sending

@@ -129,11 +129,9 @@ def render(config: Config, run_dir: Path, submit_dir: Path, code_dir: Path | Non
             watch_beats=slurm.silent_node_timeout_s > 0 and slurm.max_nodes + slurm.spare_nodes > 1,
             # Only a relaunch (spare nodes) can use a standby; a GPU's binding is not handed over.
             warm_standby=slurm.warm_standby and slurm.spare_nodes > 0 and slurm.gpus_per_node == 0,
-            # The in-memory tier's holders (trainer.memory_ckpt_every): plain (ddp) checkpoints only,
-            # and only where a relaunch can use them (spare nodes): a requeue's new allocation has none.
-            memory_holders=config.trainer.memory_ckpt_every > 0
-            and config.trainer.strategy == "ddp"
-            and slurm.spare_nodes > 0,
+            # The in-memory tier's holders (trainer.memory_ckpt_every), only where a relaunch can use
+            # them (spare nodes): a requeue's new allocation has none.
+            memory_holders=config.trainer.memory_ckpt_every > 0 and slurm.spare_nodes > 0,
             memory_max_bytes=round(config.trainer.memory_max_gb * 1e9) if config.trainer.memory_max_gb else 0,
             step_wait_s=STEP_WAIT_S,
             run_dir=str(run_dir),

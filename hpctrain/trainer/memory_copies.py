@@ -1,10 +1,11 @@
 """The trainer's use of the in-memory tier (hpctrain.checkpoint.memory_tier): where a life's state
 comes from, and the copies it sends while it trains.
 
-On where `trainer.memory_ckpt_every` is set (1 by default), the strategy is ddp, and the batch
-script started this life's memory holders (a job with spare nodes: it exports
-HPCTRAIN_MEMORY_TOKEN and each holder writes its address to RUN_DIR/memory). Elsewhere (a local
-run, fsdp, a job without spare nodes) every call here is a no-op and the disk alone is used.
+On where `trainer.memory_ckpt_every` is set (1 by default) and the batch script started this
+life's memory holders (a job with spare nodes: it exports HPCTRAIN_MEMORY_TOKEN and each holder
+writes its address to RUN_DIR/memory). With trainer.strategy=fsdp each rank's copy is its own
+shards (hpctrain.checkpoint.local_shards). Elsewhere (a local run, a job without spare nodes)
+every call here is a no-op and the disk alone is used.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpctrain.checkpoint import store
+from hpctrain.checkpoint import local_shards, store
 from hpctrain.checkpoint.base import CheckpointMismatch
 from hpctrain.checkpoint.memory_client import HolderClient, holder_addresses
 from hpctrain.checkpoint.memory_restore import LIST_TIMEOUT_S, restore
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 def token_for(config: Config, env: Mapping[str, str] = os.environ) -> str | None:
     """The life's token when the tier is on for this run, else None."""
     cfg = config.trainer
-    if cfg.memory_ckpt_every <= 0 or cfg.strategy != "ddp":
+    if cfg.memory_ckpt_every <= 0:
         return None
     return env.get(TOKEN_ENV) or None
 
@@ -71,8 +72,8 @@ def restored(
     if state.get("fingerprint") != fingerprint(config):
         # The holders are this life's own (its token): another config's state is a bug, not a user's.
         raise CheckpointMismatch(f"the memory copy of step {point.step} was made by another config; refusing it")
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    local_shards.load_model(model, state["model"])
+    local_shards.load_optimizer(optimizer, state["optimizer"])
     log.info("resumed from memory at step %d", point.step)
     return point, state
 
