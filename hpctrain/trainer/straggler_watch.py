@@ -6,8 +6,8 @@ The own work of a step is from its start to the backward of its last micro-batch
 loading, the forwards and losses, and the backwards of the micro-batches before the last (which
 reduce nothing). With DDP that waits on no peer, so a slow rank's time grows and its peers' does
 not. With FSDP the forwards gather the parameters from every rank, so a slow rank makes its peers
-wait inside their forwards too; a straggler is then seen only by as much as the gathers did not
-even out (docs/diagnostics.md). On a GPU the times are CUDA events read once a window: no step
+wait inside their forwards: they would be timed slow, not it, and the trainer leaves the watch
+off there (docs/diagnostics.md). On a GPU the times are CUDA events read once a window: no step
 waits for the GPU to be timed. On a CPU the clock is the wall clock less the time the rank's
 thread waited for a core (the kernel's run-queue delay, /proc/thread-self/schedstat): on a machine
 running more processes than it has cores the scheduler slows whichever rank it leaves waiting,

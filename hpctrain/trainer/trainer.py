@@ -9,6 +9,7 @@ the checkpointer (hpctrain.checkpoint.checkpointer_for, plain or sharded: the tr
 from __future__ import annotations
 
 import errno
+import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -37,6 +38,8 @@ from hpctrain.trainer.step import Stepper
 from hpctrain.trainer.stopping import Stopping, StopTraining
 from hpctrain.trainer.straggler_watch import StragglerWatch
 from hpctrain.trainer.weights import write_model_pt
+
+log = logging.getLogger(__name__)
 
 __all__ = ["StopTraining", "TrainState", "Trainer"]
 
@@ -97,9 +100,12 @@ class Trainer:
         self.journal.write_event(started)
         cfg = self.config.trainer
         nodes = [str(rank["node"]) for rank in started.ranks or []]
-        self.stragglers = StragglerWatch(
-            self.ctx, self.journal, cfg.straggler_threshold, cfg.straggler_window_steps, nodes
-        )
+        # Sharded (fsdp), a rank's forwards wait in its peers' gathers: the ranks that wait for a
+        # slow one would be timed slow, not it (hpctrain.trainer.straggler_watch). Off there.
+        threshold = 0.0 if self.stepper.sharded_model else cfg.straggler_threshold
+        if threshold != cfg.straggler_threshold and self.ctx.is_main and self.ctx.world_size > 1:
+            log.info("straggler watch off: with trainer.strategy=fsdp a step's own work includes its gathers' waits")
+        self.stragglers = StragglerWatch(self.ctx, self.journal, threshold, cfg.straggler_window_steps, nodes)
         self.stepper.timer = self.stragglers.timer
         self.memory = memory_copies.tier_for(self.config, self.ctx, self.run, nodes, parts.raw_model, parts.optimizer)
         self.metrics = open_sinks(self.config, self.run.root, self.state.step, self.ctx.is_main)
