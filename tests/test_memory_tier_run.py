@@ -18,6 +18,7 @@ import pytest
 from conftest import assert_ok, run_train
 from helpers import memory_holders
 from slurmtools import same_weights
+from test_fsdp import TINY_MODEL
 
 from hpctrain import faults
 from hpctrain.run.memory_wire import TOKEN_ENV
@@ -93,21 +94,7 @@ def test_without_the_lifes_holders_the_tier_is_off_and_the_run_trains_as_before(
 
 
 # A GPT of two blocks sharded with FSDP2 on the two processes (tests/test_fsdp.py's tiny model).
-FSDP = [
-    "model=gpt",
-    "data=tokens",
-    "model.n_layer=2",
-    "model.n_embd=32",
-    "model.n_head=2",
-    "data.dataset.vocab_size=64",
-    "data.dataset.seq_len=16",
-    "data.dataset.num_train=512",
-    "data.dataset.num_eval=40",
-    "data.batch_size=6",
-    "sched=constant",
-    "trainer.strategy=fsdp",
-    *CONFIG,
-]
+FSDP = [*TINY_MODEL, "data.batch_size=6", "sched=constant", "trainer.strategy=fsdp", *CONFIG]
 
 
 def test_a_sharded_run_resumes_each_rank_from_its_own_shards_in_memory(tmp_path: Path) -> None:
