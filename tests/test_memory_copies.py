@@ -14,6 +14,7 @@ from test_memory_tier import SINGLE, assert_same_tensors, clients, trained
 
 from hpctrain import config as hconfig
 from hpctrain.checkpoint.memory_tier import MemoryTier
+from hpctrain.checkpoint.restore_point import RestorePoint
 from hpctrain.config import Config, fingerprint
 from hpctrain.run.events import Journal, Start
 from hpctrain.run.memory_wire import TOKEN_ENV
@@ -49,6 +50,6 @@ def test_memory_copies_resume_only_the_world_that_made_them(
     if from_memory:
         assert point is not None and point.source == "memory" and point.step == 3 and state is not None
         assert_same_tensors(fresh.state_dict(), model.state_dict())
-    else:  # a world of 1 now, the copies of a world of 2: the disk decides, the holders unasked
-        assert (point, state) == (None, None)
+    else:  # a world of 1 now, the copies of a world of 2: the disk decides (none here), the holders unasked
+        assert (point, state) == (RestorePoint("none", 0), None)
         assert not all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))

@@ -74,7 +74,7 @@ def test_a_state_sent_to_two_holders_comes_back_bit_identical_from_either(
             processes[node].send_signal(signal.SIGKILL)
             processes[node].wait()
 
-        point, state = restore(SINGLE, clients(run_dir), newest_on_disk=2)
+        point, state = restore(SINGLE, clients(run_dir), newest_on_disk=lambda: 2)
     assert point == RestorePoint("memory", 3)
     assert state is not None and state["train"] == {"step": 3} and state["fingerprint"] == "f1"
     assert_same_tensors(state["model"], model.state_dict())
@@ -92,8 +92,8 @@ def test_with_both_holders_gone_the_disk(tmp_path: Path) -> None:
         for process in processes.values():
             process.kill()
             process.wait()
-        assert restore(SINGLE, clients(run_dir), newest_on_disk=0) == (RestorePoint("disk", 0), None)
-        assert restore(SINGLE, clients(run_dir), newest_on_disk=None) == (RestorePoint("none", 0), None)
+        assert restore(SINGLE, clients(run_dir), newest_on_disk=lambda: 0) == (RestorePoint("disk", 0), None)
+        assert restore(SINGLE, clients(run_dir), newest_on_disk=lambda: None) == (RestorePoint("none", 0), None)
 
 
 def test_a_copy_not_due_or_still_on_its_way_is_not_taken(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -59,20 +60,30 @@ def plan(
 def restore(
     ctx: DistContext,
     holders: dict[str, HolderClient],
-    newest_on_disk: int | None,
+    newest_on_disk: Callable[[], int | None],
+    saved_world: Callable[[], int | None] = lambda: None,
 ) -> tuple[RestorePoint, dict[str, Any] | None]:
     """Collective. The restore point every rank agrees on, and this rank's state when it is in
-    memory (None: resume from the disk, or start afresh, as the point says)."""
+    memory (None: resume from the disk, or start afresh, as the point says). Rank 0 alone asks
+    `newest_on_disk` (the newest whole checkpoint's step) and `saved_world` (the world size of the
+    life whose copies the holders keep, None: not known): a copy is one rank's of its world (its
+    RNG, its share of the data), so a world of another size (an elastic relaunch on fewer nodes)
+    resumes from the disk, whose load re-splits the batch."""
     chosen: list[Any] = [None]
     if ctx.is_main:
-        copies, lost = listings(holders)
-        point, where = plan(ctx.world_size, copies, lost, newest_on_disk)
-        if lost:
-            log.info("memory tier: no answer from the holders on %s", ", ".join(lost))
-        chosen = [(point, where)]
+        on_disk, world = newest_on_disk(), saved_world()
+        if world not in (None, ctx.world_size):
+            log.info("the world is %d ranks, its memory copies were of %d: resuming from disk", ctx.world_size, world)
+            chosen = [(_fallback(on_disk), {}, on_disk)]
+        else:
+            copies, lost = listings(holders)
+            point, where = plan(ctx.world_size, copies, lost, on_disk)
+            if lost:
+                log.info("memory tier: no answer from the holders on %s", ", ".join(lost))
+            chosen = [(point, where, on_disk)]
     if ctx.distributed:
         dist.broadcast_object_list(chosen, src=0)
-    point, where = chosen[0]
+    point, where, on_disk = chosen[0]
     if point.source != "memory":
         return point, None
     state: dict[str, Any] | None = None
@@ -87,6 +98,9 @@ def restore(
         dist.all_gather_object(every, fetched[0])
         fetched = every
     if not all(fetched):
-        fallback = RestorePoint("disk", newest_on_disk) if newest_on_disk is not None else RestorePoint("none", 0)
-        return fallback, None
+        return _fallback(on_disk), None
     return point, state
+
+
+def _fallback(on_disk: int | None) -> RestorePoint:
+    return RestorePoint("disk", on_disk) if on_disk is not None else RestorePoint("none", 0)

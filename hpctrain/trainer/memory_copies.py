@@ -55,15 +55,9 @@ def restored(
     token = token_for(config)
     if token is None:
         return None, None
-    saved_world = _world_of_last_start(run)
-    if saved_world not in (None, ctx.world_size):
-        # Each copy is one rank's of that world (its RNG, its share of the data): an elastic
-        # relaunch on fewer nodes resumes from the disk, whose load re-splits the batch.
-        log.info("the world is %d ranks, its memory copies were of %d: resuming from disk", ctx.world_size, saved_world)
-        return None, None
     holders = {node: HolderClient(a, token, LIST_TIMEOUT_S) for node, a in holder_addresses(run.memory).items()}
     try:
-        point, state = restore(ctx, holders, newest_whole_on_disk(run))
+        point, state = restore(ctx, holders, lambda: newest_whole_on_disk(run), lambda: _world_of_last_start(run))
     finally:
         for holder in holders.values():
             holder.close()
@@ -79,8 +73,8 @@ def restored(
 
 
 def _world_of_last_start(run: RunDir) -> int | None:
-    """The world size of the newest life that started (None: none yet), as every rank reads the
-    journal alike (this life writes its own `start` after the restore)."""
+    """The world size of the newest life that started (None: none yet): the life whose copies the
+    holders keep (this life writes its own `start` after the restore)."""
     starts = [event for event in read_events(run.events) if isinstance(event, Start)]
     return starts[-1].world_size if starts else None
 
