@@ -7,13 +7,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
-from hpctrain.trainer.straggler_watch import SCHEDSTAT, OwnWorkTimer
+from hpctrain.trainer.straggler_watch import SCHEDSTAT, OtherThreadsWait, OwnWorkTimer
 
 pytestmark = pytest.mark.skipif(not Path(SCHEDSTAT).exists(), reason="the kernel shows no scheduler statistics")
 
@@ -64,3 +67,48 @@ def test_without_scheduler_statistics_the_wall_clock_alone(tmp_path: Path) -> No
     timer.end()
     (timed,) = timer.take()
     assert timed >= 0.045 and timer._schedstat is None
+
+
+@contextmanager
+def a_core_shared_with_a_busy_process() -> Iterator[None]:
+    """This thread (and the threads it starts) on one core that a spinning process also wants."""
+    core = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    spin = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+    burner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        os.sched_setaffinity(0, {core})
+        time.sleep(0.3)  # the burner spinning on the core
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+        burner.kill()
+        burner.wait()
+
+
+def test_the_other_threads_wait_for_a_core_is_read_and_the_training_threads_is_not() -> None:
+    waits = OtherThreadsWait()  # made by the training thread: its own wait is in its steps' times
+    with a_core_shared_with_a_busy_process():
+        # An intra-op worker (pinned as its maker): it lives on between steps, as torch's do.
+        worked, done = threading.Event(), threading.Event()
+        worker = threading.Thread(target=lambda: (busy(0.3), worked.set(), done.wait()))
+        worker.start()
+        worked.wait()
+        workers_wait = waits.since_last_s()
+        busy(0.3)  # the training thread's own work on the shared core
+        own_wait = waits.since_last_s()
+        done.set()
+        worker.join()
+    assert workers_wait > 0.15, workers_wait  # about 0.3 s: the burner had the core half the time
+    assert own_wait < 0.05, own_wait
+
+
+def test_a_step_begun_or_ended_while_the_rank_writes_its_checkpoint_is_not_timed() -> None:
+    writing = [False]
+    timer = OwnWorkTimer(torch.device("cpu"), untimed=lambda: writing[0])
+    for begins, ends in ((False, False), (True, False), (False, True), (True, True), (False, False)):
+        writing[0] = begins
+        timer.begin()
+        writing[0] = ends
+        timer.end()
+    assert len(timer.take()) == 2  # the first and the last

@@ -13,12 +13,13 @@ srun gives up on slurmctld ("Unable to confirm allocation") without starting a t
 is launched again in the job once Slurm answers (`relaunch`, cause `launch`, charged to no budget;
 before, a crash, whose budget is 1), one life, bit-identical.
 
-The same 30 s while lives start, while a forced save is written, while a step is judged and while
-a job waits out its requeue hold, seven jobs side by side, each held while slurmctld is stopped,
-then let go into the outage: in `slurm.setup`, before `control begin`, before the worker's
-imports, in a second life's resume (its newest checkpoint read, not yet applied), in a warned
-step's time-limit save (held half-written), in `after-step` judging a warned step, and PENDING in
-the requeue hold after a first life that stopped itself. None fails: the three first starts train
+The same 30 s (longer, until the cells that must save in it did) while lives start, while a
+forced save is written, while a step is judged and while a job waits out its requeue hold, seven
+jobs side by side, each held while slurmctld is stopped, then let go into the outage: in
+`slurm.setup`, before `control begin`, before the worker's imports, in a second life's resume (its
+newest checkpoint read, not yet applied), in a warned step's time-limit save (held half-written),
+in `after-step` judging a warned step, and PENDING in the requeue hold after a first life that
+stopped itself. None fails: the three first starts train
 on (one life, no requeue), the resume trains on in its second life while Slurm is still away, the
 save is written while Slurm is away, the warned steps' facts fall back and their requeues wait for
 Slurm, and the held job starts once Slurm is back; every job ends COMPLETED, bit-identical,
@@ -80,6 +81,7 @@ TRAIN = [
     "trainer.step_hang_timeout_s=0",  # its ranks are held at a step gate for minutes: no hang
 ]
 OUTAGE_S = 30.0
+OUTAGE_MAX_S = 150.0  # the cells' outage, when its cells are slow to save in it
 # The requeue waits this long at its fault point: the test stops slurmctld meanwhile.
 # The rank waits at step 40 (a gate) until the test has sent the warning: with a timed wait the
 # warning came after the job had finished, twice under the suite's load (its submit returned late).
@@ -187,6 +189,17 @@ OUTAGE_CELLS = {
 WARNED = ("control.after_step", "checkpoint.forced_in_flight")
 
 
+def saved_in_the_outage(runs: dict[str, Path]) -> bool:
+    """The imports cell wrote its first checkpoint, the resume cell one after its stop."""
+    try:
+        if not of("checkpoint", runs["imports"]):
+            return False
+        stops = of("stop", runs["resume"])
+        return bool(stops) and any(c["step"] > stops[0]["step"] for c in of("checkpoint", runs["resume"]))
+    except (OSError, ValueError):  # a journal not yet there, or a line read as it is written
+        return False
+
+
 def held_at(env: dict[str, str], run_dir: Path, gates: Path, point: str, arming: str, in_hold: threading.Event) -> str:
     """Submit the cell's job and wait until it is held: its job id. The dev cluster's six CPUs hold
     six one-task jobs; the seventh, the forced save's, is submitted once the hold cell's job waits
@@ -239,6 +252,12 @@ def test_slurmctld_stopped_for_30_s_as_a_life_starts_and_as_a_step_is_judged(slu
                     if point != HOLD:
                         faults.gate_files(gates[name], point)[1].touch()
                 time.sleep(OUTAGE_S)
+                # The imports and resume cells must save while Slurm is away: on a loaded machine
+                # that took longer than 30 s (a save 3 s after it was back), so the outage lasts
+                # until both saved, within a bound.
+                deadline = time.monotonic() + OUTAGE_MAX_S - OUTAGE_S
+                while not saved_in_the_outage(runs) and time.monotonic() < deadline:
+                    time.sleep(0.5)
             finally:
                 os.kill(controller, signal.SIGCONT)
             back_at = time.time()

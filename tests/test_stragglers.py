@@ -21,6 +21,9 @@ ROWS = {
     # Steps of a millisecond: 2x is half a millisecond, the scheduler's noise.
     "2x of a millisecond is under the noise floor": ([0.001, 0.002], 1.3, {}),
     "2x of 10 ms is not": ([0.010, 0.020], 1.3, {1: 2.0}),
+    # A rank that timed too few steps of its window (its checkpoint written through it).
+    "an untimed rank is neither judged nor a peer": ([None, 0.10, 0.15], 1.3, {2: 1.5}),
+    "with one timed rank left, none to compare": ([None, 0.20], 1.3, {}),
 }
 
 
@@ -28,6 +31,23 @@ ROWS = {
 def test_slowdowns(row: tuple) -> None:
     medians, threshold, expected = row
     assert slowdowns(medians, threshold) == expected
+
+
+QUEUED_ROWS = {
+    # (each rank's time, each rank's other threads' wait for a core a step) -> slow ranks
+    "workers kept waiting explain the time: the machine's load": ([0.020, 0.034], [0.002, 0.016], {}),
+    "a rank stopped waits no more than its peers: named": ([0.020, 0.034], [0.002, 0.003], {1: 1.65}),
+    "what the wait does not explain still counts": ([0.020, 0.040], [0.001, 0.006], {1: 1.75}),
+    "all ranks waiting alike take nothing off": ([0.020, 0.020, 0.034], [0.01, 0.01, 0.01], {2: 1.7}),
+    "a peer that waited more is not made faster": ([0.020, 0.034, 0.020], [0.000, 0.000, 0.010], {1: 1.7}),
+    "an untimed rank's wait is no one's baseline": ([None, 0.020, 0.034], [0.5, 0.002, 0.003], {2: 1.65}),
+}
+
+
+@pytest.mark.parametrize("row", QUEUED_ROWS.values(), ids=QUEUED_ROWS.keys())
+def test_slowdowns_less_what_other_threads_waited_beyond_the_usual(row: tuple) -> None:
+    times, queued, expected = row
+    assert slowdowns(times, 1.3, queued=queued) == expected
 
 
 def test_an_episode_is_journaled_once_and_its_end_once() -> None:
@@ -42,6 +62,16 @@ def test_an_episode_is_journaled_once_and_its_end_once() -> None:
     assert episodes.update({}) == ({}, [])
 
 
+def test_a_window_a_rank_was_not_judged_in_neither_counts_nor_clears() -> None:
+    episodes = Episodes()
+    assert episodes.update({1: 1.5}) == ({}, [])
+    assert episodes.update({}, unjudged=[1]) == ({}, [])  # writing its checkpoint: as it was
+    assert episodes.update({1: 1.5}) == ({1: 1.5}, [])  # its second slow window: named
+    assert episodes.update({}, unjudged=[1]) == ({}, [])  # still named, not cleared
+    assert episodes.named == {1}
+    assert episodes.update({}) == ({}, [1])
+
+
 def test_a_rank_slow_for_one_window_at_a_time_is_never_named() -> None:
     """A rank that loses its core to another process now and then: slow, fast, slow, fast."""
     episodes = Episodes()
@@ -51,7 +81,7 @@ def test_a_rank_slow_for_one_window_at_a_time_is_never_named() -> None:
 
 
 def test_one_slow_step_in_a_window_flags_no_one() -> None:
-    """A first step that compiles, a step beside a checkpoint's write: left out of its window."""
+    """A first step that compiles: left out of its window."""
     slow_start = window_time([3.0, 0.1, 0.1, 0.1, 0.1])
     assert slow_start == pytest.approx(0.1)
     assert slowdowns([slow_start, 0.1], 1.3) == {}
@@ -112,8 +142,13 @@ def test_status_detail_says_each_episode_and_a_run_that_stopped_itself() -> None
         # One step that compiled (2 s) is left out: the window is as its other steps.
         ([2.0] + [0.01] * 19, 0.01),
         ([0.01, 0.03], 0.02),  # too few to leave one out
-        ([], 0.0),
     ],
 )
 def test_a_windows_time_is_its_mean_without_the_slowest_step(times: list[float], expected: float) -> None:
     assert window_time(times) == pytest.approx(expected)
+
+
+def test_a_window_with_too_few_steps_timed_has_no_time() -> None:
+    assert window_time([]) is None
+    assert window_time([0.01] * 9, fewest=10) is None
+    assert window_time([0.01] * 10, fewest=10) == pytest.approx(0.01)

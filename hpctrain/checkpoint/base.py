@@ -50,6 +50,10 @@ class Checkpointer(Protocol):
         """The write under way, finished; its error (a full disk) raised here."""
         ...
 
+    def writing(self) -> bool:
+        """This rank's background write is under way (the straggler watch leaves its steps untimed)."""
+        ...
+
     def load(self) -> dict[str, Any] | None:
         """Collective. The newest usable checkpoint: the model and the optimizer loaded in place,
         its other parts returned, with this rank's RNG under "rng" (None for a rank the writer

@@ -154,6 +154,9 @@ class PlainCheckpointer(Checkpointer):
         if self.ctx.is_main:
             self.writer.wait()
 
+    def writing(self) -> bool:
+        return self.writer.busy()  # rank 0 alone writes
+
     # ---- load ------------------------------------------------------------------------------
 
     def load(self) -> dict[str, Any] | None:

@@ -188,6 +188,9 @@ class ShardedCheckpointer(Checkpointer):
         self._prune()
         self.on_written(Checkpoint(**info, step=step, write_s=round(write_s, 4)))
 
+    def writing(self) -> bool:
+        return self._pending is not None and self._pending.is_alive()
+
     def wait(self) -> None:
         """The write under way, finished and published (every rank); its error raised."""
         if self._pending is not None:

@@ -13,14 +13,19 @@ thread waited for a core (the kernel's run-queue delay, /proc/thread-self/scheds
 running more processes than it has cores the scheduler slows whichever rank it leaves waiting,
 window by window (in a full run of the test suite that named ranks 1.3x to 2.8x slow, none slowed
 on purpose), while a rank slowed by its own hardware, or stopped, is not waiting for a core and
-still counts.
+still counts. Its other threads' waits (torch's intra-op workers, with trainer.threads above 1:
+the training thread waits for them, not for a core) are read once a window and what they waited
+beyond the ranks' median is taken off (hpctrain.trainer.stragglers.slowdowns).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,25 +39,30 @@ log = logging.getLogger(__name__)
 
 # The calling thread's scheduler statistics: on-CPU ns, run-queue wait ns, timeslices.
 SCHEDSTAT = "/proc/thread-self/schedstat"
+TASKS = "/proc/self/task"  # a folder per thread of the process, each with its schedstat
+UNTIMED = -1.0  # a rank's window time when it timed too few of the window's steps
 
 
 class OwnWorkTimer:
-    """The own work of each step: `begin()` at its start, `end()` before its last backward."""
+    """The own work of each step: `begin()` at its start, `end()` before its last backward. A step
+    that begins or ends while `untimed()` is true (the rank's checkpoint written in the
+    background) is not timed."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, untimed: Callable[[], bool] = lambda: False) -> None:
         self.cuda = device.type == "cuda"
+        self.untimed = untimed
         self.marks: list[tuple[Any, Any]] = []
         self._began: Any = None
         self._schedstat: str | None = SCHEDSTAT
         self._fd: int | None = None
 
     def begin(self) -> None:
-        self._began = self._now()
+        self._began = None if self.untimed() else self._now()
 
     def end(self) -> None:
-        if self._began is not None:
+        if self._began is not None and not self.untimed():
             self.marks.append((self._began, self._now()))
-            self._began = None
+        self._began = None
 
     def take(self) -> list[float]:
         """The seconds of every step timed since the last take."""
@@ -84,31 +94,83 @@ class OwnWorkTimer:
             return 0.0
 
 
+class OtherThreadsWait:
+    """Seconds the process's other threads (torch's intra-op workers, above all) waited for a core,
+    since the last call: the kernel's run-queue delay of each (/proc/self/task/*/schedstat), read
+    once a window. The training thread's own wait is already out of its steps' times."""
+
+    def __init__(self) -> None:
+        self.training_thread = threading.get_native_id()
+        self.seen: dict[str, int] = {}  # thread id -> its run-queue ns at the last reading
+        self.shown = Path(TASKS).is_dir()
+        self.since_last_s()
+
+    def since_last_s(self) -> float:
+        if not self.shown:
+            return 0.0
+        now: dict[str, int] = {}
+        try:
+            tids = os.listdir(TASKS)
+        except OSError:
+            return 0.0
+        for tid in tids:
+            if tid == str(self.training_thread):
+                continue
+            try:
+                now[tid] = int(Path(TASKS, tid, "schedstat").read_text().split()[1])
+            except (OSError, IndexError, ValueError):  # the thread ended as it was read
+                continue
+        # A thread first seen now started in this window: all its wait is the window's.
+        waited = sum(ns - self.seen.get(tid, 0) for tid, ns in now.items())
+        self.seen = now
+        return max(0, waited) / 1e9
+
+
 class StragglerWatch:
     """Collective every `window` steps (the same steps on every rank); rank 0 journals."""
 
-    def __init__(self, ctx: DistContext, journal: Journal, threshold: float, window: int, nodes: list[str]) -> None:
+    def __init__(
+        self,
+        ctx: DistContext,
+        journal: Journal,
+        threshold: float,
+        window: int,
+        nodes: list[str],
+        writing: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.ctx = ctx
         self.journal = journal
         self.threshold = threshold
         self.window = window
         self.nodes = nodes  # each rank's node, by rank
         self.on = threshold > 0 and ctx.distributed and ctx.world_size > 1
-        self.timer = OwnWorkTimer(ctx.device) if self.on else None
+        # `writing`: this rank's checkpoint is being written in the background (its steps untimed).
+        self.timer = OwnWorkTimer(ctx.device, untimed=writing) if self.on else None
+        self.others = OtherThreadsWait() if self.on and ctx.device.type == "cpu" else None
+        self.stepped_in_window = 0
         self.episodes = Episodes()
 
     def stepped(self, step: int) -> None:
-        """After each step: at the end of a window, compare the ranks."""
-        if self.timer is None or len(self.timer.marks) < self.window:
+        """After each step: at the end of a window (the same steps on every rank), compare the ranks."""
+        if self.timer is None:
             return
-        times = self.timer.take()
-        mine = torch.tensor([window_time(times)], dtype=torch.float64, device=self.ctx.device)
+        self.stepped_in_window += 1
+        if self.stepped_in_window < self.window:
+            return
+        self.stepped_in_window = 0
+        # Half the window timed at least: fewer (a checkpoint written through it) say too little.
+        own = window_time(self.timer.take(), fewest=max(3, self.window // 2))
+        others_waited = self.others.since_last_s() / self.window if self.others is not None else 0.0
+        told = [UNTIMED if own is None else own, others_waited]
+        mine = torch.tensor(told, dtype=torch.float64, device=self.ctx.device)
         by_rank = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
         dist.all_gather(by_rank, mine)
         if not self.ctx.is_main:
             return
-        slow = slowdowns([float(t.item()) for t in by_rank], self.threshold)
-        began, ended = self.episodes.update(slow)
+        gathered = [(float(t[0].item()), float(t[1].item())) for t in by_rank]
+        times = [None if own == UNTIMED else own for own, _ in gathered]
+        slow = slowdowns(times, self.threshold, queued=[waited for _, waited in gathered])
+        began, ended = self.episodes.update(slow, unjudged=[r for r, t in enumerate(times) if t is None])
         if began:
             ranks = sorted(began)
             said = ", ".join(f"rank {r} on {self._node(r)} {began[r]:.2f}x" for r in ranks)

@@ -9,8 +9,10 @@ mean of its steps, the slowest one left out: one small all-gather); a rank whose
 A mean, not a median: a rank slowed part of the time (throttled in bursts, sharing its cores,
 stopped for part of every 100 ms) finishes many steps untouched and the rest much later, and
 the median of such steps hides it. Leaving the slowest out, and the two windows, keep one slow
-step (a first step that compiles, a step beside a checkpoint's write) from flagging anyone; an
-evaluation is not timed at all.
+step (a first step that compiles) from flagging anyone; an evaluation is not timed at all, nor a
+step while the rank's own checkpoint is written in the background (the writer thread takes the
+interpreter's lock from the training thread: in a loaded test suite that made rank 0 1.6x slow
+for two windows); a rank with too few steps timed is not judged in that window.
 
 An episode is journaled once: `straggler` when ranks become slow, `straggler_cleared` when they are
 no longer. The functions here are pure: tests/test_stragglers.py is their table.
@@ -19,7 +21,7 @@ no longer. The functions here are pure: tests/test_stragglers.py is their table.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 # Below this many seconds a step more than its peers, no rank is a straggler whatever the ratio:
@@ -28,15 +30,35 @@ from dataclasses import dataclass, field
 MIN_EXCESS_S = 0.005
 
 
-def slowdowns(medians: Sequence[float], threshold: float, min_excess_s: float = MIN_EXCESS_S) -> dict[int, float]:
-    """The ranks (index into `medians`, one per rank) slower than `threshold` times the median of
-    their peers, and by at least `min_excess_s`, with their time over that median. One rank alone
-    has no peers: none."""
+def slowdowns(
+    times: Sequence[float | None],
+    threshold: float,
+    min_excess_s: float = MIN_EXCESS_S,
+    queued: Sequence[float] | None = None,
+) -> dict[int, float]:
+    """The ranks (index into `times`, one per rank) slower than `threshold` times the median of
+    their peers, and by at least `min_excess_s`, with their time over that median. A rank whose
+    time is None (it timed too few steps of the window: it was writing a checkpoint) is neither
+    judged nor a peer; one rank alone has no peers: none.
+
+    `queued`: each rank's seconds a step that its other threads (torch's intra-op workers) waited
+    for a core. What a rank's threads waited beyond the least waiting rank's is taken off its time
+    before it is judged (its peers' times as they are): a machine running more threads than it has
+    cores slows whichever rank's workers it leaves waiting, and that is the machine's load, not the
+    rank's node."""
+    known = {rank: t for rank, t in enumerate(times) if t is not None}
     found: dict[int, float] = {}
-    if len(medians) < 2:
+    if len(known) < 2:
         return found
-    for rank, own in enumerate(medians):
-        peers = statistics.median([m for i, m in enumerate(medians) if i != rank])
+    least = min(queued[rank] for rank in known) if queued is not None else 0.0
+    for rank, time in known.items():
+        own = time - (queued[rank] - least if queued is not None else 0.0)
+        peers = statistics.median([t for other, t in known.items() if other != rank])
+        if peers > 0 and own > threshold * peers and own - peers >= min_excess_s:
+            found[rank] = round(own / peers, 3)
+    return found
+    for rank, own in known.items():
+        peers = statistics.median([t for other, t in known.items() if other != rank])
         if peers > 0 and own > threshold * peers and own - peers >= min_excess_s:
             found[rank] = round(own / peers, 3)
     return found
@@ -53,16 +75,22 @@ class Episodes:
     named: set[int] = field(default_factory=set)
     slow_for: dict[int, int] = field(default_factory=dict)  # rank -> windows in a row it was slow
 
-    def update(self, slow: dict[int, float]) -> tuple[dict[int, float], list[int]]:
-        """(ranks that became slow, with their slowdown; ranks no longer slow) for this window."""
-        self.slow_for = {rank: self.slow_for.get(rank, 0) + 1 for rank in slow}
+    def update(self, slow: dict[int, float], unjudged: Collection[int] = ()) -> tuple[dict[int, float], list[int]]:
+        """(ranks that became slow, with their slowdown; ranks no longer slow) for this window.
+        A rank `unjudged` this window (too few of its steps timed) is as it was: neither a window
+        more nor a window less of its slowness."""
+        kept = {rank: self.slow_for[rank] for rank in unjudged if rank in self.slow_for}
+        self.slow_for = {rank: self.slow_for.get(rank, 0) + 1 for rank in slow} | kept
         began = {rank: x for rank, x in slow.items() if rank not in self.named and self.slow_for[rank] >= self.windows}
-        ended = sorted(self.named - set(slow))
-        self.named = (self.named & set(slow)) | set(began)
+        ended = sorted(self.named - set(slow) - set(unjudged))
+        self.named = (self.named & (set(slow) | set(unjudged))) | set(began)
         return began, ended
 
 
-def window_time(times: Sequence[float]) -> float:
-    """A rank's time for a window: the mean of its steps' own work, the slowest step left out."""
+def window_time(times: Sequence[float], fewest: int = 1) -> float | None:
+    """A rank's time for a window: the mean of its steps' own work, the slowest step left out;
+    None for fewer than `fewest` steps timed (too few to say)."""
+    if len(times) < max(1, fewest):
+        return None
     kept = sorted(times)[:-1] if len(times) > 2 else list(times)
-    return statistics.fmean(kept) if kept else 0.0
+    return statistics.fmean(kept)

@@ -105,7 +105,9 @@ class Trainer:
         threshold = 0.0 if self.stepper.sharded_model else cfg.straggler_threshold
         if threshold != cfg.straggler_threshold and self.ctx.is_main and self.ctx.world_size > 1:
             log.info("straggler watch off: with trainer.strategy=fsdp a step's own work includes its gathers' waits")
-        self.stragglers = StragglerWatch(self.ctx, self.journal, threshold, cfg.straggler_window_steps, nodes)
+        self.stragglers = StragglerWatch(
+            self.ctx, self.journal, threshold, cfg.straggler_window_steps, nodes, writing=self.checkpointer.writing
+        )
         self.stepper.timer = self.stragglers.timer
         self.memory = memory_copies.tier_for(self.config, self.ctx, self.run, nodes, parts.raw_model, parts.optimizer)
         self.metrics = open_sinks(self.config, self.run.root, self.state.step, self.ctx.is_main)
