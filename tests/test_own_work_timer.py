@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpctrain.trainer.straggler_watch import SCHEDSTAT, OtherThreadsWait, OwnWorkTimer
+from hpctrain.trainer.straggler_watch import SCHEDSTAT, OwnWorkTimer
 
 pytestmark = pytest.mark.skipif(not Path(SCHEDSTAT).exists(), reason="the kernel shows no scheduler statistics")
 
@@ -70,14 +69,15 @@ def test_without_scheduler_statistics_the_wall_clock_alone(tmp_path: Path) -> No
 
 
 @contextmanager
-def a_core_shared_with_a_busy_process() -> Iterator[None]:
+def a_core_shared_with_a_busy_process(pin_self: bool = True) -> Iterator[None]:
     """This thread (and the threads it starts) on one core that a spinning process also wants."""
     core = min(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
     spin = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
     burner = subprocess.Popen([sys.executable, "-c", spin])
     try:
-        os.sched_setaffinity(0, {core})
+        if pin_self:
+            os.sched_setaffinity(0, {core})
         time.sleep(0.3)  # the burner spinning on the core
         yield
     finally:
@@ -86,21 +86,42 @@ def a_core_shared_with_a_busy_process() -> Iterator[None]:
         burner.wait()
 
 
-def test_the_other_threads_wait_for_a_core_is_read_and_the_training_threads_is_not() -> None:
-    waits = OtherThreadsWait()  # made by the training thread: its own wait is in its steps' times
-    with a_core_shared_with_a_busy_process():
-        # An intra-op worker (pinned as its maker): it lives on between steps, as torch's do.
-        worked, done = threading.Event(), threading.Event()
-        worker = threading.Thread(target=lambda: (busy(0.3), worked.set(), done.wait()))
-        worker.start()
-        worked.wait()
-        workers_wait = waits.since_last_s()
-        busy(0.3)  # the training thread's own work on the shared core
-        own_wait = waits.since_last_s()
-        done.set()
-        worker.join()
-    assert workers_wait > 0.15, workers_wait  # about 0.3 s: the burner had the core half the time
-    assert own_wait < 0.05, own_wait
+# Run in a process of its own: torch's intra-op workers are made at its first parallel work and
+# keep the core set their maker had then.
+WORKERS_KEPT_WAITING = """
+import os, threading, time, torch
+from hpctrain.trainer.straggler_watch import WorkersWait
+os.sched_setaffinity(0, {CORE})
+torch.set_num_threads(2)
+waits = WorkersWait()  # made by the training thread: its own wait is in its steps' times
+a = torch.randn(384, 384)
+until = time.perf_counter() + 0.6
+while time.perf_counter() < until:
+    a @ a  # two workers' work on the one core the burner also wants
+workers = waits.since_last_s()
+def spin():
+    until = time.thread_time() + 0.3
+    while time.thread_time() < until:
+        pass
+python_thread = threading.Thread(target=spin)  # hpctrain's own threads are not workers
+python_thread.start()
+python_thread.join()
+spin()  # nor is the training thread
+print(workers, waits.since_last_s())
+"""
+
+
+def test_the_intra_op_workers_wait_for_a_core_is_read_and_no_other_threads() -> None:
+    core = min(os.sched_getaffinity(0))
+    with a_core_shared_with_a_busy_process(pin_self=False):  # the script pins itself, imports done
+        script = WORKERS_KEPT_WAITING.replace("{CORE}", f"{{{core}}}")
+        # Idle workers sleep (as torch's do once OMP's spin ends): spinning, they would wait for the core too.
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    workers, others = map(float, done.stdout.split())
+    assert workers > 0.1, workers  # the worker had the core a third of the time at most
+    assert others < 0.02, others
 
 
 def test_a_step_begun_or_ended_while_the_rank_writes_its_checkpoint_is_not_timed() -> None:
