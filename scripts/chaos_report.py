@@ -6,6 +6,7 @@ model.pt; nothing here touches the cluster.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,9 @@ def report(soak: Soak, max_steps: int) -> dict[str, Any]:
         checks.update(_udp_blocked_checks(soak.run_dir, events))
     ends = [i.at for i in soak.injected[1:]] + [float("inf")]
     rows = [_row(soak, item, end, events) for item, end in zip(soak.injected, ends)]
+    figures = goodput(events, metrics).to_json()
+    for row, lost in zip(rows, lost_by_fault(figures["lives"], [i.at for i in soak.injected])):
+        row["lost_s"] = round(lost, 1)
     return {
         "seed": soak.seed,
         "minutes": soak.minutes,
@@ -73,10 +77,50 @@ def report(soak: Soak, max_steps: int) -> dict[str, Any]:
         "run_dir": str(soak.run_dir),
         "faults": rows,
         "skipped": soak.skipped,
-        "goodput": goodput(events, metrics).to_json(),
+        "goodput": figures,
+        "lost_by_kind": lost_by_kind(rows),
         "checks": {name: {"passed": ok, "detail": detail} for name, (ok, detail) in checks.items()},
         "passed": all(ok for ok, _ in checks.values()),
     }
+
+
+def lost_by_fault(lives: list[dict[str, Any]], faults_at: list[float]) -> list[float]:
+    """Seconds each fault (by the time it was sent) cost the run: the start-up of the lives it
+    began (a life's goes to the last fault sent before it began; the first life's start is the
+    job's own) and the redone steps and detection of the life it ended (the last fault sent
+    within that life). Checkpoint stalls are the run's, not a fault's; waits between lives are
+    not allocated time (hpctrain.status.goodput)."""
+    lost = [0.0] * len(faults_at)
+
+    def last_sent(until: float, since: float = float("-inf")) -> int | None:
+        sent = [i for i, at in enumerate(faults_at) if since <= at <= until]
+        return sent[-1] if sent else None
+
+    for number, life in enumerate(lives):
+        began = last_sent(life["began"]) if number else None
+        if began is not None:
+            lost[began] += life["startup_s"]
+        ended = last_sent(life["ended"], since=life["began"])
+        if ended is not None:
+            lost[ended] += life["redone_s"] + life.get("detection_s", 0.0)
+    return lost
+
+
+def lost_by_kind(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each fault kind's count and its seconds lost per fault, median and p95 (nearest rank)."""
+    kinds: dict[str, list[float]] = {}
+    for row in rows:
+        if row.get("lost_s") is not None:
+            kinds.setdefault(row["kind"], []).append(row["lost_s"])
+    return {
+        kind: {"faults": len(lost), "p50_s": _rank(lost, 0.5), "p95_s": _rank(lost, 0.95)}
+        for kind, lost in sorted(kinds.items())
+    }
+
+
+def _rank(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def _udp_blocked_checks(run_dir: Path, events: list[Event]) -> dict[str, tuple[bool, str]]:
@@ -137,15 +181,23 @@ def _same_weights(run_dir: Path, reference: Path) -> tuple[bool, str]:
 
 
 def render(result: dict[str, Any]) -> str:
-    head = f"{'#':>3}  {'AT':>7}  {'FAULT':<16} {'JOB':>5} {'STEP':>5}  {'NEXT STEP':>9}  WHAT HPCTRAIN DID"
+    head = (
+        f"{'#':>3}  {'AT':>7}  {'FAULT':<16} {'JOB':>5} {'STEP':>5}  {'NEXT STEP':>9}  {'LOST':>7}  WHAT HPCTRAIN DID"
+    )
     lines = [f"chaos soak, seed {result['seed']}, {result['minutes']:g} minutes, jobs {result['job_ids']}", head]
     for row in result["faults"]:
         next_s = f"{row['next_step_s']:.1f} s" if row["next_step_s"] is not None else "never"
+        lost = f"{row['lost_s']:.1f} s" if row.get("lost_s") is not None else "-"
         lines.append(
             f"{row['number']:>3}  {row['at_s']:>6.1f}s  {row['kind']:<16} {row['job_id']:>5} {row['step'] or '-':>5}"
-            f"  {next_s:>9}  {'; '.join(row['did']) or '(nothing: trained on)'}"
+            f"  {next_s:>9}  {lost:>7}  {'; '.join(row['did']) or '(nothing: trained on)'}"
         )
     lines += [f"skipped: {line}" for line in result["skipped"]]
+    for kind, lost in result.get("lost_by_kind", {}).items():
+        lines.append(
+            f"lost per {kind} fault: {lost['p50_s']:.1f} s median, {lost['p95_s']:.1f} s p95"
+            f" ({lost['faults']:g} faults)"
+        )
     figures = result["goodput"]
     from hpctrain.status.goodput import Goodput
 

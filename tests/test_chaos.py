@@ -146,3 +146,23 @@ def test_udp_blocked_and_the_batch_hosts_freeze_are_refused_together() -> None:
     with pytest.raises(SystemExit):
         chaos.parse(["--minutes", "6", "--seed", "1", "--udp-blocked", "--batch-freeze"])
     assert chaos.parse(["--minutes", "6", "--seed", "1", "--udp-blocked"]).udp_blocked
+
+
+def test_each_fault_is_charged_the_start_up_it_caused_and_the_steps_its_life_redid() -> None:
+    import chaos_report
+
+    def life(began: float, ended: float, startup: float, redone: float, detection: float = 0.0) -> dict:
+        return {"began": began, "ended": ended, "startup_s": startup, "redone_s": redone, "detection_s": detection}
+
+    lives = [
+        life(0, 100, startup=5, redone=10),  # the job's own start; ended by the fault at 90
+        life(130, 300, startup=20, redone=2, detection=8),  # drained at 200 (trained on), ended at 280
+        life(290, 500, startup=10, redone=0),  # to the finish, no fault within it
+    ]
+    assert chaos_report.lost_by_fault(lives, [90, 200, 280]) == [30, 0, 20]
+    assert chaos_report.lost_by_fault(lives, []) == []
+    rows = [{"kind": "kill_rank", "lost_s": s} for s in (30.0, 10.0, 20.0)] + [{"kind": "node_drain", "lost_s": 0.0}]
+    assert chaos_report.lost_by_kind(rows) == {
+        "kill_rank": {"faults": 3, "p50_s": 20.0, "p95_s": 30.0},
+        "node_drain": {"faults": 1, "p50_s": 0.0, "p95_s": 0.0},
+    }
