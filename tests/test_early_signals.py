@@ -126,11 +126,15 @@ print(json.dumps({"handed": [s for s, _ in handed], "ordered": handed[0][1] <= h
 def test_hpctrain_train_holds_a_stop_that_comes_while_it_composes_its_config(tmp_path: Path, nprocs: int) -> None:
     """`hpctrain-train` itself (what `srun hpctrain-train` runs on every task, or a terminal):
     a SIGTERM once the config is composed, before any training process exists, is held and
-    honoured as the preemption it is (before: Python's default action, 143 with nothing said).
-    With 2 processes the launcher sends it on to its ranks, which stop before the rendezvous."""
+    honoured as the preemption it is (before: Python's default action, 143 with nothing said),
+    before torch is imported: a loaded node took more than Slurm's GraceTime (20 s) to import it
+    in a submitit task, which was killed before it could say why. With 2 processes no rank is
+    started at all."""
     run_dir = tmp_path / "run"
     command = [
         sys.executable,
+        "-X",
+        "importtime",
         "-m",
         "hpctrain.cli.train",
         *TRAINED,
@@ -141,5 +145,7 @@ def test_hpctrain_train_holds_a_stop_that_comes_while_it_composes_its_config(tmp
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
     stops = events(run_dir, "stop")
-    assert stops and {(s["reason"], s["step"], s["deadline_s"]) for s in stops} == {("preempt", 0, 0.0)}, stops
+    assert [(s["reason"], s["step"], s["deadline_s"]) for s in stops] == [("preempt", 0, 0.0)], stops
     assert events(run_dir, "start") == [] and not list((run_dir / "checkpoints").glob("*.pt"))
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "hpctrain.process.early_stop" in imported and "torch" not in imported

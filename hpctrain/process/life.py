@@ -13,7 +13,6 @@ import gc
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,16 +24,16 @@ from hpctrain.dist import collective_records
 from hpctrain.dist import context as hdist
 from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError
-from hpctrain.process import ending, node_health, startup_clock
+from hpctrain.process import early_stop, ending, node_health, startup_clock
 from hpctrain.process.early_signals import EarlySignals
 from hpctrain.process.health_start import node_checks, timed_allreduce
 from hpctrain.process.signals import StopFlag
 from hpctrain.process.watchdog import start_watchdog
 from hpctrain.run import fencing
 from hpctrain.run.causes import STOP_TABLE, Cause, StopReason
-from hpctrain.run.events import Failure, Journal, Stop
+from hpctrain.run.events import Failure, Journal
 from hpctrain.run.exitcodes import WORKER_FENCED, WORKER_FINISHED, WORKER_NODE_UNHEALTHY, WORKER_USER_ERROR
-from hpctrain.run.paths import RunDir, checkpoints_in, no_room, no_room_message
+from hpctrain.run.paths import RunDir, no_room, no_room_message
 from hpctrain.slurm.env import SlurmEnvError
 from hpctrain.trainer.hooks import ProcessHooks
 from hpctrain.trainer.stopping import StopTraining
@@ -155,23 +154,9 @@ def _ready() -> dict[str, float]:
 
 
 def _stop_before_training(run_dir: Path, ctx: DistContext, reason: StopReason, stop: StopFlag) -> StopReason:
-    """A stop signal came while this process was still starting (importing torch, loading the
-    config): nothing was trained in this life, the newest checkpoint stands. Say so in a `stop`
-    record (any rank that saw it early: the others may be waiting in the rendezvous, and srun
-    kills them when this one leaves) and leave before the rendezvous, within any deadline."""
-    newest = checkpoints_in(RunDir(run_dir).checkpoints)
-    since = time.monotonic() - (stop.requested_at or time.monotonic())
-    Journal(RunDir(run_dir).events).write_event(
-        Stop(
-            job_id=ctx.life.job_id,
-            restart=ctx.life.restart,
-            step=newest[0].step if newest else 0,
-            reason=reason,
-            deadline_s=0.0,  # no save: nothing new to keep
-            since_signal_s=round(since, 3),
-        )
-    )
-    log.info("rank %d: %s signal before training started; nothing to save, leaving", ctx.rank, reason.value)
+    """A stop signal came while this process was still importing (after its launcher had
+    looked: hpctrain.process.early_stop): journaled, and this process leaves before the rendezvous."""
+    early_stop.journal_stop(run_dir, ctx.life, ctx.rank, reason, stop)
     return reason
 
 

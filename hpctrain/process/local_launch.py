@@ -23,11 +23,13 @@ from types import FrameType
 
 from hpctrain.errors import UserError
 from hpctrain.process import door as worker
+from hpctrain.process import early_stop
 from hpctrain.process.early_signals import EarlySignals
 from hpctrain.process.steprun import world_rank
 from hpctrain.run.causes import STOP_TABLE, StopReason, signal_of
 from hpctrain.run.events import Stop, read_events
 from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_USER_ERROR
+from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,13 @@ def launch_local(
     def signal_of_stop(reason: StopReason | None) -> int | None:
         return None if reason is None else signal_of(reason, timelimit_signal)
 
+    if early is not None:
+        # A stop that came while this command started: said and honoured before torch is imported
+        # (seconds, or tens of them on a loaded node, which Slurm's GraceTime may not leave).
+        rank = world_rank(os.environ) or int(os.environ.get("RANK", "0"))
+        held = early_stop.held_stop(run_dir, early, timelimit_signal, LifeStamp.from_env(), rank)
+        if held is not None:
+            return signal_of_stop(held)
     if world_rank(os.environ) is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         from hpctrain.dist.context import DistContext
 
