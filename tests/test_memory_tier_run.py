@@ -107,6 +107,4 @@ def test_a_sharded_run_resumes_each_rank_from_its_own_shards_in_memory(tmp_path:
         run_dir, [*FSDP, "trainer.memory_ckpt_every=1", "trainer.memory_ckpt_overhead=0"]
     )
     assert 38 <= second["resumed_from_step"] <= 40, second
-    # Sharded, a step's own work includes its gathers' waits: the straggler watch is off, said once.
-    assert output.count("straggler watch off: with trainer.strategy=fsdp") == 1, output[-2000:]
     assert same_weights(run_dir, reference), "not bit-identical to the uninterrupted run"

@@ -133,3 +133,18 @@ def test_a_step_begun_or_ended_while_the_rank_writes_its_checkpoint_is_not_timed
         writing[0] = ends
         timer.end()
     assert len(timer.take()) == 2  # the first and the last
+
+
+def test_the_waits_inside_a_step_are_left_out_and_waits_outside_any_step_ignored() -> None:
+    """A sharded model's gathers (hpctrain.trainer.sharding.time_gathers) inside a timed step."""
+    timer = OwnWorkTimer(torch.device("cpu"))
+    timer.wait_begins()  # outside a step (an evaluation's forward): nothing
+    timer.wait_ends()
+    timer.begin()
+    time.sleep(0.05)  # its own work
+    timer.wait_begins()
+    time.sleep(0.2)  # waiting in a gather for a slow peer
+    timer.wait_ends()
+    timer.end()
+    (timed,) = timer.take()
+    assert 0.045 <= timed < 0.15, timed

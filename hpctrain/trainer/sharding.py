@@ -144,6 +144,22 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def time_gathers(model: nn.Module, timer: Any) -> None:
+    """Each unit's gather before its forward timed as a wait (`timer.wait_begins()`,
+    `timer.wait_ends()`: hpctrain.trainer.straggler_watch.OwnWorkTimer): a rank waits there for
+    its slowest peer, so its own work is its forward without it. FSDP's own pre-forward hook (the
+    unit's all-gather issued and waited for) was registered first, at the front: one hook put
+    before it and one after it bracket it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    begins = torch.compiler.disable(lambda *_: timer.wait_begins())
+    ends = torch.compiler.disable(lambda *_: timer.wait_ends())
+    for unit in model.modules():
+        if isinstance(unit, FSDPModule):
+            unit.register_forward_pre_hook(begins, prepend=True)
+            unit.register_forward_pre_hook(ends)
+
+
 def set_gradient_sync(model: nn.Module, sync: bool) -> None:
     """Micro-batches before a step's last keep their gradients unreduced (FSDP's no_sync)."""
     model.set_requires_gradient_sync(sync)  # type: ignore[operator]

@@ -58,8 +58,10 @@ class Stepper:
                     elif accum > 1:  # no extra kernel per step in the common case
                         loss = loss / accum
                 self.first = False
-                if self.timer is not None and micro == accum - 1:
-                    self.timer.end()  # what follows waits on the peers (the gradients' reduction)
+                # What follows waits on the peers: plain, the last backward (the gradients'
+                # reduction); sharded, every backward (it gathers the parameters again).
+                if self.timer is not None and micro == (0 if self.sharded_model else accum - 1):
+                    self.timer.end()
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         self._update()

@@ -6,8 +6,9 @@ The own work of a step is from its start to the backward of its last micro-batch
 loading, the forwards and losses, and the backwards of the micro-batches before the last (which
 reduce nothing). With DDP that waits on no peer, so a slow rank's time grows and its peers' does
 not. With FSDP the forwards gather the parameters from every rank, so a slow rank makes its peers
-wait inside their forwards: they would be timed slow, not it, and the trainer leaves the watch
-off there (docs/diagnostics.md). On a GPU the times are CUDA events read once a window: no step
+wait inside their forwards: each unit's gather (FSDP's own hook before its forward) is timed and
+left out, and the own work is the first micro-batch's forward and loss alone (the backward
+gathers again, untimed). On a GPU the times are CUDA events read once a window: no step
 waits for the GPU to be timed. On a CPU the clock is the wall clock less the time the rank's
 thread waited for a core (the kernel's run-queue delay, /proc/thread-self/schedstat): on a machine
 running more processes than it has cores the scheduler slows whichever rank it leaves waiting,
@@ -44,33 +45,50 @@ UNTIMED = -1.0  # a rank's window time when it timed too few of the window's ste
 
 
 class OwnWorkTimer:
-    """The own work of each step: `begin()` at its start, `end()` before its last backward. A step
-    that begins or ends while `untimed()` is true (the rank's checkpoint written in the
-    background) is not timed."""
+    """The own work of each step: `begin()` at its start, `end()` where it stops being its own
+    (hpctrain.trainer.step). The waits between `wait_begins()` and `wait_ends()` inside it (a
+    sharded model's gathers: hpctrain.trainer.sharding.time_gathers) are taken out. A step that
+    begins or ends while `untimed()` is true (the rank's checkpoint written in the background) is
+    not timed."""
 
     def __init__(self, device: torch.device, untimed: Callable[[], bool] = lambda: False) -> None:
         self.cuda = device.type == "cuda"
         self.untimed = untimed
-        self.marks: list[tuple[Any, Any]] = []
+        self.marks: list[tuple[Any, Any, list[tuple[Any, Any]]]] = []  # (begin, end, its waits)
         self._began: Any = None
+        self._waits: list[tuple[Any, Any]] = []
+        self._wait_began: Any = None
         self._schedstat: str | None = SCHEDSTAT
         self._fd: int | None = None
 
     def begin(self) -> None:
         self._began = None if self.untimed() else self._now()
+        self._waits = []
 
     def end(self) -> None:
         if self._began is not None and not self.untimed():
-            self.marks.append((self._began, self._now()))
+            self.marks.append((self._began, self._now(), self._waits))
         self._began = None
 
+    def wait_begins(self) -> None:
+        if self._began is not None:
+            self._wait_began = self._now()
+
+    def wait_ends(self) -> None:
+        if self._began is not None and self._wait_began is not None:
+            self._waits.append((self._wait_began, self._now()))
+        self._wait_began = None
+
     def take(self) -> list[float]:
-        """The seconds of every step timed since the last take."""
+        """The seconds of every step timed since the last take, its waits left out."""
         marks, self.marks = self.marks, []
         if self.cuda and marks:
             marks[-1][1].synchronize()  # every event before it is done too
-            return [start.elapsed_time(end) / 1000 for start, end in marks]
-        return [end - start for start, end in marks]
+        seconds = self._seconds
+        return [seconds(start, end) - sum(seconds(a, b) for a, b in waits) for start, end, waits in marks]
+
+    def _seconds(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end)) / 1000 if self.cuda else float(end - start)
 
     def _now(self) -> Any:
         if not self.cuda:

@@ -25,7 +25,7 @@ from hpctrain.metrics import MetricSinks, open_sinks
 from hpctrain.run.causes import CheckpointReason
 from hpctrain.run.events import Finish, Journal, Pruned
 from hpctrain.run.paths import RunDir
-from hpctrain.trainer import components, loaders, memory_copies
+from hpctrain.trainer import components, loaders, memory_copies, sharding
 from hpctrain.trainer.course import Course
 from hpctrain.trainer.evaluate import evaluate
 from hpctrain.trainer.hooks import EVALUATION, FIRST_STEP, SAVE, ProcessHooks
@@ -100,15 +100,18 @@ class Trainer:
         self.journal.write_event(started)
         cfg = self.config.trainer
         nodes = [str(rank["node"]) for rank in started.ranks or []]
-        # Sharded (fsdp), a rank's forwards wait in its peers' gathers: the ranks that wait for a
-        # slow one would be timed slow, not it (hpctrain.trainer.straggler_watch). Off there.
-        threshold = 0.0 if self.stepper.sharded_model else cfg.straggler_threshold
-        if threshold != cfg.straggler_threshold and self.ctx.is_main and self.ctx.world_size > 1:
-            log.info("straggler watch off: with trainer.strategy=fsdp a step's own work includes its gathers' waits")
         self.stragglers = StragglerWatch(
-            self.ctx, self.journal, threshold, cfg.straggler_window_steps, nodes, writing=self.checkpointer.writing
+            self.ctx,
+            self.journal,
+            cfg.straggler_threshold,
+            cfg.straggler_window_steps,
+            nodes,
+            writing=self.checkpointer.writing,
         )
         self.stepper.timer = self.stragglers.timer
+        if self.stepper.sharded_model and self.stragglers.timer is not None:
+            # A rank's forwards wait in its peers' gathers: timed apart (hpctrain.trainer.straggler_watch).
+            sharding.time_gathers(parts.model, self.stragglers.timer)
         self.memory = memory_copies.tier_for(self.config, self.ctx, self.run, nodes, parts.raw_model, parts.optimizer)
         self.metrics = open_sinks(self.config, self.run.root, self.state.step, self.ctx.is_main)
         bar = self.config.trainer.progress_bar
