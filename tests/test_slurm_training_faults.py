@@ -174,7 +174,10 @@ def run_with_fault(env: dict[str, str], run_dir: Path, name: str) -> tuple[str, 
     (job_id,), _ = submit({**env, **ARMED.get(name, {})}, run_dir, *CONFIG, *EXTRA.get(name, []))
     FAULTS[name](env, run_dir, job_id)
     if name not in RELAUNCHED:
-        lift_requeue_hold(env, job_id)
+        # The rank stopped before the rendezvous hangs its relaunched step too (the arming holds
+        # for the whole first life): two hangs and a relaunch before the requeue, 72 s between
+        # them in a loaded CI run, past the default 120 s bound.
+        lift_requeue_hold(env, job_id, timeout_s=300)
     return job_id, wait_finished(env, job_id, timeout_s=END_TIMEOUT_S, lift_holds=True)
 
 
