@@ -24,6 +24,7 @@ import pytest
 from helpers.lock_holder import holding
 
 from hpctrain.cli import status as cli
+from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.status import discover, metrics_tail, slurm_query
 from hpctrain.status.rows import collect
 from hpctrain.status.usage import parse_tres
@@ -463,9 +464,16 @@ def test_a_hundred_long_runs_render_fast(tmp_path: Path, slurm: FakeSlurm, capsy
     elapsed, used = time.perf_counter() - started, cpu_s() - started_cpu
     # squeue, and sacct for the cost (its usage of every job, running ones too).
     assert code == 0 and len(out.splitlines()) == 101 and [c[0] for c in slurm.calls()] == ["squeue", "sacct"]
-    # The CPU time it costs, not the wall time: on a loaded machine that is the others' too.
-    assert used < 2.0, f"{used:.2f} s of CPU for 100 runs"
-    print(f"100 runs: {elapsed:.3f} s, {used:.3f} s of CPU")
+    # The CPU time it costs, not the wall time: on a loaded machine that is the others' too. Against
+    # a baseline taken in the same run, as this machine's pace drifts by a third from run to run
+    # (1.8 to 2.9 s of CPU for the same work, and an absolute bound of 2 s failed in CI): reading
+    # the 100 metrics files once, which any status must do (300,000 lines of JSON).
+    read_started = cpu_s()
+    for i in range(100):
+        read_jsonl(tmp_path / "runs" / f"{i:03d}" / "metrics.jsonl")
+    baseline = cpu_s() - read_started
+    print(f"100 runs: {elapsed:.3f} s, {used:.3f} s of CPU, {used / baseline:.2f}x reading their metrics once")
+    assert used < 2.5 * baseline, f"{used:.2f} s of CPU for 100 runs, {used / baseline:.2f}x reading their metrics"
 
 
 def cpu_s() -> float:

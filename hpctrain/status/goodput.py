@@ -51,6 +51,7 @@ from hpctrain.run.jsonlines import read_jsonl
 from hpctrain.run.paths import RunDir
 
 Metrics = list[dict[str, Any]]  # metrics.jsonl's records
+Logged = tuple[float, int, dict[str, Any]]  # a record with a step: its time (0 without one), step, record
 
 
 @dataclass(frozen=True)
@@ -104,14 +105,17 @@ def goodput_of(run: RunDir, now: float | None = None) -> Goodput:
 def goodput(events: Sequence[Event], metrics: Metrics, now: float | None = None) -> Goodput:
     """`now`: the run is still going (its last life has no ending yet) and this is the time."""
     segments = _segments(events)
-    final_step = _final_step(segments, metrics)
+    # Each record's time and step read once: every life scans them, and a long run logs
+    # hundreds of thousands (`hpctrain-status` reads a hundred runs at a time).
+    logged = [(_time(r) or 0.0, step, r) for r in metrics if (step := _int(r.get("step"))) is not None]
+    final_step = _final_step(segments, logged)
     kept_to = _lineage([seg.start.resumed_from_step for seg in segments], final_step)
     lives: list[Life] = []
     for index, segment in enumerate(segments):
         previous = segments[index - 1] if index else None
         is_last = index == len(segments) - 1
         until = float("inf") if is_last else segments[index + 1].start.time
-        lives.append(_life(segment, previous, kept_to[index], metrics, until, now if is_last else None))
+        lives.append(_life(segment, previous, kept_to[index], logged, until, now if is_last else None))
     waits = [max(0.0, later.began - earlier.ended) for earlier, later in zip(lives, lives[1:])]
     allocated = sum(life.allocated_s for life in lives)
     kept = sum(life.kept_s for life in lives)
@@ -148,15 +152,15 @@ def _segments(events: Sequence[Event]) -> list[Segment]:
     return segments
 
 
-def _final_step(segments: list[Segment], metrics: Metrics) -> int:
+def _final_step(segments: list[Segment], logged: list[Logged]) -> int:
     if not segments:
         return 0
     last = segments[-1]
     finishes = [e.step for e in last.after if isinstance(e, (Finish, Pruned))]
     if finishes:
         return finishes[-1]
-    logged = [_int(r.get("step")) or 0 for r in metrics if (_time(r) or 0.0) >= last.start.time]
-    return max([last.start.resumed_from_step, *logged])
+    steps = [step for time, step, _ in logged if time >= last.start.time]
+    return max([last.start.resumed_from_step, *steps])
 
 
 def _lineage(resumed_from: list[int], final_step: int) -> list[int]:
@@ -175,7 +179,7 @@ def _life(
     segment: Segment,
     previous: Segment | None,
     kept_to: int,
-    metrics: Metrics,
+    logged: list[Logged],
     until: float,
     now: float | None,
 ) -> Life:
@@ -184,9 +188,9 @@ def _life(
     # Events of another job before the next start (a resubmitted job that failed before its
     # first start) are not this life's; events without a job (checkpoints) are.
     same_job = [e for e in segment.after if _of_job(e, start.job_id)]
-    mine = [r for r in metrics if started <= (_time(r) or 0.0) <= until and _int(r.get("step")) is not None]
-    ended, ending = _end(same_job, mine, started, now)
-    mine = [r for r in mine if (_time(r) or 0.0) <= ended]
+    in_life = [(time, record) for time, _, record in logged if started <= time <= until]
+    ended, ending = _end(same_job, [record for _, record in in_life], started, now)
+    mine = [record for time, record in in_life if time <= ended]
     own = [e for e in same_job if not _by_slurm(e)]
     endings = [e for e in same_job if isinstance(e, ENDINGS)]
     cause = getattr(endings[-1], "cause", None) if endings else None

@@ -16,7 +16,7 @@ from hpctrain.run.paths import RunDir
 from hpctrain.status import drain_note, slurm_query, starved_note
 from hpctrain.status.checkpoint_age import newest_checkpoint
 from hpctrain.status.cost import Cost, read_plan, run_cost
-from hpctrain.status.goodput import goodput
+from hpctrain.status.goodput import Goodput, goodput
 from hpctrain.status.journal_summary import JournalSummary, summarize
 from hpctrain.status.metrics_tail import read_tail
 from hpctrain.status.run_state import decide
@@ -113,12 +113,17 @@ def _row(run: Path, journal: JournalSummary, answer: slurm_query.SlurmAnswer, no
     checkpoint = newest_checkpoint(RunDir(run).checkpoints)
     steps = [s for s in (metrics.step, journal.last_step) if s is not None]
     events, records = read_events(RunDir(run).events), read_jsonl(RunDir(run).metrics)
-    figures = goodput(events, records)
-    # A running life holds its allocation until now; the goodput figures stop at its last record.
-    running = state.label.startswith("RUNNING")
+    # A running life holds its allocation until now (its cost); the goodput figures shown stop at
+    # its last record, and are worked out only when shown.
+    figures: Goodput | None
+    if state.label.startswith("RUNNING"):
+        until_now = goodput(events, records, now)
+        figures = goodput(events, records) if with_goodput else None
+    else:
+        figures = until_now = goodput(events, records)
     cost = run_cost(
         events,
-        goodput(events, records, now) if running else figures,
+        until_now,
         read_plan(RunDir(run).config),
         answer.usage,
         journal.jobs,
@@ -138,7 +143,7 @@ def _row(run: Path, journal: JournalSummary, answer: slurm_query.SlurmAnswer, no
         samples_per_s=metrics.samples_per_s,
         checkpoint_step=checkpoint.step if checkpoint else None,
         checkpoint_age_s=max(0.0, now - checkpoint.written_at) if checkpoint else None,
-        goodput=figures.to_json() if with_goodput else None,
+        goodput=figures.to_json() if with_goodput and figures is not None else None,
         cost=cost,
     )
 
