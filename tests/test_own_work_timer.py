@@ -90,7 +90,7 @@ def a_core_shared_with_a_busy_process(pin_self: bool = True) -> Iterator[None]:
 # keep the core set their maker had then.
 WORKERS_KEPT_WAITING = """
 import os, threading, time, torch
-from hpctrain.trainer.straggler_watch import WorkersWait
+from hpctrain.trainer.workers_wait import WorkersWait
 os.sched_setaffinity(0, {CORE})
 torch.set_num_threads(2)
 waits = WorkersWait()  # made by the training thread: its own wait is in its steps' times

@@ -64,14 +64,15 @@ def launch_local(
     def signal_of_stop(reason: StopReason | None) -> int | None:
         return None if reason is None else signal_of(reason, timelimit_signal)
 
+    task_rank = world_rank(os.environ)
     if early is not None:
         # A stop that came while this command started: said and honoured before torch is imported
         # (seconds, or tens of them on a loaded node, which Slurm's GraceTime may not leave).
-        rank = world_rank(os.environ) or int(os.environ.get("RANK", "0"))
+        rank = task_rank or int(os.environ.get("RANK", "0"))
         held = early_stop.held_stop(run_dir, early, timelimit_signal, LifeStamp.from_env(), rank)
         if held is not None:
             return signal_of_stop(held)
-    if world_rank(os.environ) is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+    if task_rank is not None or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         from hpctrain.dist.context import DistContext
 
         return signal_of_stop(worker.run(run_dir, DistContext.from_env(), early))

@@ -15,7 +15,7 @@ gradients reduced in fp32; the sharded parameters and the optimizer state stay f
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -24,6 +24,9 @@ from hpctrain.config import TrainerConfig
 from hpctrain.dist import buffers
 from hpctrain.dist.context import DistContext
 from hpctrain.errors import UserError
+
+if TYPE_CHECKING:
+    from hpctrain.trainer.straggler_watch import OwnWorkTimer
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +147,7 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def time_gathers(model: nn.Module, timer: Any) -> None:
+def time_gathers(model: nn.Module, timer: OwnWorkTimer) -> None:
     """Each unit's gather before its forward timed as a wait (`timer.wait_begins()`,
     `timer.wait_ends()`: hpctrain.trainer.straggler_watch.OwnWorkTimer): a rank waits there for
     its slowest peer, so its own work is its forward without it. FSDP's own pre-forward hook (the
