@@ -148,3 +148,50 @@ def test_the_waits_inside_a_step_are_left_out_and_waits_outside_any_step_ignored
     timer.end()
     (timed,) = timer.take()
     assert 0.045 <= timed < 0.15, timed
+
+
+# Two real ranks on gloo: rank 1 comes to each forward 0.3 s late, so rank 0 waits in DDP's
+# broadcast of its BatchNorm buffers. Rank 0 times a forward with the broadcast bracketed
+# (hpctrain.trainer.components.time_buffer_sync) and one without: only the second holds the wait.
+LATE_PEER = """
+import os, sys, time, torch, torch.distributed as dist
+from torch import nn
+from hpctrain.trainer.components import time_buffer_sync
+from hpctrain.trainer.straggler_watch import OwnWorkTimer
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=rank, world_size=2)
+def model():
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(144, 2))
+bracketed, plain = nn.parallel.DistributedDataParallel(model()), nn.parallel.DistributedDataParallel(model())
+timer = OwnWorkTimer(torch.device("cpu"))
+time_buffer_sync(bracketed, timer)
+times = []
+for ddp in (bracketed, plain):
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.3)
+    timer.begin()
+    loss = ddp(torch.randn(8, 1, 8, 8)).sum()
+    timer.end()
+    loss.backward()
+    times += timer.take()
+print(*times)
+"""
+
+
+def test_a_forward_waiting_in_ddps_broadcast_of_buffers_is_not_own_work(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    script = tmp_path / "late_peer.py"
+    script.write_text(LATE_PEER)
+    ranks = [
+        subprocess.Popen([sys.executable, str(script), str(r), port], stdout=subprocess.PIPE, text=True) for r in (0, 1)
+    ]
+    outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    bracketed, plain = map(float, outputs[0].split())
+    assert plain > 0.25, plain  # the clock sees the wait: the bracket has something to take out
+    assert bracketed < 0.15, bracketed

@@ -17,6 +17,7 @@ from hpctrain.data.splits import Splits
 from hpctrain.dist.context import DistContext
 from hpctrain.trainer import sharding
 from hpctrain.trainer.model_io import PLAIN, Contract
+from hpctrain.trainer.straggler_watch import OwnWorkTimer
 
 
 @dataclass
@@ -100,3 +101,15 @@ def grad_sync(ddp: DistributedDataParallel | None, last: bool) -> AbstractContex
     if last or ddp is None:
         return contextlib.nullcontext()
     return ddp.no_sync()
+
+
+def time_buffer_sync(ddp: DistributedDataParallel, timer: OwnWorkTimer) -> None:
+    """DDP's broadcast of rank 0's buffers before each forward (a model with BatchNorm) timed as a
+    wait (hpctrain.trainer.straggler_watch.OwnWorkTimer): each rank waits there for the others, so
+    whichever arrives first looks slow (a timm ResNet's rank 0 read 2x its peer under load). DDP
+    does it in its own forward before it calls the module: a hook before DDP's forward and one
+    before the module's bracket it."""
+    if not (ddp.broadcast_buffers and any(True for _ in ddp.module.buffers())):
+        return
+    ddp.register_forward_pre_hook(torch.compiler.disable(lambda *_: timer.wait_begins()))
+    ddp.module.register_forward_pre_hook(torch.compiler.disable(lambda *_: timer.wait_ends()), prepend=True)

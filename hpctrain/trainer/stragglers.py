@@ -57,11 +57,6 @@ def slowdowns(
         if peers > 0 and own > threshold * peers and own - peers >= min_excess_s:
             found[rank] = round(own / peers, 3)
     return found
-    for rank, own in known.items():
-        peers = statistics.median([t for other, t in known.items() if other != rank])
-        if peers > 0 and own > threshold * peers and own - peers >= min_excess_s:
-            found[rank] = round(own / peers, 3)
-    return found
 
 
 @dataclass

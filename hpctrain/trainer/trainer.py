@@ -112,6 +112,9 @@ class Trainer:
         if self.stepper.sharded_model and self.stragglers.timer is not None:
             # A rank's forwards wait in its peers' gathers: timed apart (hpctrain.trainer.straggler_watch).
             sharding.time_gathers(parts.model, self.stragglers.timer)
+        elif parts.ddp is not None and self.stragglers.timer is not None:
+            # A model with buffers waits in DDP's broadcast of them before each forward: timed apart.
+            components.time_buffer_sync(parts.ddp, self.stragglers.timer)
         self.memory = memory_copies.tier_for(self.config, self.ctx, self.run, nodes, parts.raw_model, parts.optimizer)
         self.metrics = open_sinks(self.config, self.run.root, self.state.step, self.ctx.is_main)
         bar = self.config.trainer.progress_bar
