@@ -49,6 +49,7 @@ BAD = [
     ("slurm.restart_budget.crash=-1", "slurm.restart_budget.crash: must be >= 0 (got -1)"),
     ("metrics.wandb_mode=cloud", "metrics.wandb_mode: must be offline or online (got 'cloud')"),
     ("trainer.nprocs=0", "trainer.nprocs: must be >= 1 (got 0)"),
+    ("trainer.straggler_action=move", "trainer.straggler_action: must be report or relaunch (got 'move')"),
 ]
 
 

@@ -99,6 +99,11 @@ class TrainerConfig:
     # The steps each rank's time is taken over (their mean, the slowest left out; one small
     # all-gather per window).
     straggler_window_steps: int = 20
+    # What a named straggler brings about: "report" (the `straggler` record, hpctrain-status) or
+    # "relaunch": with slurm.spare_nodes and a spare free, the batch script's watcher has the ranks
+    # save at the next step and relaunches without the straggler's node (cause `straggler`,
+    # hpctrain.recovery.straggler_move); without a free spare, as "report".
+    straggler_action: str = "report"
     # With fsdp: class names of the submodules sharded as units of their own (gathered one at a
     # time); empty means every module held in an nn.ModuleList (a transformer's blocks). The rest
     # of the model (embeddings, head: tied weights stay together) is the root's unit.
@@ -227,6 +232,11 @@ class TrainerConfig:
             f"must be bf16, fp16 or fp32 (got {self.precision!r})",
         )
         require(self.strategy in ("ddp", "fsdp"), "trainer.strategy", f"must be ddp or fsdp (got {self.strategy!r})")
+        require(
+            self.straggler_action in ("report", "relaunch"),
+            "trainer.straggler_action",
+            f"must be report or relaunch (got {self.straggler_action!r})",
+        )
         require(
             not (self.strategy == "fsdp" and self.compile),
             "trainer.compile",

@@ -29,3 +29,17 @@ def slurm_settings(config: Path) -> SlurmConfig:
         raise ValueError(f"{config}: {error}") from None
     assert isinstance(settings, SlurmConfig)  # to_object of SlurmConfig's schema
     return settings
+
+
+def straggler_action(config: Path) -> str:
+    """config.yaml's trainer.straggler_action (report or relaunch; "report" where the run's config
+    has none): read alone, as the `slurm` node is, by the batch script's watcher."""
+    try:
+        loaded = OmegaConf.load(config)
+        trainer = (loaded.get("trainer") if isinstance(loaded, DictConfig) else None) or {}
+        action = str(trainer.get("straggler_action", "report"))
+    except (yaml.YAMLError, OmegaConfBaseException) as error:
+        raise ValueError(f"{config}: {str(error).splitlines()[0]}") from None
+    if action not in ("report", "relaunch"):
+        raise ValueError(f"{config}: trainer.straggler_action: must be report or relaunch (got {action!r})")
+    return action

@@ -39,6 +39,7 @@ from hpctrain.recovery.history import (
     relaunched_for,
     saved_for,
     silent_nodes,
+    stragglers_left,
     unhealthy_nodes,
 )
 from hpctrain.recovery.judge import classify, keep_out, launch_lost, lost_nodes, relaunch, requeue_shape
@@ -100,7 +101,9 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
         # srun started no task (slurmctld away; the control step waited for its answer): nothing
         # failed, nothing is charged. Launched again in the job; without the time or the nodes
         # for it, requeued (no budget either).
-        again = relaunch(history, outcome, cluster, keep_out(outcome, cluster, []), [], Cause.LAUNCH)
+        again = relaunch(
+            history, outcome, cluster, keep_out(outcome, cluster, []) | stragglers_left(history), [], Cause.LAUNCH
+        )
         if again:
             said = f"launch again on {','.join(again.nodes)} (its srun started no task)"
             return Decision(Action.RELAUNCH, (again,), tuple(again.excluded), said, step_nodes=len(again.nodes))
@@ -108,8 +111,8 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
         requeue = Requeue(**mark, cause=Cause.LAUNCH, excluded=sorted(shaped), nodes=nodes)
         return Decision(Action.REQUEUE, (requeue,), tuple(sorted(shaped)), "requeue (its srun started no task)")
     cause = classify(since, outcome, lost, preempting=cluster.preempting)
-    if cause is Cause.DRAIN:
-        return _leave_drained(history, outcome, cluster)
+    if cause in (Cause.DRAIN, Cause.STRAGGLER):
+        return _leave_nodes(history, outcome, cluster, cause)
     written: list[Event] = []
     if lost:
         heard_silent = silent_nodes(since)
@@ -141,7 +144,7 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
         return Decision(Action.FAIL, tuple(written), message=spent)
     # A node that keeps breaking lives stays out, though Slurm lists it in service again.
     breaking = nodes_failing_in_a_row((*history.events, *written), budgets.keep_out_after_lives)
-    kept_out = keep_out(outcome, cluster, lost) | breaking
+    kept_out = keep_out(outcome, cluster, lost) | breaking | stragglers_left(history)
     # A node lost, or a rank hung on nodes that all live: train again in this job at once (a
     # requeue waits for Slurm's hold on a requeued job, about 120 s, then the queue). A hang right
     # after a hang's relaunch is not tried a third time here: requeued, it gets a new allocation.
@@ -170,20 +173,23 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
     return Decision(Action.REQUEUE, tuple(written), tuple(excluded), f"requeue ({cause.value}{given_up})")
 
 
-def _leave_drained(history: History, outcome: Outcome, cluster: ClusterView) -> Decision:
-    """The ranks saved and stopped at the watcher's word: a training node drains and a spare was
-    free (hpctrain.recovery.drain_watch). Relaunched at once without the drained nodes (relaunch
-    leaves out every node that is not in service), charged to no budget: nothing failed, and
-    the drained node never comes back into the step. Without the nodes for it by now (the spare
-    failed meanwhile), requeued without them, charged to nothing either."""
-    kept_out = keep_out(outcome, cluster, [])
-    again = relaunch(history, outcome, cluster, kept_out, [], Cause.DRAIN)
+def _leave_nodes(history: History, outcome: Outcome, cluster: ClusterView, cause: Cause) -> Decision:
+    """The ranks saved and stopped at the watcher's word: a training node drains, or a rank's node
+    was named a straggler, and a spare was free (hpctrain.recovery.drain_watch,
+    hpctrain.recovery.straggler_move). Relaunched at once without those nodes (relaunch leaves
+    out every node that is not in service; a straggler's is kept out by name), charged to no
+    budget: nothing failed, and the node never comes back into this life's steps. Without the
+    nodes for it by now (the spare failed meanwhile), requeued without them, charged to nothing
+    either."""
+    kept_out = keep_out(outcome, cluster, []) | stragglers_left(history)
+    again = relaunch(history, outcome, cluster, kept_out, [], cause)
     if again:
-        said = f"relaunch on {','.join(again.nodes)} (drain: {','.join(cluster.drained(cluster.original))} left)"
+        left = cluster.drained(cluster.original) if cause is Cause.DRAIN else sorted(stragglers_left(history))
+        said = f"relaunch on {','.join(again.nodes)} ({cause.value}: {','.join(left)} left)"
         return Decision(Action.RELAUNCH, (again,), tuple(again.excluded), said, step_nodes=len(again.nodes))
     shaped, nodes = requeue_shape(kept_out, outcome, cluster)  # Slurm starts nothing on a drained node
-    requeue = Requeue(**marks(history), cause=Cause.DRAIN, excluded=sorted(shaped), nodes=nodes)
-    return Decision(Action.REQUEUE, (requeue,), tuple(sorted(shaped)), "requeue (drain: no spare left for it)")
+    requeue = Requeue(**marks(history), cause=cause, excluded=sorted(shaped), nodes=nodes)
+    return Decision(Action.REQUEUE, (requeue,), tuple(sorted(shaped)), f"requeue ({cause.value}: no spare left for it)")
 
 
 def decide_cancelled(history: History, requeued_by_slurm: bool = False, timed_out: bool = False) -> Decision:

@@ -15,6 +15,8 @@ preemption); the after-step sees the `draining` record (hpctrain.recovery.judge.
 Without a free spare nothing moves: hpctrain-status says the node drains (hpctrain.status.drain_note).
 `drain_move` is the decision, a pure function (tests/test_drain_watch.py); `DrainWatch` asks Slurm
 from a thread of its own, so that a slow slurmctld never delays the watcher's heartbeat judging.
+With trainer.straggler_action=relaunch the same look leaves a node whose rank the straggler watch
+named (hpctrain.recovery.straggler_move); a drain goes first.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hpctrain.recovery.facts import NodeState, Service, parse_sinfo_nodes
-from hpctrain.run.events import Draining, Journal
+from hpctrain.recovery.straggler_move import JournalTail, StragglerMove, named_stragglers, straggler_move
+from hpctrain.run.events import Draining, Event, Journal, Start, Straggler, StragglerCleared, StragglerLeaving
 from hpctrain.slurm import client
 from hpctrain.slurm.client import Purpose
 from hpctrain.slurm.env import SlurmEnvError, parse_node_list
@@ -65,10 +68,14 @@ class DrainWatch:
         poll_s: float,
         step: Callable[[], tuple[str, list[str]] | None],
         env: dict[str, str],
+        leave_stragglers: bool = False,
     ) -> None:
         self.journal, self.job_id, self.restart, self.poll_s = journal, job_id, restart, poll_s
         self.step, self.env = step, env
         self.moved: set[str] = set()  # steps this watch asked to stop
+        # trainer.straggler_action=relaunch: the journal's straggler records, read as they come.
+        self.tail = JournalTail(journal.path) if leave_stragglers else None
+        self.life_records: list[Event] = []  # the newest life's start and straggler records
         self._stop = threading.Event()
 
     def start(self) -> None:
@@ -82,14 +89,27 @@ class DrainWatch:
                 continue
             step_id, step_nodes = running
             try:
-                move = self._look(step_nodes)
+                move = self._look(step_nodes, self._stragglers())
             except (SlurmEnvError, OSError) as error:  # a node list hpctrain cannot read: never the watcher's end
                 print(f"hpctrain: the drain watch could not look at the nodes: {error}", file=sys.stderr, flush=True)
                 continue
-            if move is not None:
+            if isinstance(move, DrainMove):
                 self._move(step_id, move)
+            elif move is not None:
+                self._leave_stragglers(step_id, move)
 
-    def _look(self, step_nodes: list[str]) -> DrainMove | None:
+    def _stragglers(self) -> dict[str, float]:
+        """The nodes of the running life with a rank named slow (none unless straggler_action=relaunch)."""
+        if self.tail is None:
+            return {}
+        for event in self.tail.new_events():
+            if isinstance(event, Start):
+                self.life_records = [event]
+            elif isinstance(event, (Straggler, StragglerCleared)):
+                self.life_records.append(event)
+        return named_stragglers(self.life_records)
+
+    def _look(self, step_nodes: list[str], stragglers: dict[str, float]) -> DrainMove | StragglerMove | None:
         job_nodes = self._job_nodes()
         listed = client.nodes(NodeColumns.STATES, Purpose.IN_JOB, names=sorted(set(job_nodes) | set(step_nodes)))
         if not listed.ok:
@@ -98,7 +118,8 @@ class DrainWatch:
             states = parse_sinfo_nodes(listed.value)
         except ValueError:
             return None
-        return drain_move(step_nodes, job_nodes, states)
+        drain = drain_move(step_nodes, job_nodes, states)
+        return drain if drain is not None else straggler_move(stragglers, step_nodes, job_nodes, states)
 
     def _job_nodes(self) -> list[str]:
         """The nodes the job holds now (a failed one leaves under --no-kill); the start's list
@@ -125,6 +146,30 @@ class DrainWatch:
             file=sys.stderr,
             flush=True,
         )
+        self._stop_step(step_id)
+
+    def _leave_stragglers(self, step_id: str, move: StragglerMove) -> None:
+        self.moved.add(step_id)
+        self.journal.write_event(
+            StragglerLeaving(
+                job_id=self.job_id,
+                restart=self.restart,
+                nodes=move.nodes,
+                slowdown=move.slowdown,
+                spares=move.spares,
+                step_id=step_id or None,
+            )
+        )
+        said = ", ".join(f"{node} ({times:.2f}x)" for node, times in zip(move.nodes, move.slowdown, strict=True))
+        print(
+            f"hpctrain: stragglers on {said}: saving at the next step and going on on {','.join(move.spares)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._stop_step(step_id)
+
+    def _stop_step(self, step_id: str) -> None:
+        """The step's tasks asked to save at the next step boundary and stop."""
         # To the step's tasks through Slurm, as a preemption's SIGTERM comes: srun itself would
         # take a SIGTERM as the end of the step and kill its tasks before they could save.
         step = f"{self.env.get('SLURM_JOB_ID', self.job_id)}.{step_id}"

@@ -25,6 +25,7 @@ from hpctrain.run.events import (
     Silent,
     Start,
     Stop,
+    StragglerLeaving,
 )
 
 
@@ -99,8 +100,8 @@ def checkpoint_interval_s(events: Sequence[Event]) -> float | None:
 # Lives that end for these made no mistake of the run's: they never count as lives without
 # progress (nor break a row of them). A preemption or the time limit without a save (GraceTime 0)
 # loses the life's steps by the site's doing; a launch that started no task trained nothing; a
-# drained node is left after a save, by an administrator's doing.
-_NOT_THE_RUNS = (Cause.PREEMPT, Cause.TIMELIMIT, Cause.LAUNCH, Cause.DRAIN)
+# drained node is left after a save, by an administrator's doing; a straggler's node likewise.
+_NOT_THE_RUNS = (Cause.PREEMPT, Cause.TIMELIMIT, Cause.LAUNCH, Cause.DRAIN, Cause.STRAGGLER)
 
 
 def lives_without_progress(events: Sequence[Event], this_life: tuple[str, int], ending_for: Cause) -> int:
@@ -161,6 +162,18 @@ def unhealthy_nodes(since: Sequence[Event]) -> set[str]:
 def silent_nodes(since: Sequence[Event]) -> set[str]:
     """The nodes the batch script's heartbeat watcher declared silent in this step."""
     return {node for e in since if isinstance(e, Silent) for node in e.nodes}
+
+
+def stragglers_left(history: History) -> set[str]:
+    """The nodes this life (this start of the batch script, its relaunches included) left for a
+    straggler (`straggler_leaving`): kept out of its later relaunches too, though Slurm lists them
+    in service. A requeued job's new allocation may have them again: by then they may be well."""
+    return {
+        node
+        for e in history.events
+        if isinstance(e, StragglerLeaving) and e.job_id in history.names and e.restart == history.restart
+        for node in e.nodes
+    }
 
 
 def previous_life(history: History) -> Sequence[Event]:

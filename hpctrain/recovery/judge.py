@@ -18,7 +18,7 @@ from hpctrain.recovery.history import (
     unhealthy_nodes,
 )
 from hpctrain.run.causes import Cause, StopReason, stop_cause
-from hpctrain.run.events import Draining, Event, Relaunch, Start
+from hpctrain.run.events import Draining, Event, Relaunch, Start, StragglerLeaving
 from hpctrain.run.exitcodes import WORKER_HUNG, WORKER_SAVED_AND_STOPPED
 
 # srun's exit code for a task ended by SIGTERM's default action (128 + 15).
@@ -37,6 +37,8 @@ def classify(since: Sequence[Event], outcome: Outcome, lost: list[str], preempti
     if not peer_died and stopped is Cause.PREEMPT:
         if not lost and preempting is not True and any(isinstance(e, Draining) for e in since):
             return Cause.DRAIN  # the watcher's SIGTERM: a training node drains, a spare is free
+        if not lost and preempting is not True and any(isinstance(e, StragglerLeaving) for e in since):
+            return Cause.STRAGGLER  # the watcher's SIGTERM: a straggler's node, a spare is free
         return Cause.PREEMPT  # SIGTERM to the tasks but not to this shell: Slurm's preemption
     if preempting and not lost and outcome.exit_code in (None, SIGTERMED):
         # Inside a preemption's grace: no step launched (`control begin` saw the grace), or one

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpctrain import faults
-from hpctrain.config.slurm_file import slurm_settings
+from hpctrain.config.slurm_file import slurm_settings, straggler_action
 from hpctrain.recovery.drain_watch import DrainWatch
 from hpctrain.recovery.hearing import StepHearing
 from hpctrain.run import hang_reports
@@ -94,9 +94,11 @@ class Watcher:
         self.senders: dict[int, tuple[str, int]] = {}  # the current step's ranks: where their beats come from
         self.sock: socket.socket | None = None
         self.life = life
-        # With spares: a training node an administrator drains is left for one (drain_watch).
+        # With spares: a training node an administrator drains is left for one (drain_watch), and
+        # with trainer.straggler_action=relaunch one whose rank is named slow (straggler_move).
         poll_s = float(settings.drain_poll_s) if settings.spare_nodes > 0 else 0.0
-        self.drains = DrainWatch(self.journal, self.job_id, self.restart, poll_s, self._running_step, self.env)
+        leave = straggler_action(run_dir / "config.yaml") == "relaunch"
+        self.drains = DrainWatch(self.journal, self.job_id, self.restart, poll_s, self._running_step, self.env, leave)
 
     def _running_step(self) -> tuple[str, list[str]] | None:
         """The step now training and its nodes (for the drain watch's thread)."""

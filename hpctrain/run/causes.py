@@ -100,6 +100,10 @@ class Cause(Word):
     # A training node drained by an administrator, left for a free spare at a step boundary after
     # a forced save (hpctrain.recovery.drain_watch): no step redone, charged to no budget.
     DRAIN = "drain"
+    # A training node whose rank the straggler watch named, left for a free spare at a step
+    # boundary after a forced save (trainer.straggler_action=relaunch,
+    # hpctrain.recovery.straggler_move): no step redone, charged to no budget.
+    STRAGGLER = "straggler"
 
 
 # Causes that restart the job, each with its own budget (slurm.restart_budget.<cause>).

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from hpctrain.run.causes import Cause, CheckpointReason, StopReason
 from hpctrain.run.event_base import Event
 from hpctrain.run.jsonlines import JsonLines, read_jsonl
-from hpctrain.run.watch_events import Draining, Silent, Straggler, StragglerCleared
+from hpctrain.run.watch_events import Draining, Silent, Straggler, StragglerCleared, StragglerLeaving
 
 
 @dataclass(frozen=True)
@@ -276,6 +276,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Released,
         Straggler,
         StragglerCleared,
+        StragglerLeaving,
     )
 }
 

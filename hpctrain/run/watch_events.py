@@ -42,6 +42,21 @@ class Draining(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class StragglerLeaving(Event):
+    """The straggler watch named ranks on training nodes of the running step, and the job holds as
+    many free spares (trainer.straggler_action=relaunch, hpctrain.recovery.straggler_move): written
+    by the batch script's watcher before it asks the ranks to save and stop at the next step
+    boundary. The step's after-step then relaunches on the spares without those nodes (`relaunch`
+    with cause `straggler`), no step redone."""
+
+    name: ClassVar[str] = "straggler_leaving"
+    nodes: list[str]
+    slowdown: list[float]  # each node's slowest named rank's slowdown, in the same order
+    spares: list[str]  # the free spares that take their places
+    step_id: str | None = None  # the training step's SLURM_STEP_ID
+
+
+@dataclass(frozen=True, kw_only=True)
 class Straggler(Event):
     """Ranks persistently slower than their peers at the work of a step that waits on no one
     (hpctrain.trainer.stragglers): written once when the episode begins."""

@@ -1,6 +1,7 @@
 """hpctrain-status --detail: what the journal says about why a run is slow or why it stopped.
 
 straggler: rank 1 on node2 2.71x its peers from step 300, cleared at step 360
+straggler: rank 1 on node3 2.10x its peers from step 40, its node left for node4
 node_health: node2 failed its scratch check in job 41 restart 0: 0.2 GB free in /tmp (...)
 kept out: node2 (named by the failures of 2 lives in a row: slurm.health.keep_out_after_lives)
 stopped: 3 lives in a row ended (crash this one) without a newer checkpoint (no_progress)
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 
 from hpctrain.recovery.history import nodes_failing_in_a_row
 from hpctrain.run.causes import Cause
-from hpctrain.run.events import Event, Failure, Straggler, StragglerCleared
+from hpctrain.run.events import Event, Failure, Straggler, StragglerCleared, StragglerLeaving
 
 
 def diagnosis_lines(events: Sequence[Event], keep_out_after_lives: int = 2) -> list[str]:
@@ -22,15 +23,21 @@ def diagnosis_lines(events: Sequence[Event], keep_out_after_lives: int = 2) -> l
 def _stragglers(events: Sequence[Event]) -> list[str]:
     """One line per rank and episode, the newest 5 episodes."""
     open_: dict[int, str] = {}
+    on_node: dict[int, str] = {}  # an open episode's rank -> its node
     lines: list[str] = []
     for event in events:
         if isinstance(event, Straggler):
             for rank, node, slowdown in zip(event.ranks, event.nodes, event.slowdown):
                 open_[rank] = f"straggler: rank {rank} on {node} {slowdown:.2f}x its peers from step {event.step}"
+                on_node[rank] = node
         elif isinstance(event, StragglerCleared):
             for rank in event.ranks:
                 if rank in open_:
                     lines.append(f"{open_.pop(rank)}, cleared at step {event.step}")
+        elif isinstance(event, StragglerLeaving):  # trainer.straggler_action=relaunch: the node left
+            spares = dict(zip(event.nodes, event.spares))
+            for rank in [r for r in open_ if on_node[r] in spares]:
+                lines.append(f"{open_.pop(rank)}, its node left for {spares[on_node[rank]]}")
     lines += [f"{line}, still slow at the last window" for line in open_.values()]
     return lines[-5:]
 
