@@ -151,8 +151,9 @@ class TrainerConfig:
     # for. 0: none recorded. A TORCH_FR_BUFFER_SIZE of the user's own stands.
     collective_records: int = 64
     # In steady state, the wait for the next step is learned from the life's steps: max(this,
-    # 10 x the recent steps' 90th percentile), never above hang_timeout_s; after the start, an
-    # evaluation or a save, hang_timeout_s again (hpctrain.process.step_timeout). A rank stuck in
+    # 10 x the recent steps' 90th percentile), never above hang_timeout_s; during the start, an
+    # evaluation or a save, hang_timeout_s (the step after a periodic save or an evaluation is
+    # waited for as any step: hpctrain.process.step_timeout). A rank stuck in
     # a deadlock or a kernel call on a live node is then a hang in about a minute, not 15, as in
     # NVIDIA's resiliency extension (60 s). 0: off (hang_timeout_s for every step).
     step_hang_timeout_s: int = 60

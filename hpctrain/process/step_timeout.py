@@ -7,8 +7,10 @@ kernel call (its node alive, its heartbeat beater beating on) kept the job idle 
 So once a life has taken enough ordinary steps, the wait for the next one is
 max(`trainer.step_hang_timeout_s`, FACTOR x the recent steps' 90th percentile), never more than
 `trainer.hang_timeout_s`; after anything that is not a step (the start, an evaluation, a save)
-the whole `trainer.hang_timeout_s` again. NVIDIA's resiliency extension learns its timeouts from
-observed step times the same way; its default step section is 60 s.
+the whole `trainer.hang_timeout_s` again, unless it is a save or an evaluation in the middle of
+training that is over (`steps_follow`): the step after it waits the learned timeout as any step.
+NVIDIA's resiliency extension learns its timeouts from observed step times the same way; its
+default step section is 60 s.
 
 A pure decision over times, tested as a table (tests/test_step_timeout.py).
 """
@@ -68,6 +70,7 @@ class StepTimeout:
     _last_at: float | None = None
     _phase_s: float | None = None  # the timeout of the phase the last `other` began; None: cap_s
     _phase_key: str = ""  # the trainer key that set it (hpctrain.trainer.hooks.PHASE_KEYS)
+    _steps_follow: bool = False  # the last `other` ended a save or evaluation between steps
 
     def stepped(self, now: float) -> None:
         if self._last_was_step and self._last_at is not None:
@@ -76,15 +79,18 @@ class StepTimeout:
                 self._steps.append(now - self._last_at)
         self._last_was_step, self._last_at = True, now
 
-    def other(self, now: float, phase_s: float | None = None, key: str = "") -> None:
+    def other(self, now: float, phase_s: float | None = None, key: str = "", steps_follow: bool = False) -> None:
         """Progress that is no step; `phase_s`: how long what comes next may take (a first step
-        that compiles, an evaluation, a save), set by the trainer key `key`; else cap_s."""
+        that compiles, an evaluation, a save), set by the trainer key `key`; else cap_s.
+        `steps_follow`: a save or an evaluation between steps is over, and the next step is waited
+        for as any step (the learned timeout, once there is one); the time until it is no step's."""
         self._last_was_step, self._last_at, self._phase_s, self._phase_key = False, now, phase_s, key
+        self._steps_follow = steps_follow
 
     def source(self) -> str:
         """What set the timeout now in force, for the hang's one line: the key to change."""
         learned = self.learned_s()
-        if self._last_was_step and learned is not None:
+        if (self._last_was_step or self._steps_follow) and learned is not None:
             return f"{learned:.0f} s learned from this life's steps, trainer.step_hang_timeout_s={self.floor_s:g}"
         if not self._last_was_step and self._phase_s:
             return f"trainer.{self._phase_key}={self._phase_s:g}"
@@ -100,6 +106,6 @@ class StepTimeout:
         """How long the next step may be waited for: the learned timeout right after a step,
         trainer.hang_timeout_s after anything else."""
         learned = self.learned_s()
-        if self._last_was_step:
+        if self._last_was_step or self._steps_follow:
             return learned if learned is not None else self.cap_s
         return self._phase_s if self._phase_s else self.cap_s

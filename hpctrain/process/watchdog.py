@@ -32,7 +32,7 @@ from hpctrain.run.events import Failure, Journal
 from hpctrain.run.exitcodes import WORKER_HUNG
 from hpctrain.run.life import LifeStamp
 from hpctrain.run.paths import RunDir
-from hpctrain.trainer.hooks import PHASE_KEYS
+from hpctrain.trainer.hooks import PHASE_KEYS, STEPS_FOLLOW
 
 if TYPE_CHECKING:
     from hpctrain.config.schema import Config
@@ -69,9 +69,14 @@ class Watchdog:
 
     def beat(self, phase: str | None = None) -> None:
         """Progress that is not a step (a stage of the start, an evaluation, a save done), and
-        the phase that begins now (FIRST_STEP, EVALUATION, SAVE), which has its own timeout."""
+        the phase that begins now (FIRST_STEP, EVALUATION, SAVE), which has its own timeout;
+        STEPS_FOLLOW: a save or an evaluation between steps is done, steps follow."""
         with self._lock:
             self._last = time.monotonic()
+            if phase == STEPS_FOLLOW:
+                self.steps.other(self._last, steps_follow=True)
+                self.phase = "a training step"
+                return
             self.steps.other(self._last, self.phases_s.get(phase) if phase else None, PHASE_KEYS.get(phase or "", ""))
             if phase:
                 self.phase = phase

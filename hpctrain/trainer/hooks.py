@@ -16,6 +16,11 @@ from typing import Protocol
 # phase (a stage of the start, the steps after an evaluation or a save) waits
 # trainer.hang_timeout_s.
 FIRST_STEP, EVALUATION, SAVE = "first_step", "evaluation", "save"
+# Not a phase of its own: a save (or an evaluation) in the middle of training is done and steps
+# follow, each waited for as long as any step (the learned timeout). A hang right after a periodic
+# save once waited the whole trainer.hang_timeout_s (a rank stopped 14 ms after its save at step
+# 80 went unnoticed for 12 minutes).
+STEPS_FOLLOW = "steps_follow"
 PHASE_KEYS = {
     FIRST_STEP: "first_step_timeout_s",  # a life's first step: torch.compile, caches warming
     EVALUATION: "eval_timeout_s",

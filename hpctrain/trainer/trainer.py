@@ -28,7 +28,7 @@ from hpctrain.run.paths import RunDir
 from hpctrain.trainer import components, loaders, memory_copies, sharding
 from hpctrain.trainer.course import Course
 from hpctrain.trainer.evaluate import evaluate
-from hpctrain.trainer.hooks import EVALUATION, FIRST_STEP, SAVE, ProcessHooks
+from hpctrain.trainer.hooks import EVALUATION, FIRST_STEP, SAVE, STEPS_FOLLOW, ProcessHooks
 from hpctrain.trainer.progress import Progress
 from hpctrain.trainer.pruning import TrialPruner
 from hpctrain.trainer.resume import resume
@@ -202,7 +202,10 @@ class Trainer:
             started = time.perf_counter()
             record.update(self.evaluate())
             progress.pause(time.perf_counter() - started)
-            self.watchdog.beat()  # a long evaluation is progress, not a hang
+            # A long evaluation is progress, not a hang. Steps follow, each waited for as long as any
+            # step; a compiled model's first may compile again (its training flag is a guard of the
+            # graph): the whole trainer.hang_timeout_s for it.
+            self.watchdog.beat(None if self.config.trainer.compile else STEPS_FOLLOW)
         try:
             self.metrics.write(record)
         except OSError as error:
@@ -239,5 +242,6 @@ class Trainer:
         )
         if not background:
             self.checkpointer.wait()
-        self.watchdog.beat()
+        # Steps follow a periodic save: each is waited for as long as any step.
+        self.watchdog.beat(STEPS_FOLLOW if reason is CheckpointReason.PERIODIC else None)
         return blocked
