@@ -129,42 +129,34 @@ class DrainWatch:
         return parse_node_list(listed) if listed else []
 
     def _move(self, step_id: str, move: DrainMove) -> None:
-        self.moved.add(step_id)
-        self.journal.write_event(
-            Draining(
-                job_id=self.job_id,
-                restart=self.restart,
-                nodes=move.nodes,
-                reasons=move.reasons,
-                spares=move.spares,
-                step_id=step_id or None,
-            )
+        record = Draining(
+            job_id=self.job_id,
+            restart=self.restart,
+            nodes=move.nodes,
+            reasons=move.reasons,
+            spares=move.spares,
+            step_id=step_id or None,
         )
-        print(
-            f"hpctrain: Slurm drains {','.join(move.nodes)} ({'; '.join(move.reasons)}): saving at the next "
-            f"step and going on on {','.join(move.spares)}",
-            file=sys.stderr,
-            flush=True,
-        )
-        self._stop_step(step_id)
+        self._leave(step_id, record, f"Slurm drains {','.join(move.nodes)} ({'; '.join(move.reasons)})", move.spares)
 
     def _leave_stragglers(self, step_id: str, move: StragglerMove) -> None:
-        self.moved.add(step_id)
-        self.journal.write_event(
-            StragglerLeaving(
-                job_id=self.job_id,
-                restart=self.restart,
-                nodes=move.nodes,
-                slowdown=move.slowdown,
-                spares=move.spares,
-                step_id=step_id or None,
-            )
+        record = StragglerLeaving(
+            job_id=self.job_id,
+            restart=self.restart,
+            nodes=move.nodes,
+            slowdown=move.slowdown,
+            spares=move.spares,
+            step_id=step_id or None,
         )
         said = ", ".join(f"{node} ({times:.2f}x)" for node, times in zip(move.nodes, move.slowdown, strict=True))
+        self._leave(step_id, record, f"stragglers on {said}", move.spares)
+
+    def _leave(self, step_id: str, record: Draining | StragglerLeaving, why: str, spares: list[str]) -> None:
+        """Journal why the step's nodes are left (the after-step reads it), say so, stop the step."""
+        self.moved.add(step_id)
+        self.journal.write_event(record)
         print(
-            f"hpctrain: stragglers on {said}: saving at the next step and going on on {','.join(move.spares)}",
-            file=sys.stderr,
-            flush=True,
+            f"hpctrain: {why}: saving at the next step and going on on {','.join(spares)}", file=sys.stderr, flush=True
         )
         self._stop_step(step_id)
 
