@@ -86,7 +86,12 @@ def training_seconds(minutes: float, count: int) -> float:
 
 
 def schedule(
-    seed: int, minutes: float, count: int | None = None, overlap: float = 0.0, extra: tuple[str, ...] = ()
+    seed: int,
+    minutes: float,
+    count: int | None = None,
+    overlap: float = 0.0,
+    extra: tuple[str, ...] = (),
+    kinds_only: tuple[str, ...] = (),
 ) -> list[Fault]:
     """The soak's faults for `seed`: the same seed gives the same list. Kinds come in shuffled
     rounds of the whole catalogue, so every kind appears once in every len(KINDS) faults; the
@@ -96,9 +101,10 @@ def schedule(
     With `overlap` > 0 (the overlap soak: FULL_KINDS), each fault after the first comes, with that
     chance, OVERLAP_DELAY_S after the one before it, while the job still recovers from it. The
     overlaps are drawn from a stream of their own: the kinds and times are the same whatever the
-    chance (above 0)."""
+    chance (above 0). `kinds_only`: the catalogue is these kinds alone (--kinds: a kind's losses
+    measured several times in one soak)."""
     rng = random.Random(seed)
-    catalogue = (*(FULL_KINDS if overlap > 0 else KINDS), *extra)
+    catalogue = kinds_only or (*(FULL_KINDS if overlap > 0 else KINDS), *extra)
     count = fault_count(minutes, catalogue) if count is None else count
     window_s = training_seconds(minutes, count) - WARMUP_S
     kinds: list[str] = []
@@ -188,6 +194,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="the job keeps no state in its nodes' memory (trainer.memory_ckpt_every=0; on by default in a "
         "job with spares, as the soak's): every relaunch resumes from the disk",
     )
+    parser.add_argument(
+        "--kinds",
+        default="",
+        help=f"only these kinds, comma-separated (of {','.join((*FULL_KINDS, BATCH_FREEZE))}): each measured "
+        "several times in one soak, for its lost seconds' median and tail",
+    )
     parser.add_argument("--dir", default=None, help="the dev cluster's folder (scripts/devcluster.py)")
     parser.add_argument("--port-base", type=int, default=None, help="the dev cluster's first port")
     parser.add_argument("--out", type=Path, default=None, help="where the run dir and the reference go")
@@ -204,12 +216,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--steps: must be >= 1 (got {args.steps})")
     if args.faults is not None and args.faults < 1:
         parser.error(f"--faults: must be >= 1 (got {args.faults})")
+    args.kinds = tuple(kind for kind in args.kinds.split(",") if kind)
+    unknown = sorted(set(args.kinds) - {*FULL_KINDS, BATCH_FREEZE})
+    if unknown:
+        parser.error(
+            f"--kinds: no such kind {', '.join(unknown)} (the kinds: {', '.join((*FULL_KINDS, BATCH_FREEZE))})"
+        )
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    plan = schedule(args.seed, args.minutes, args.faults, args.overlap, (BATCH_FREEZE,) if args.batch_freeze else ())
+    extra = (BATCH_FREEZE,) if args.batch_freeze else ()
+    plan = schedule(args.seed, args.minutes, args.faults, args.overlap, extra, args.kinds)
     overlapping = sum(fault.overlap_s is not None for fault in plan)
     print(f"chaos: seed {args.seed}, {args.minutes:g} minutes, {len(plan)} faults, {overlapping} overlapping:")
     for fault in plan:

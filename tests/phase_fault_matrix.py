@@ -185,7 +185,8 @@ CELLS: dict[str, dict[str, Cell]] = {
         "node_down": Cell("requeue", "srun ends the step: `node_failure` (the node named), requeued", (START_NODE,)),
         "rank_kill": Cell(
             "requeue",
-            "`crash` charged (srun's SIGTERM to the peer is no preemption), requeued",
+            "`crash` charged (srun's SIGTERM to the peer is no preemption), relaunched in the job; the armed point "
+            "kills the relaunched step too: a second crash, requeued",
             (START_RANKS, f"{DECIDE}[a rank dying at start-up: srun's SIGTERM to the others is no preemption]"),
         ),
         "rank_stop": Cell(
@@ -214,7 +215,11 @@ CELLS: dict[str, dict[str, Cell]] = {
         "node_down": Cell(
             "requeue", "`node_failure` (the node named), requeued; from the newest checkpoint", (START_NODE,)
         ),
-        "rank_kill": Cell("requeue", "`crash` charged once, requeued; from the newest checkpoint", (START_RANKS,)),
+        "rank_kill": Cell(
+            "requeue",
+            "`crash` charged, relaunched in the job; requeued at the second crash; from the newest checkpoint",
+            (START_RANKS,),
+        ),
         "rank_stop": Cell(
             "requeue",
             "the peer's watchdog: `hang` after `trainer.hang_timeout_s`, not a crash; relaunched, then requeued "
@@ -234,7 +239,9 @@ CELLS: dict[str, dict[str, Cell]] = {
         "warning": Cell("requeue", "`timelimit` save at the first step boundary; nothing redone", (START,)),
         "node_down": Cell("requeue", "`node_failure`, requeued; from the checkpoint it was loading", (START_NODE,)),
         "rank_kill": Cell(
-            "requeue", "`crash` charged, requeued; nothing journaled by the lost load", (START_RANKS, POINTS_RUN)
+            "requeue",
+            "`crash` charged, relaunched; requeued at the second crash; nothing journaled by the lost load",
+            (START_RANKS, POINTS_RUN),
         ),
         "rank_stop": Cell(
             "requeue", "the peer's watchdog: `hang`, relaunched; requeued at the second hang", (START_RANKS,)
@@ -271,7 +278,11 @@ CELLS: dict[str, dict[str, Cell]] = {
                 KEEPER,
             ),
         ),
-        "rank_kill": Cell("requeue", "`crash` charged, from the newest checkpoint", (TRAINING,)),
+        "rank_kill": Cell(
+            "relaunch",
+            "`crash` charged, trained again in the same job from the newest checkpoint; a crash right after, requeued",
+            (TRAINING, f"{DECIDE}[crash]", f"{DECIDE}[a crash right after a crash's relaunch: requeue]"),
+        ),
         "rank_stop": Cell(
             "relaunch",
             "`hang` (the peer's watchdog), not a crash: trained again in the same job from the newest checkpoint",
@@ -310,7 +321,11 @@ CELLS: dict[str, dict[str, Cell]] = {
             "srun ends the step, the write with it: `node_failure`, requeued; the half-written one never counts",
             (START_NODE,),
         ),
-        "rank_kill": Cell("requeue", "the `.pt.tmp` never counts; resumed from the checkpoint before", (POINTS_RUN,)),
+        "rank_kill": Cell(
+            "relaunch",
+            "`crash`, relaunched; the `.pt.tmp` never counts; resumed from the checkpoint before",
+            (POINTS_RUN,),
+        ),
         "rank_stop": Cell(
             "relaunch",
             "the peer's watchdog: `hang`, trained again in the job; the write under way never counts",
@@ -399,8 +414,8 @@ CELLS: dict[str, dict[str, Cell]] = {
             (START_NODE,),
         ),
         "rank_kill": Cell(
-            "requeue",
-            "a `.pt` without its `.json`: resumed from when nothing newer is usable",
+            "relaunch",
+            "`crash`, relaunched; a `.pt` without its `.json`: resumed from when nothing newer is usable",
             ("tests/test_checkpoint.py::test_a_write_killed_between_its_two_renames_is_resumed_from",),
         ),
         "rank_stop": Cell(

@@ -10,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from slurmtools import REPO
 
@@ -166,3 +167,15 @@ def test_each_fault_is_charged_the_start_up_it_caused_and_the_steps_its_life_red
         "kill_rank": {"faults": 3, "p50_s": 20.0, "p95_s": 30.0},
         "node_drain": {"faults": 1, "p50_s": 0.0, "p95_s": 0.0},
     }
+
+
+def test_kinds_narrow_the_catalogue_and_a_wrong_kind_is_refused_naming_the_kinds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = chaos.parse(["--minutes", "12", "--seed", "3", "--faults", "6", "--kinds", "kill_rank,stop_rank"])
+    plan = chaos.schedule(args.seed, args.minutes, args.faults, args.overlap, (), args.kinds)
+    assert sorted(f.kind for f in plan) == ["kill_rank"] * 3 + ["stop_rank"] * 3  # whole rounds of the two
+    with pytest.raises(SystemExit):
+        chaos.parse(["--minutes", "6", "--seed", "1", "--kinds", "kill_rank,kill_node"])
+    said = capsys.readouterr().err
+    assert "--kinds: no such kind kill_node" in said and "batch_freeze" in said, said

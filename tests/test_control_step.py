@@ -484,13 +484,14 @@ def test_a_launch_lost_to_an_outage_waits_for_slurm_then_launches_again(
 def test_a_launch_whose_tasks_began_is_a_crash_whatever_slurm_says(tmp_path: Path, slurm: FakeSlurm) -> None:
     slurm.says("scontrol.show", Said(out=RUNNING)).says("sinfo", Said(out="node1|mixed|||0|none\n"))
     slurm.says("squeue", Said(out="59:00\n"))
+    slurm.says("srun", Said(out="hpctrain-node-check node1 ended=0 lingering=\n"))
     root = run_dir(tmp_path / "run")
     launched_at = time.time() - 25.0
     (root / f".launched-{launched_at:.6f}").touch()  # a task's mark: it began
     env = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_RESTART_COUNT": "0"}
     action = Controller(root, env=env).after_step(1, False, [], False, launched_at)
-    assert action == "requeue"
-    assert [(e["event"], e.get("cause")) for e in events(root)] == [("failure", "crash"), ("requeue", "crash")]
+    assert action.split()[0] == Action.RELAUNCH.value  # a crash is trained again in the job first
+    assert [(e["event"], e.get("cause")) for e in events(root)] == [("failure", "crash"), ("relaunch", "crash")]
     assert not list(root.glob(".launched-*"))  # judged: the mark is removed
 
 

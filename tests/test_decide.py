@@ -130,6 +130,15 @@ def out(code: int | None, **fields) -> Outcome:
 TIMELIMIT_SAVE = (start("node1", "node2", t=100.0), stop(55, "timelimit", 159.0), ckpt(55, "timelimit", 160.0))
 PREEMPT_SAVE = (start("node1", "node2", t=100.0), stop(55, "preempt", 159.0), ckpt(55, "preempt", 160.0))
 SPARE = {"allocated": ("node1", "node2", "node3"), "original": ("node1", "node2", "node3")}
+# This life crashed once and was relaunched in the job for it: a second crash is requeued.
+CRASHED_ONCE = (
+    start("node1", "node2", t=100.0),
+    failure("crash", t=160.0),
+    Relaunch(time=161.0, job_id=JOB, restart=0, cause=Cause.CRASH, nodes=["node1", "node2"]),
+)
+CRASH_2 = {**DEFAULTS, "crash": 2}
+RELAUNCHED = ["failure:crash", "relaunch:crash"]
+CRASHED = ["failure:crash", "requeue:crash"]
 
 ROWS = {
     # ---- every fault alone ----
@@ -175,7 +184,36 @@ ROWS = {
         out(WORKER_SAVED_AND_STOPPED, terminated=True),
         action=Action.STOP,
     ),
-    "crash": Row(EARLIER, (start("node1", "node2"),), out(1), events=["failure:crash", "requeue:crash"]),
+    # A crash on nodes that all live: trained again in this job at once, on the same nodes, as
+    # torchrun restarts its workers (a requeue waits out Slurm's hold, about 120 s, then the queue).
+    "crash": Row(
+        EARLIER, (start("node1", "node2"),), out(1), action=Action.RELAUNCH, events=["failure:crash", "relaunch:crash"]
+    ),
+    # The relaunched step crashed too: not tried a third time here; requeued, the run gets a new
+    # allocation (and the crash budget counts both).
+    "a crash right after a crash's relaunch: requeue": Row(
+        (*EARLIER, *CRASHED_ONCE), (start("node1", "node2", t=170.0),), out(1), budgets=CRASH_2, events=CRASHED
+    ),
+    "a crash after a hang's relaunch: relaunched once for the crash": Row(
+        (*EARLIER, start("node1", "node2", t=100.0), failure("hang", t=160.0, rank=1)),
+        (
+            Relaunch(time=161.0, job_id=JOB, restart=0, cause=Cause.HANG, nodes=["node1", "node2"]),
+            start("node1", "node2", t=170.0),
+        ),
+        out(1),
+        action=Action.RELAUNCH,
+        events=["failure:crash", "relaunch:crash"],
+    ),
+    "a crash with no time left for a checkpoint interval: requeue": Row(
+        EARLIER, (start("node1", "node2"),), out(1), time_left_s=40.0, events=CRASHED
+    ),
+    "the crash budget spent by the relaunch: no requeue": Row(
+        (*EARLIER, *CRASHED_ONCE),
+        (start("node1", "node2", t=170.0),),
+        out(1),
+        action=Action.FAIL,
+        events=["failure:crash", "failure:budget"],
+    ),
     # The ranks agreed to stop, then the save was killed (OOM, a rank SIGKILLed): no checkpoint,
     # no forced_save, only the `stop`; srun passes the kill on. Before: charged as a crash.
     "preemption whose save was killed": Row(
@@ -197,7 +235,7 @@ ROWS = {
     # --kill-on-bad-exit SIGTERMs rank 0, which leaves with a `preempt` stop; no PreemptTime, no
     # SIGTERM to the shell: the rank's death is the cause (before: charged to preempt).
     "a rank dying at start-up: srun's SIGTERM to the others is no preemption": Row(
-        EARLIER, (stop(40, "preempt", 101.0),), out(137), events=["failure:crash", "requeue:crash"]
+        EARLIER, (stop(40, "preempt", 101.0),), out(137), action=Action.RELAUNCH, events=RELAUNCHED
     ),
     "the same while Slurm did not answer: the stop's word is kept": Row(
         EARLIER, (stop(40, "preempt", 101.0),), out(137), preempting=None, events=["requeue:preempt"]
@@ -445,7 +483,8 @@ ROWS = {
         (*EARLIER, ckpt(55, "timelimit", 60.0), requeue("timelimit", 61.0)),
         (),
         out(1),
-        events=["failure:crash", "requeue:crash"],
+        action=Action.RELAUNCH,
+        events=RELAUNCHED,
     ),
     "time-limit warning during start-up: time limit": Row(
         EARLIER, (), out(140, warned=True), events=["requeue:timelimit"]
@@ -466,33 +505,36 @@ ROWS = {
         EARLIER, (), out(143), preempting=True, events=["requeue:preempt"]
     ),
     "a step SIGTERMed outside any grace is still a crash": Row(
-        EARLIER, (), out(143), events=["failure:crash", "requeue:crash"]
+        EARLIER, (), out(143), action=Action.RELAUNCH, events=RELAUNCHED
     ),
     "a crash inside a preemption's grace is still a crash": Row(
         EARLIER, (start("node1", "node2"),), out(1), preempting=True, events=["failure:crash", "requeue:crash"]
     ),
     "slurm.exclude is kept in the requeue's ExcNodeList": Row(
-        EARLIER,
+        (*EARLIER, *CRASHED_ONCE),
         (start("node1", "node2"),),
         out(1, user_exclude=("node9",)),
-        events=["failure:crash", "requeue:crash"],
+        budgets=CRASH_2,
+        events=CRASHED,
         excluded=("node9",),
     ),
     "a node excluded earlier and back in service is allowed again": Row(
-        EARLIER,
+        (*EARLIER, *CRASHED_ONCE),
         (start("node1", "node2"),),
         out(1, excluded=("node3",)),
         nodes="idle",
-        events=["failure:crash", "requeue:crash"],
+        budgets=CRASH_2,
+        events=CRASHED,
     ),
     "a node excluded earlier and still down stays out": Row(
-        EARLIER,
+        (*EARLIER, *CRASHED_ONCE),
         (start("node1", "node3"),),
         out(1, excluded=("node2",)),
         nodes="node_down_while_held",
         allocated=("node1", "node3"),
         original=("node1", "node3"),
-        events=["failure:crash", "requeue:crash"],
+        budgets=CRASH_2,
+        events=CRASHED,
         excluded=("node2",),
     ),
     # ---- combinations ----
@@ -1364,15 +1406,15 @@ def test_a_step_whose_srun_started_no_task_is_launched_again_charged_to_nothing(
 def test_a_launch_lost_twice_in_a_row_is_then_a_crash() -> None:
     twice = (_launched_again(200.0), _launched_again(300.0))
     decision = _lost_launch(twice)
-    assert [_named(e) for e in decision.events] == ["failure:crash", "requeue:crash"]
+    assert [_named(e) for e in decision.events] == ["failure:crash", "relaunch:crash"]
     # A `start` between them: the count begins again.
     decision = _lost_launch((_launched_again(200.0), start("node1", "node2", t=250.0), _launched_again(300.0)))
     assert [_named(e) for e in decision.events] == ["relaunch:launch"]
 
 
 def test_a_step_whose_tasks_began_is_judged_as_before() -> None:
-    assert [_named(e) for e in _lost_launch(task_began=True).events] == ["failure:crash", "requeue:crash"]
-    assert [_named(e) for e in _lost_launch(task_began=None).events] == ["failure:crash", "requeue:crash"]
+    assert [_named(e) for e in _lost_launch(task_began=True).events] == ["failure:crash", "relaunch:crash"]
+    assert [_named(e) for e in _lost_launch(task_began=None).events] == ["failure:crash", "relaunch:crash"]
     # A signal to the batch shell, or the time-limit warning, is the step's own end.
     assert [_named(e) for e in _lost_launch(warned=True).events] == ["requeue:timelimit"]
 
@@ -1455,10 +1497,17 @@ def test_the_third_life_in_a_row_without_progress_stops_the_run() -> None:
     # Life 0 wrote step 20; lives 1, 2 and this one (3) never got past it.
     before = [life(0, 0, 20, ended="crash"), life(1, 20, ended="crash"), life(2, 20, ended="hang")]
     events = (*(e for lived in before for e in lived), *life(3, 20))
-    history = History(JOB, 3, events, events[-1:])
     cluster = ClusterView(sinfo("idle"), ("node1",), ("node1",), 3000.0)
     budgets = {**DEFAULTS, "crash": 5, "hang": 5}  # every budget left: only the row stops it
     outcome = Outcome(exit_code=1, nodes_wanted=1, signal_delay_s=30.0)
+    # Its first crash is trained again in the job (a relaunch is no new life); the relaunched
+    # step's crash ends the life, and the row stops the run.
+    first = decide(History(JOB, 3, events, events[-1:]), outcome, cluster, Budgets(budgets, None, no_progress_lives=3))
+    assert first.action is Action.RELAUNCH, first.message
+    relaunched = Relaunch(time=4600.0, job_id=JOB, restart=3, cause=Cause.CRASH, nodes=["node1"])
+    again = Start(time=4610.0, job_id=JOB, restart=3, nodes=["node1"], world_size=1, resumed_from_step=20)
+    events = (*events, *first.events[:-1], relaunched, again)
+    history = History(JOB, 3, events, (again,))
     stopped = decide(history, outcome, cluster, Budgets(budgets, None, no_progress_lives=3))
     assert stopped.action is Action.FAIL and stopped.ends_run
     assert [_named(e) for e in stopped.events] == ["failure:crash", "failure:no_progress"]

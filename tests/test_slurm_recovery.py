@@ -153,7 +153,8 @@ def wait_for_standbys(run_dir: Path, job_id: str, nodes: int, timeout_s: float =
 def test_restart_budget_stops_a_job_that_always_fails(slurm_env, tmp_path: Path) -> None:
     run_dir = tmp_path / "always-fails"
     # A loss that cannot take the model's output crashes at every start: one crash restart is
-    # allowed, then stop. (A bad model argument is a user's mistake: it stops at once, no restart.)
+    # allowed (trained again in the job at once), then stop. (A bad model argument is a user's
+    # mistake: it stops at once, no restart.)
     (job_id,), _ = submit(
         slurm_env, run_dir, "trainer.max_steps=20", "slurm.restart_budget.crash=1", "loss._target_=torch.nn.MSELoss"
     )
@@ -161,7 +162,7 @@ def test_restart_budget_stops_a_job_that_always_fails(slurm_env, tmp_path: Path)
     assert wait_finished(slurm_env, job_id, timeout_s=300, lift_holds=True) == "FAILED", job_output(run_dir)
     crashes = [e for e in of("failure", run_dir) if e["cause"] == "crash"]
     assert len(crashes) == 2
-    assert [e["cause"] for e in of("requeue", run_dir)] == ["crash"]
+    assert [e["cause"] for e in of("relaunch", run_dir)] == ["crash"] and of("requeue", run_dir) == []
     spent = [e for e in of("failure", run_dir) if e["cause"] == "budget"]
     assert spent and "crash" in spent[0]["reason"]
     wait_for_state(slurm_env, job_id, {"FAILED"}, 5)
@@ -209,7 +210,9 @@ def test_recovery_cases_side_by_side(slurm_env, tmp_path: Path) -> None:
     """Four faults at once, each on one node: the time-limit signal before srun starts, a
     requeue Slurm refuses, a hang, and a crash with the user's slurm.exclude."""
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
-    crash = ["trainer.max_steps=20", "loss._target_=torch.nn.MSELoss", "slurm.restart_budget.crash=1"]
+    # Crash budget 2: the first crash is trained again in the job, the second (right after that
+    # relaunch) requeued, the third stops the run.
+    crash = ["trainer.max_steps=20", "loss._target_=torch.nn.MSELoss", "slurm.restart_budget.crash=2"]
     configs = {
         # A job Slurm will not requeue (a site's policy, here --no-requeue): the run dir is submitted again.
         "refused": [*crash, "slurm.extra=['--no-requeue']"],

@@ -275,12 +275,15 @@ def test_recovery_after_the_time_limit_warning_side_by_side(slurm_env, tmp_path:
     starts = of("start", drained)
     assert len(saved) == 1 and [s["resumed_from_step"] for s in starts] == [0, saved[0]], events(drained)
 
-    # Stopped by the time limit once, its next lives die before `start`: each a crash (never
-    # taken for the earlier time limit, whose budget is 50), and the second spends crash's budget of 1.
+    # Stopped by the time limit once, its next steps die before `start`, before any task's mark:
+    # launched again twice (charged to nothing), then each a crash (never taken for the earlier
+    # time limit, whose budget is 50); the first is trained again in the job at once, and the
+    # second, right after that relaunch, spends crash's budget of 1.
     dying = runs["dies_before_start"]
     assert states["dies_before_start"] == "FAILED", job_output(dying)
-    assert [e["cause"] for e in of("requeue", dying)] == ["timelimit", "crash"], events(dying)
+    assert [e["cause"] for e in of("requeue", dying)] == ["timelimit"], events(dying)
+    assert [e["cause"] for e in of("relaunch", dying)] == ["launch", "launch", "crash"], events(dying)
     assert [s["restart"] for s in of("start", dying)] == [0]
     failures = [(e["cause"], e["restart"]) for e in of("failure", dying)]
-    assert failures == [("crash", 1), ("crash", 2), ("budget", 2)], events(dying)
+    assert failures == [("crash", 1), ("crash", 1), ("budget", 1)], events(dying)
     assert "crash" in of("failure", dying)[-1]["reason"]

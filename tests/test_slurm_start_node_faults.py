@@ -19,7 +19,8 @@ itself by a SIGTERM to its task from step 20 on), crossed with:
   life starts at 0); the renamed `.pt` without its `.json` is whole and the newest usable one:
   the next life resumes from step 50.
 - one rank SIGKILLed (the kernel's OOM killer): a 2-task job whose rank 1 kills itself at the
-  moment; no save, one `crash` charged, requeued from the newest complete checkpoint.
+  moment; no save, a `crash` charged, trained again in the job, where the armed point kills it
+  again; the second crash is requeued (crash budget 2 here), from the newest complete checkpoint.
 - one rank SIGSTOPped (alive and silent): the peer's watchdog, running from before the
   rendezvous and through the loading, reports a `hang` after `trainer.hang_timeout_s` (30 s
   here), not a crash after the collective timeout; trained again in the job, where the armed point
@@ -67,7 +68,9 @@ TRAIN = [
 ]
 SHAPES = {
     "node_down": ["slurm.nodes=2", "slurm.ntasks_per_node=1"],
-    "rank_sigkilled": ["slurm.nodes=1", "slurm.ntasks_per_node=2"],
+    # The armed kill fires in every launch of its life: the crash's relaunch in the job dies too,
+    # and the second crash, requeued, needs a budget of 2 (the default is 1).
+    "rank_sigkilled": ["slurm.nodes=1", "slurm.ntasks_per_node=2", "slurm.restart_budget.crash=2"],
     "rank_sigstopped": ["slurm.nodes=1", "slurm.ntasks_per_node=2"],
 }
 POINTS = {
@@ -190,9 +193,11 @@ def assert_cell(name: str, run_dir: Path, ended: tuple[str, str, str], reference
         assert downed in of("failure", run_dir)[0]["nodes"], told
     if fault == "rank_sigstopped":
         assert of("failure", run_dir)[0]["rank"] == 0, told  # the peer's watchdog saw it
-        # A hang on live nodes is trained again in the job first; the armed point stops the
-        # relaunched step too (it fires in every launch of a life), and a second hang requeues.
-        assert [e["cause"] for e in of("relaunch", run_dir)] == ["hang"], told
+    if fault != "node_down":
+        # A hang or a crash on live nodes is trained again in the job first; the armed point
+        # stops or kills the relaunched step too (it fires in every launch of a life), and the
+        # second hang or crash requeues.
+        assert [e["cause"] for e in of("relaunch", run_dir)] == [cause], told
     # Nothing of the faulted life was saved: the last life starts at the first life's stop
     # (resume cells) or at step 0 (the first life's cells). The step-50 write lost half-written
     # never counts; lost between its renames, its `.pt` without the `.json` is whole and nothing

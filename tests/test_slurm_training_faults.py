@@ -8,7 +8,8 @@ decision table or with a stand-in Slurm:
   by slurm), the tasks save within KillWait, and the next life starts at the saved step: nothing
   redone, no failure charged, the same job (Restarts=1).
 - one rank SIGKILLed (what the kernel's OOM killer does): no save, srun ends the step, the batch
-  script charges a crash and requeues; the next life resumes from the newest complete checkpoint.
+  script charges a crash and trains again in the same job at once (a relaunch, no requeue and its
+  hold), from the newest complete checkpoint.
 - one rank SIGSTOPped (a process that stops answering, nothing exits): its peer waits in a
   collective until its watchdog reports the hang; charged as a hang, not a crash, and requeued.
 - one rank SIGSTOPped before it joins the process group (a node that falls silent during
@@ -25,7 +26,7 @@ Overlapping faults, a second one while the first is still being recovered from:
 - a rank SIGSTOPped (a hang under way, its watchdog not yet firing), then an administrator's
   `scontrol requeue`: Slurm's requeue, charged to preempt, neither a hang nor a crash.
 - with a spare: a node down, then a rank of the relaunched step SIGKILLed as soon as it trains:
-  the relaunch, then a crash and a requeue.
+  the relaunch onto the spare, then a crash and a second relaunch in the job, never a requeue.
 - with a spare: two nodes down at once (a training node and the spare): no spare left to
   relaunch on, a requeue that keeps no node out (the job holds every node of the cluster), the
   job trains again once the nodes are back.
@@ -165,7 +166,7 @@ WATCHED = ["trainer.hang_timeout_s=20", "trainer.collective_timeout_s=600"]
 # (trainer.step_hang_timeout_s, 60 s at least) finds it.
 EXTRA = {"hang_then_admin_requeue": WATCHED, "rank_stopped_before_rendezvous": WATCHED}
 # Trained again in the job, never requeued: no requeue hold to lift.
-RELAUNCHED = {"rank_sigstopped"}
+RELAUNCHED = {"rank_sigstopped", "rank_sigkilled"}
 # Rank 1 of the first life stops itself once its stop handlers are in, before it joins.
 ARMED = {"rank_stopped_before_rendezvous": {faults.ENV: "worker.before_rendezvous=stop#1"}}
 
@@ -212,15 +213,16 @@ def test_admin_requeue_killed_rank_stopped_rank_and_overlaps_side_by_side(
     assert starts == [(0, 0), (1, stop["step"])], events(admin)
     assert job_restarts(slurm_env, admin_job) == 1
 
-    # The killed rank: no save, a crash charged once, resumed from the newest complete checkpoint.
+    # The killed rank: no save, a crash charged once, trained again in the same job at once (no
+    # requeue, no hold), resumed from the newest complete checkpoint.
     killed, (killed_job, _) = runs["rank_sigkilled"], ended["rank_sigkilled"]
     assert [e["cause"] for e in of("failure", killed)] == ["crash"], events(killed)
-    assert [e["cause"] for e in of("requeue", killed)] == ["crash"], events(killed)
+    assert [e["cause"] for e in of("relaunch", killed)] == ["crash"] and of("requeue", killed) == [], events(killed)
     assert [c for c in of("checkpoint", killed) if c["reason"] not in ("periodic", "final")] == [], events(killed)
     assert of("stop", killed) == [], events(killed)
     resumed = of("start", killed)[1]["resumed_from_step"]
     assert resumed >= FAULT_AT_STEP - 20 and resumed % 20 == 0, events(killed)
-    assert job_restarts(slurm_env, killed_job) == 1
+    assert job_restarts(slurm_env, killed_job) == 0
 
     # The stopped rank, at the defaults: nothing exits until the peer's watchdog reports the hang
     # (the step hang timeout, learned: 60 s); the nodes all live, so the step is trained again in
@@ -371,9 +373,10 @@ def test_a_node_down_then_a_rank_killed_in_the_relaunched_step(slurm_env, refere
     journal = events(run_dir)
     assert [e["cause"] for e in of("failure", run_dir)] == ["node_failure", "crash"], journal
     assert of("failure", run_dir)[0]["nodes"] == [victim], journal
-    assert [e["cause"] for e in of("relaunch", run_dir)] == ["node_failure"], journal
-    assert [e["cause"] for e in of("requeue", run_dir)] == ["crash"], journal
-    assert job_restarts(slurm_env, job_id) == 1
+    # The crash after the node's relaunch is no second crash in a row: trained again in the job.
+    assert [e["cause"] for e in of("relaunch", run_dir)] == ["node_failure", "crash"], journal
+    assert of("requeue", run_dir) == [], journal
+    assert job_restarts(slurm_env, job_id) == 0
     assert_exact(run_dir, reference)
 
 

@@ -145,11 +145,12 @@ def decide(history: History, outcome: Outcome, cluster: ClusterView, budgets: Bu
     # A node that keeps breaking lives stays out, though Slurm lists it in service again.
     breaking = nodes_failing_in_a_row((*history.events, *written), budgets.keep_out_after_lives)
     kept_out = keep_out(outcome, cluster, lost) | breaking | stragglers_left(history)
-    # A node lost, or a rank hung on nodes that all live: train again in this job at once (a
-    # requeue waits for Slurm's hold on a requeued job, about 120 s, then the queue). A hang right
-    # after a hang's relaunch is not tried a third time here: requeued, it gets a new allocation.
-    hang_again = cause is Cause.HANG and (lost or relaunched_for(history, Cause.HANG))
-    if cause is Cause.NODE_FAILURE or (cause is Cause.HANG and not hang_again):
+    # A node lost, or a rank hung or crashed on nodes that all live: train again in this job at
+    # once (a requeue waits for Slurm's hold on a requeued job, about 120 s, then the queue), as
+    # torchrun restarts its workers in place. A hang or a crash right after a relaunch for the same
+    # cause is not tried a third time here: requeued, it gets a new allocation.
+    again_in_job = cause in (Cause.HANG, Cause.CRASH) and not (lost or relaunched_for(history, cause))
+    if cause is Cause.NODE_FAILURE or again_in_job:
         again = relaunch(history, outcome, cluster, kept_out, lost, cause)
         if again:
             return Decision(
