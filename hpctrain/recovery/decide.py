@@ -1,7 +1,8 @@
 """Recovery as pure functions: from what happened to what comes next, one function per moment.
 
     decide_start     `control begin`: a start of the batch script (a restart Slurm made on its
-                     own is recorded and counted; launch, or not inside a preemption's grace)
+                     own is recorded and counted; launch, or not inside a preemption's grace),
+                     in hpctrain.recovery.decide_start
     decide           `control after-step`: a training step (one srun) has ended
     decide_cancelled `control cancelled`: the batch shell's SIGTERM trap
     decide_requeue   `control requeue`: the last look before asking Slurm for the decided requeue
@@ -22,6 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hpctrain.recovery.before_requeue import BeforeRequeue, before_requeue
+from hpctrain.recovery.decide_start import decide_begin, decide_start
 from hpctrain.recovery.decision import JOB, WHY, Decision, Shape
 from hpctrain.recovery.facts import Budgets, ClusterView, JobSeen, Outcome, Refusal, Requested
 from hpctrain.recovery.history import (
@@ -35,16 +37,14 @@ from hpctrain.recovery.history import (
     marks,
     nodes_failing_in_a_row,
     over_budget,
-    previous_life,
     relaunched_for,
-    saved_for,
     silent_nodes,
     stragglers_left,
     unhealthy_nodes,
 )
 from hpctrain.recovery.judge import classify, keep_out, launch_lost, lost_nodes, relaunch, requeue_shape
 from hpctrain.recovery.lost_host import decide_guard, decide_host_lost, decide_keeper
-from hpctrain.run.causes import Action, Cause, StopReason
+from hpctrain.run.causes import Action, Cause
 from hpctrain.run.events import (
     BY_SLURM,
     CANCELLED_BY_COMMAND,
@@ -58,7 +58,6 @@ from hpctrain.run.events import (
     Finish,
     Requeue,
     Silent,
-    Start,
     last_checkpoint_step,
 )
 
@@ -230,54 +229,6 @@ def decide_cancelled(history: History, requeued_by_slurm: bool = False, timed_ou
     )
     written = () if told else (Cancelled(**marks(history), step=last_checkpoint_step(history.events)),)
     return Decision(Action.STOP, written, message="cancelled")
-
-
-def decide_begin(history: History, cluster: ClusterView, budgets: Budgets) -> Decision | None:
-    """At a start of the batch script: a restart Slurm made without the batch script asking
-    (its node died, a preemption's grace ran out, an administrator requeued) is recorded and
-    counted. None: nothing to record, train."""
-    ours = [e for e in history.events if isinstance(e, Requeue) and e.job_id == history.job_id]
-    mark = marks(history)
-    if history.restart <= len(ours):
-        trapped = ours[-1] if ours and ours[-1].by == BY_SLURM and ours[-1].restart == history.restart - 1 else None
-        if trapped is None:
-            return None
-        # The last life's SIGTERM trap recorded Slurm's requeue as it happened: its budget now.
-        spent = over_budget(tuple(e for e in history.events if e is not trapped), trapped.cause, budgets)
-        if not spent:
-            return None
-        failure = Failure(**mark, cause=Cause.BUDGET, reason=spent, action=Action.FAIL.value)
-        return Decision(Action.FAIL, (failure,), message=spent)
-    previous = previous_life(history)
-    written: list[Event] = []
-    if history.previous_shell_terminated or any(
-        isinstance(e, Cancelled) or saved_for(e) is StopReason.PREEMPT for e in previous
-    ):
-        # The tasks saved for SIGTERM, or the shell got one (an admin's requeue, a preemption's
-        # grace ended, its trap killed before it recorded it), then Slurm requeued: a preemption.
-        cause = Cause.PREEMPT
-    else:
-        cause = Cause.NODE_FAILURE
-        nodes = next((e.nodes for e in reversed(previous) if isinstance(e, Start)), [])
-        written.append(Failure(**mark, cause=cause, nodes=cluster.failed(nodes), by=BY_SLURM))
-    written.append(Requeue(**mark, cause=cause, by=BY_SLURM))
-    spent = over_budget(history.events, cause, budgets)
-    if spent:
-        written.append(Failure(**mark, cause=Cause.BUDGET, reason=spent, action=Action.FAIL.value))
-        return Decision(Action.FAIL, tuple(written), message=spent)
-    return Decision(Action.REQUEUE, tuple(written), message=f"restarted by Slurm ({cause.value})")
-
-
-def decide_start(history: History, cluster: ClusterView, budgets: Budgets) -> Decision:
-    """`control begin`: decide_begin's record, then LAUNCH the training step; FAIL when a restart
-    budget is spent; REQUEUE (launch nothing: after-step requeues the preemption it is) inside a
-    preemption's grace, where a step launched now would be warned by nobody and SIGTERMed as it
-    starts, at the grace's end."""
-    begun = decide_begin(history, cluster, budgets)
-    if begun is not None and begun.action is Action.FAIL:
-        return begun
-    events, message = (begun.events, begun.message) if begun is not None else ((), "")
-    return Decision(Action.REQUEUE if cluster.preempting else Action.LAUNCH, events, message=message)
 
 
 def decide_requeue(history: History, seen: JobSeen, excluded: tuple[str, ...], requested: Requested) -> Decision:
