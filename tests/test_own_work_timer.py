@@ -124,6 +124,42 @@ def test_the_intra_op_workers_wait_for_a_core_is_read_and_no_other_threads() -> 
     assert others < 0.02, others
 
 
+# A data loader worker (a child process) on the one core the burner also wants; the training
+# thread sleeps waiting for its batches (no wait for a core of its own).
+LOADER_KEPT_WAITING = """
+import os, time, torch
+from torch.utils.data import DataLoader, Dataset
+from hpctrain.trainer.workers_wait import WorkersWait
+os.sched_setaffinity(0, {CORE})
+torch.set_num_threads(1)
+class Work(Dataset):
+    def __len__(self):
+        return 10_000
+    def __getitem__(self, index):
+        until = time.thread_time() + 0.02  # 20 ms of CPU an item: the worker always wants the core
+        while time.thread_time() < until:
+            pass
+        return index
+loader = iter(DataLoader(Work(), batch_size=1, num_workers=1, persistent_workers=True))
+next(loader)  # the worker started
+waits = WorkersWait()
+until = time.perf_counter() + 0.8
+while time.perf_counter() < until:
+    next(loader)
+print(waits.since_last_s())
+"""
+
+
+def test_the_data_loader_workers_wait_for_a_core_is_read() -> None:
+    core = min(os.sched_getaffinity(0))
+    with a_core_shared_with_a_busy_process(pin_self=False):  # the script pins itself, imports done
+        script = LOADER_KEPT_WAITING.replace("{CORE}", f"{{{core}}}")
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    waited = float(done.stdout.split()[-1])
+    assert waited > 0.2, waited  # of 0.8 s the worker had the core about half
+
+
 def test_a_step_begun_or_ended_while_the_rank_writes_its_checkpoint_is_not_timed() -> None:
     writing = [False]
     timer = OwnWorkTimer(torch.device("cpu"), untimed=lambda: writing[0])
