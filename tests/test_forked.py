@@ -130,6 +130,38 @@ def test_ctrl_c_waits_for_every_child_and_keeps_what_they_made() -> None:
     assert done.stdout.strip() == "interrupted [0, 1, 2]", done.stdout + done.stderr
 
 
+# Ctrl-C pressed again and again while the parent reads what the children handed back: one
+# landing as a share was read used to leave every share unread (the sweep's run dirs unknown).
+CTRL_C_AGAIN = """
+import os, signal, time
+from hpctrain.submit import forked
+
+HALF = 200_000  # enough that reading the first share takes a while
+
+def interrupted_half_way(items, made):
+    for item in items:
+        if item == HALF:
+            for _ in range(1000):
+                os.kill(os.getppid(), signal.SIGINT)
+                time.sleep(0.0005)
+            raise KeyboardInterrupt
+        made.append(item)
+
+made = []
+try:
+    forked.in_children(interrupted_half_way, list(range(2 * HALF)), 2, into=made)
+    print("no interrupt", len(made))
+except KeyboardInterrupt:
+    print("interrupted", len(made), made == list(range(HALF)))
+"""
+
+
+def test_ctrl_c_again_and_again_as_the_shares_are_read_loses_none() -> None:
+    done = subprocess.run([sys.executable, "-c", CTRL_C_AGAIN], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "interrupted 200000 True", done.stdout + done.stderr
+
+
 def test_a_bug_in_a_child_is_a_failure_with_its_traceback(capfd: pytest.CaptureFixture[str]) -> None:
     def broken(items: Sequence[int], made: list[int]) -> None:
         raise KeyError("no such thing")

@@ -96,49 +96,48 @@ def in_children(
     items are appended to `into` in the order of the slices, a failed child's too (what it made
     before it failed), and its Share says how it ended. Ctrl-C reaches the children too: every
     child is waited for and its items taken before KeyboardInterrupt goes on."""
+    # Ctrl-C is held back from the first fork until every share is taken, and lands at the end:
+    # one landing as a share is read (after its child was waited for) would leave that share and
+    # every later one unread. A child takes it inside _child's handler, never in the caller's code.
     children: list[tuple[int, Any]] = []
-    interrupted = False
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         for share in slices(len(items), parts):
+            if _ctrl_c_held():  # no more children; those started are waited for
+                break
             sink = tempfile.TemporaryFile()  # noqa: SIM115 (closed once its child is waited for)
             sys.stdout.flush()
             sys.stderr.flush()
-            # Ctrl-C held back across the fork: in the child it is taken inside _child's handler
-            # (never in the caller's code), in the parent once the child is on the list.
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            try:
-                pid = os.fork()
-                if pid == 0:  # the child: never returns
-                    _child(work, [items[i] for i in share], sink)
-                children.append((pid, sink))
-            finally:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    except KeyboardInterrupt:  # no more children; those started are waited for
-        interrupted = True
-    shares: list[Share] = []
-    for pid, sink in children:
-        status: int | None = None
-        while True:
-            try:
-                _, status = os.waitpid(pid, 0)
-                break
-            except KeyboardInterrupt:  # the children have it too: they end, handing back what they made
-                interrupted = True
-            except ChildProcessError:  # reaped by the call the interrupt cut short: its status is lost,
-                break  # what it handed back (or nothing: a failure) says how it ended
-        code = os.waitstatus_to_exitcode(status) if status is not None else 0
-        sink.seek(0)
-        try:
-            made, extra, said = pickle.load(sink)
-        except (EOFError, pickle.UnpicklingError):  # killed before it could say (a signal, no memory)
-            made, extra, said = [], None, code or 1
-        finally:
-            sink.close()
-        into.extend(made)
-        shares.append(Share(extra, said if said else (1 if code else 0)))
-    if interrupted:
-        raise KeyboardInterrupt
+            pid = os.fork()
+            if pid == 0:  # the child: never returns
+                _child(work, [items[i] for i in share], sink)
+            children.append((pid, sink))
+        shares = [_take_share(pid, sink, into) for pid, sink in children]
+    finally:
+        # A held Ctrl-C lands here: pthread_sigmask runs the handler at once (by default it
+        # raises KeyboardInterrupt, out of this call, with `into` whole).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     return shares
+
+
+def _ctrl_c_held() -> bool:
+    return signal.SIGINT in signal.sigpending()
+
+
+def _take_share(pid: int, sink: Any, into: list[Made]) -> Share:
+    """Wait for one child (Ctrl-C held back: the children have it too, and end handing back
+    what they made) and append what it made to `into`."""
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    sink.seek(0)
+    try:
+        made, extra, said = pickle.load(sink)
+    except (EOFError, pickle.UnpicklingError):  # killed before it could say (a signal, no memory)
+        made, extra, said = [], None, code or 1
+    finally:
+        sink.close()
+    into.extend(made)
+    return Share(extra, said if said else (1 if code else 0))
 
 
 def _child(work: Callable[[Sequence[Item], list[Made]], Any], items: Sequence[Item], sink: Any) -> None:
