@@ -36,6 +36,10 @@ FAULT_WAIT_S = 300.0  # how long a fault may wait for the job to be RUNNING and 
 STUCK_S = 60.0  # PENDING this long for a reason no wait cures: the soak says so and stops
 WAITING_REASONS = {"BeginTime", "Priority", "Resources", "None"}
 DRAIN_WATCH_S = 10.0  # a job on a drained node should train on: watched this long
+# A drained node stays drained (an administrator's maintenance waits for the jobs on it) until the
+# job has left it for its spare, or this long: the drain watch's look every slurm.drain_poll_s
+# (30 s) and the save at the next step. Resumed any sooner, the watch may never see the drain.
+DRAIN_NOTICE_S = 45.0
 # A job PENDING this long (for Resources, or Slurm's "Nodes required for job are DOWN, DRAINED...")
 # while a node the soak drained is still drained: the drain ends (an administrator's maintenance
 # does), see _end_maintenance. Below STUCK_S, so the soak does not give up first.
@@ -209,14 +213,24 @@ def lift_hold(env: dict[str, str], job_id: str) -> None:
             print(f"chaos: could not lift job {job_id}'s hold: {done.stderr.strip()}", file=sys.stderr)
 
 
-def resume_nodes(env: dict[str, str], soak: Soak) -> None:
-    """Bring downed and drained nodes back (ReturnToService may have done it for a down one)."""
-    for node in sorted(soak.touched_nodes):
+def resume_nodes(env: dict[str, str], soak: Soak, every: bool = False) -> None:
+    """Bring downed and drained nodes back (ReturnToService may have done it for a down one),
+    but for a node the last fault drained while the job has neither left it nor ridden the drain
+    out (every=True: that one too, the soak's end)."""
+    held = set() if every else _drain_held(soak)
+    for node in sorted(soak.touched_nodes - held):
         shown = slurm(env, "scontrol", "show", "node", "-o", node).stdout
         state = re.search(r"\bState=(\S+)", shown)
         if state and re.search(r"DOWN|DRAIN|FAIL", state.group(1)):
             slurm(env, "scontrol", "update", f"nodename={node}", "state=resume")
-    soak.touched_nodes.clear()
+    soak.touched_nodes &= held
+
+
+def _drain_held(soak: Soak) -> set[str]:
+    """The node the last fault drained, while the job has not got over that drain yet."""
+    if not soak.injected or soak.injected[-1].fault.kind != "node_drain":
+        return set()
+    return {soak.injected[-1].target} if _recovered_after(soak, settle_s=0.0) is None else set()
 
 
 def metrics_records(run_dir: Path) -> list[dict[str, Any]]:
@@ -290,7 +304,7 @@ def _end_maintenance(env: dict[str, str], soak: Soak) -> None:
     ]
     if not drained or not soak.injected:
         return
-    resume_nodes(env, soak)
+    resume_nodes(env, soak, every=True)
     note = f"the requeued job waited {DRAINED_WAIT_S:.0f} s for drained {','.join(drained)}: resumed"
     soak.injected[-1].note = "; ".join(filter(None, [soak.injected[-1].note, note]))
     print(f"chaos: {note}", flush=True)
@@ -298,14 +312,17 @@ def _end_maintenance(env: dict[str, str], soak: Soak) -> None:
 
 def _recovered_after(soak: Soak, settle_s: float = DRAIN_WATCH_S) -> float | None:
     """After when a logged step shows the job over the last fault: the start of a new life (every
-    fault but a drain ends one), or some seconds of training on (a drained node is ridden out)."""
+    fault but a drain ends one; a drain, where the job has a free spare), or some seconds of
+    training on once the drain watch had time to act and did not (a drained node is ridden out)."""
     if not soak.injected:
         return 0.0
     last = soak.injected[-1]
-    if last.fault.kind == "node_drain":
-        return last.at + settle_s
     starts = [e.time for e in starts_of(soak.run_dir) if e.time > last.at]
-    return starts[0] if starts else None
+    if starts:
+        return starts[0]
+    if last.fault.kind == "node_drain" and time.time() > last.at + DRAIN_NOTICE_S:
+        return last.at + DRAIN_NOTICE_S + settle_s
+    return None
 
 
 def note_next_step(soak: Soak) -> None:
@@ -586,7 +603,7 @@ def clean_up(env: dict[str, str], soak: Soak) -> None:
                 os.kill(pid, signum)
             except ProcessLookupError:
                 pass
-    resume_nodes(env, soak)
+    resume_nodes(env, soak, every=True)
 
 
 def _jobs_left(env: dict[str, str], soak: Soak) -> list[str]:

@@ -179,3 +179,50 @@ def test_kinds_narrow_the_catalogue_and_a_wrong_kind_is_refused_naming_the_kinds
         chaos.parse(["--minutes", "6", "--seed", "1", "--kinds", "kill_rank,kill_node"])
     said = capsys.readouterr().err
     assert "--kinds: no such kind kill_node" in said and "batch_freeze" in said, said
+
+
+# The relaunch's `start` of a soak here (seed 33), its time set by each case.
+RELAUNCH_START = {
+    "event": "start",
+    "job_id": "16817000",
+    "restart": 0,
+    "world_size": 2,
+    "nodes": ["node1", "node3"],
+    "resumed_from_step": 155,
+    "resumed_from": "memory",
+    "total_steps": 17050,
+    "ranks": [{"node": "node1", "gpu": None, "device": "cpu", "cpus": [0]}] * 2,
+    "allocated_at": 1796387800.73,
+    "startup": {"launch_s": 0.216, "imports_s": 0.085, "rendezvous_s": 0.647, "resume_s": 0.333},
+    "job_nodes": 3,
+}
+
+
+def test_a_drained_node_stays_drained_until_the_job_left_it_or_the_watch_had_time(tmp_path: Path) -> None:
+    """Resumed after 1 to 10 s, as the soak once did, a drain was gone before the drain watch's
+    next look (every 30 s): the soak measured no drain at all."""
+    import time
+
+    import chaos_faults
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    soak = chaos_faults.Soak(34, 30, run_dir, tmp_path / "reference", job_ids=["16817000"])
+    drain = chaos_faults.Fault(1, 20.0, "node_drain", 0, 0)
+    now = time.time()
+    soak.injected = [chaos_faults.Injected(drain, now - 20, "node2", "16817000", 161)]
+    assert chaos_faults._drain_held(soak) == {"node2"}  # the watch may not have looked yet
+    assert chaos_faults._recovered_after(soak) is None
+
+    (run_dir / "events.jsonl").write_text(json.dumps({**RELAUNCH_START, "time": now - 5}) + "\n")
+    assert chaos_faults._drain_held(soak) == set()  # left for the spare: maintenance may end
+    assert chaos_faults._recovered_after(soak) == pytest.approx(now - 5)
+
+    (run_dir / "events.jsonl").write_text("")
+    soak.injected[0].at = now - chaos_faults.DRAIN_NOTICE_S - 1  # no free spare: ridden out
+    assert chaos_faults._drain_held(soak) == set()
+    assert chaos_faults._recovered_after(soak, settle_s=10) == pytest.approx(now - 1 + 10)
+
+    down = chaos_faults.Fault(2, 40.0, "node_down", 0, 0)
+    soak.injected.append(chaos_faults.Injected(down, now, "node2", "16817000", 300))
+    assert chaos_faults._drain_held(soak) == set()  # only a drain is held
