@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -459,21 +460,33 @@ def test_a_hundred_long_runs_render_fast(tmp_path: Path, slurm: FakeSlurm, capsy
         )
         (run / "metrics.jsonl").write_text(metrics)
     slurm.answer("squeue", "".join(f"{2000 + i}|RUNNING|None\n" for i in range(100)))
-    started, started_cpu = time.perf_counter(), cpu_s()
     code, out, _ = run_status(capsys, "-n", "0", str(tmp_path / "runs"))
-    elapsed, used = time.perf_counter() - started, cpu_s() - started_cpu
     # squeue, and sacct for the cost (its usage of every job, running ones too).
     assert code == 0 and len(out.splitlines()) == 101 and [c[0] for c in slurm.calls()] == ["squeue", "sacct"]
     # The CPU time it costs, not the wall time: on a loaded machine that is the others' too. Against
     # a baseline taken in the same run, as this machine's pace drifts by a third from run to run
     # (1.8 to 2.9 s of CPU for the same work, and an absolute bound of 2 s failed in CI): reading
-    # the 100 metrics files once, which any status must do (300,000 lines of JSON).
-    read_started = cpu_s()
-    for i in range(100):
-        read_jsonl(tmp_path / "runs" / f"{i:03d}" / "metrics.jsonl")
-    baseline = cpu_s() - read_started
-    print(f"100 runs: {elapsed:.3f} s, {used:.3f} s of CPU, {used / baseline:.2f}x reading their metrics once")
-    assert used < 2.5 * baseline, f"{used:.2f} s of CPU for 100 runs, {used / baseline:.2f}x reading their metrics"
+    # the 100 metrics files once, which any status must do (300,000 lines of JSON). The first call
+    # above was the warm-up (the modules status imports on first use, the page cache); then three
+    # rounds in rotated order, compared by their medians, as one round alone was once 2.6x in CI
+    # where it is 1.6x to 1.9x on a quiet machine.
+    status_cpu: list[float] = []
+    baseline_cpu: list[float] = []
+    for round_ in range(3):
+        for measure in ("status", "baseline") if round_ % 2 == 0 else ("baseline", "status"):
+            started, started_cpu = time.perf_counter(), cpu_s()
+            if measure == "status":
+                assert run_status(capsys, "-n", "0", str(tmp_path / "runs"))[0] == 0
+                status_cpu.append(cpu_s() - started_cpu)
+                elapsed = time.perf_counter() - started
+            else:
+                for i in range(100):
+                    read_jsonl(tmp_path / "runs" / f"{i:03d}" / "metrics.jsonl")
+                baseline_cpu.append(cpu_s() - started_cpu)
+    used, baseline = statistics.median(status_cpu), statistics.median(baseline_cpu)
+    ratio = used / baseline
+    print(f"100 runs: {elapsed:.3f} s, {used:.3f} s of CPU (median of 3), {ratio:.2f}x reading their metrics once")
+    assert used < 2.5 * baseline, f"{used:.2f} s of CPU for 100 runs, {ratio:.2f}x reading their metrics"
 
 
 def cpu_s() -> float:
