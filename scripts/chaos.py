@@ -43,11 +43,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))  # chaos_faults and devcluster sit beside this file
+sys.path.insert(0, str(REPO / "scripts"))  # the soak's modules and devcluster sit beside this file
 
-import chaos_faults as faults  # noqa: E402
 import chaos_udp  # noqa: E402
-from chaos_faults import PACE_S, Fault, Soak  # noqa: E402
+from chaos_cluster import clean_up, cluster_env, finish_reference, start_reference, submit, wait_done  # noqa: E402
+from chaos_report import render, report  # noqa: E402
+from chaos_schedule import run_schedule  # noqa: E402
+from chaos_soak import PACE_S, ChaosError, Fault, Soak  # noqa: E402
 
 KINDS = (
     "node_down",
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     out = (args.out or REPO / "runs" / f"chaos-seed{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     soak = Soak(args.seed, args.minutes, out / "run", out / "reference", cluster_dir=args.dir)
     soak.udp_blocked = args.udp_blocked
-    env = faults.cluster_env(args.dir, args.port_base)
+    env = cluster_env(args.dir, args.port_base)
     if args.udp_blocked:
         try:
             chaos_udp.block()
@@ -248,26 +250,26 @@ def main(argv: list[str] | None = None) -> int:
     config = overrides(max_steps, args.memory_tier)
     # A SIGTERM ends the soak like Ctrl-C: through the clean-up below.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    reference = faults.start_reference(env, soak.reference, config)
+    reference = start_reference(env, soak.reference, config)
     try:
-        soak.job_ids.append(faults.submit(env, soak.run_dir, config))
-        faults.run_schedule(env, soak, plan, config)
-        faults.wait_done(env, soak, timeout_s=max(600.0, args.minutes * 60))
-        faults.finish_reference(reference)
-    except faults.ChaosError as error:
+        soak.job_ids.append(submit(env, soak.run_dir, config))
+        run_schedule(env, soak, plan, config)
+        wait_done(env, soak, timeout_s=max(600.0, args.minutes * 60))
+        finish_reference(reference)
+    except ChaosError as error:
         print(f"chaos: {error}", file=sys.stderr)
         soak.skipped.append(str(error))
     finally:
-        faults.clean_up(env, soak)
+        clean_up(env, soak)
         if args.udp_blocked:
             chaos_udp.unblock()
         if reference.poll() is None:
             reference.kill()
             reference.wait()
-    report = faults.report(soak, max_steps)
-    (out / "chaos-report.json").write_text(json.dumps(report, indent=2, default=str))
-    print(faults.render(report))
-    return 0 if report["passed"] else 1
+    result = report(soak, max_steps)
+    (out / "chaos-report.json").write_text(json.dumps(result, indent=2, default=str))
+    print(render(result))
+    return 0 if result["passed"] else 1
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from hpctrain.status.detail import duration, summary
 from hpctrain.status.goodput import goodput
 
 if TYPE_CHECKING:
-    from chaos_faults import Injected, Soak
+    from chaos_soak import Injected, Soak
 
 
 def alive_processes(run_dir: Path) -> list[tuple[int, dict[str, str]]]:

@@ -64,18 +64,18 @@ def _run_dir(root: Path, steps: list[int], weights: dict) -> Path:
 
 
 def test_the_end_checks_fail_on_a_step_twice_other_weights_or_a_job_left(tmp_path: Path) -> None:
-    import chaos_faults
     import chaos_report
+    import chaos_soak
 
     weights = {"w": torch.arange(4.0)}
     reference = _run_dir(tmp_path / "reference", [1, 2, 3], weights)
-    good = chaos_faults.Soak(1, 6, _run_dir(tmp_path / "good", [1, 2, 3], weights), reference, job_ids=["5"])
+    good = chaos_soak.Soak(1, 6, _run_dir(tmp_path / "good", [1, 2, 3], weights), reference, job_ids=["5"])
     good.final_state = "COMPLETED"
     result = chaos_report.report(good, max_steps=3)
     assert result["passed"], result["checks"]
     assert "PASS  every step once in metrics.jsonl" in chaos_report.render(result)
 
-    bad = chaos_faults.Soak(1, 6, _run_dir(tmp_path / "bad", [1, 2, 2, 3], {"w": torch.arange(4.0) + 1e-7}), reference)
+    bad = chaos_soak.Soak(1, 6, _run_dir(tmp_path / "bad", [1, 2, 2, 3], {"w": torch.arange(4.0) + 1e-7}), reference)
     bad.final_state, bad.jobs_left = "COMPLETED", ["5"]
     bad.skipped = ["#3 torn_checkpoint and later: job 5 stuck: PENDING with Reason=BadConstraints for 60 s"]
     failed = {name for name, check in chaos_report.report(bad, max_steps=3)["checks"].items() if not check["passed"]}
@@ -105,8 +105,8 @@ def test_the_overlap_soak_draws_its_overlaps_from_the_seed_and_keeps_the_rest() 
 def test_on_a_site_that_blocks_udp_a_silent_node_or_a_keeper_that_never_said_so_fails(tmp_path: Path) -> None:
     """--udp-blocked: the watcher hears no one, so a `silent` event is a false alarm; and the
     keeper, never armed, must have said so in its own output."""
-    import chaos_faults
     import chaos_report
+    import chaos_soak
 
     weights = {"w": torch.arange(4.0)}
     reference = _run_dir(tmp_path / "reference", [1, 2, 3], weights)
@@ -115,7 +115,7 @@ def test_on_a_site_that_blocks_udp_a_silent_node_or_a_keeper_that_never_said_so_
         "hpctrain keeper: no answer from the batch host's watcher at node1:40000 in 60 s (UDP between the nodes "
         "blocked?): the batch host is not watched\n"
     )
-    soak = chaos_faults.Soak(1, 6, quiet, reference, job_ids=["5"], udp_blocked=True)
+    soak = chaos_soak.Soak(1, 6, quiet, reference, job_ids=["5"], udp_blocked=True)
     soak.final_state = "COMPLETED"
     result = chaos_report.report(soak, max_steps=3)
     assert result["passed"] and "the keeper said it is not armed" in result["checks"], result["checks"]
@@ -135,7 +135,7 @@ def test_on_a_site_that_blocks_udp_a_silent_node_or_a_keeper_that_never_said_so_
             )
             + "\n"
         )
-    loud = chaos_faults.Soak(1, 6, heard, reference, job_ids=["5"], udp_blocked=True)
+    loud = chaos_soak.Soak(1, 6, heard, reference, job_ids=["5"], udp_blocked=True)
     loud.final_state = "COMPLETED"
     failed = {name for name, check in chaos_report.report(loud, max_steps=3)["checks"].items() if not check["passed"]}
     assert failed == {"no silent node heard (UDP blocked)", "the keeper said it is not armed"}
@@ -203,26 +203,26 @@ def test_a_drained_node_stays_drained_until_the_job_left_it_or_the_watch_had_tim
     next look (every 30 s): the soak measured no drain at all."""
     import time
 
-    import chaos_faults
+    import chaos_soak
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    soak = chaos_faults.Soak(34, 30, run_dir, tmp_path / "reference", job_ids=["16817000"])
-    drain = chaos_faults.Fault(1, 20.0, "node_drain", 0, 0)
+    soak = chaos_soak.Soak(34, 30, run_dir, tmp_path / "reference", job_ids=["16817000"])
+    drain = chaos_soak.Fault(1, 20.0, "node_drain", 0, 0)
     now = time.time()
-    soak.injected = [chaos_faults.Injected(drain, now - 20, "node2", "16817000", 161)]
-    assert chaos_faults._drain_held(soak) == {"node2"}  # the watch may not have looked yet
-    assert chaos_faults._recovered_after(soak) is None
+    soak.injected = [chaos_soak.Injected(drain, now - 20, "node2", "16817000", 161)]
+    assert chaos_soak.drain_held(soak) == {"node2"}  # the watch may not have looked yet
+    assert chaos_soak.recovered_after(soak) is None
 
     (run_dir / "events.jsonl").write_text(json.dumps({**RELAUNCH_START, "time": now - 5}) + "\n")
-    assert chaos_faults._drain_held(soak) == set()  # left for the spare: maintenance may end
-    assert chaos_faults._recovered_after(soak) == pytest.approx(now - 5)
+    assert chaos_soak.drain_held(soak) == set()  # left for the spare: maintenance may end
+    assert chaos_soak.recovered_after(soak) == pytest.approx(now - 5)
 
     (run_dir / "events.jsonl").write_text("")
-    soak.injected[0].at = now - chaos_faults.DRAIN_NOTICE_S - 1  # no free spare: ridden out
-    assert chaos_faults._drain_held(soak) == set()
-    assert chaos_faults._recovered_after(soak, settle_s=10) == pytest.approx(now - 1 + 10)
+    soak.injected[0].at = now - chaos_soak.DRAIN_NOTICE_S - 1  # no free spare: ridden out
+    assert chaos_soak.drain_held(soak) == set()
+    assert chaos_soak.recovered_after(soak, settle_s=10) == pytest.approx(now - 1 + 10)
 
-    down = chaos_faults.Fault(2, 40.0, "node_down", 0, 0)
-    soak.injected.append(chaos_faults.Injected(down, now, "node2", "16817000", 300))
-    assert chaos_faults._drain_held(soak) == set()  # only a drain is held
+    down = chaos_soak.Fault(2, 40.0, "node_down", 0, 0)
+    soak.injected.append(chaos_soak.Injected(down, now, "node2", "16817000", 300))
+    assert chaos_soak.drain_held(soak) == set()  # only a drain is held
