@@ -1,6 +1,6 @@
 """The mark that a step's tasks began (hpctrain.run.launch_marks), left by the worker's door as its
-first act on the first task of each node: the control step tells a step srun never launched from
-one that crashed."""
+first act by the first task to begin on each node: the control step tells a step srun never
+launched from one that crashed."""
 
 from __future__ import annotations
 
@@ -37,10 +37,29 @@ def test_the_first_task_of_a_node_leaves_the_mark_before_anything_can_fail(tmp_p
     assert not list(tmp_path.glob(f"{launch_marks.PREFIX}*"))
 
 
-def test_only_the_first_task_of_a_node_of_a_step_the_batch_shell_launched_marks(tmp_path: Path) -> None:
+def test_a_node_s_first_task_to_begin_marks_whatever_its_local_id(tmp_path: Path) -> None:
+    # Rank 1 began first and died at its imports; rank 0 was ended by srun before it ran a line
+    # (seen in CI): the step did begin, and its crash is a crash, not a launch that never happened.
     _worker(tmp_path, SLURM_PROCID="1", SLURM_LOCALID="1", **{LAUNCHED_AT_ENV: LAUNCHED_AT})
-    _worker(tmp_path, SLURM_PROCID="0", SLURM_LOCALID="0")  # a user's own srun: no launch moment
+    assert launch_marks.began(tmp_path, float(LAUNCHED_AT))
+
+
+def test_a_user_s_own_srun_leaves_no_mark(tmp_path: Path) -> None:
+    _worker(tmp_path, SLURM_PROCID="0", SLURM_LOCALID="0")  # no launch moment: not the batch shell's step
     assert not list(tmp_path.glob(f"{launch_marks.PREFIX}*"))
+
+
+def test_one_touch_a_node_while_its_first_task_lives(tmp_path: Path) -> None:
+    node = {"SLURM_JOB_ID": "77", "SLURMD_NODENAME": "node1", LAUNCHED_AT_ENV: LAUNCHED_AT}
+    launch_marks.leave(tmp_path, {**node, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})  # this process: the first
+    assert launch_marks.began(tmp_path, float(LAUNCHED_AT))
+    launch_marks.forget(tmp_path, float(LAUNCHED_AT))
+    # The node's second task finds the name held by the first, alive: it does not touch the file.
+    _worker(tmp_path, SLURM_PROCID="1", SLURM_LOCALID="1", **node)
+    assert not launch_marks.began(tmp_path, float(LAUNCHED_AT))
+    # Another node's first task (nodes share this machine's network namespace on the dev cluster).
+    _worker(tmp_path, SLURM_PROCID="2", SLURM_LOCALID="0", **{**node, "SLURMD_NODENAME": "node2"})
+    assert launch_marks.began(tmp_path, float(LAUNCHED_AT))
 
 
 def test_the_mark_of_a_launch_is_its_own(tmp_path: Path) -> None:
