@@ -242,8 +242,12 @@ def test_a_job_whose_batch_script_vanished_is_submitted_again_by_the_keeper(tmp_
     slurm_env = start_cluster()
     env = {**slurm_env, "PYTHONPATH": with_test_helpers(slurm_env)}
     run_dir = tmp_path / "run"
-    trained = Reference(env, tmp_path / "reference", [*TRAIN, "trainer.nprocs=2"])
-    (job,), _ = submit({**env, PAUSE_ENV: "0.1"}, run_dir, *TRAIN)
+    # The ranks train on without their batch script: long enough that they are still training when
+    # the keeper acts (about 30 s at the defaults). With 300 steps they finished 26 s after the kill
+    # once in CI, and the keeper found a finished run with nothing to do.
+    train = [*TRAIN, "trainer.max_steps=600"]
+    trained = Reference(env, tmp_path / "reference", [*train, "trainer.nprocs=2"])
+    (job,), _ = submit({**env, PAUSE_ENV: "0.1"}, run_dir, *train)
     wait_for_step(run_dir, FREEZE_AT_STEP, timeout_s=400)
     batch_host = job_field(env, job, "BatchHost")
     _kill_batch_step(job)

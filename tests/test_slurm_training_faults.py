@@ -402,13 +402,19 @@ def test_two_nodes_down_at_once_with_one_spare(slurm_env, reference: Path, tmp_p
             node_state(slurm_env, node, "resume")
     journal = events(run_dir)
     assert of("relaunch", run_dir) == [], journal  # no spare left to relaunch on
-    (lost,) = of("failure", run_dir)
+    (lost, *came_back_unready), (requeued, *requeued_again) = of("failure", run_dir), of("requeue", run_dir)
     assert lost["cause"] == "node_failure" and set(lost["nodes"]) <= set(others) and lost["nodes"], journal
-    (requeued,) = of("requeue", run_dir)
     # Both down when the step is judged: nothing kept out. On a loaded machine the spare (not in the
     # step, so not in the failure) may have registered again first (ReturnToService=2, a ping every
     # few seconds): then the lost node is kept out, the 2 left being enough. Both are the table's rows.
     assert requeued["excluded"] in ([], lost["nodes"]), journal
     assert (requeued["cause"], requeued.get("nodes")) == ("node_failure", 2), journal
-    assert job_restarts(slurm_env, job_id) == 1
+    # A node back in service at once (ReturnToService=2) while its slurmd still ended the killed
+    # tasks may fail the next life's task launch ("Zero Bytes were transmitted or received", seen in
+    # CI): its check unanswered, it is left out and the job requeued without it, once a node.
+    assert len(came_back_unready) == len(requeued_again) <= len(others), journal
+    for failed, again in zip(came_back_unready, requeued_again, strict=True):
+        assert (failed["cause"], failed.get("detected_by")) == ("node_failure", "check"), journal
+        assert set(failed["nodes"]) <= set(others) and again["excluded"] == failed["nodes"], journal
+    assert job_restarts(slurm_env, job_id) == 1 + len(came_back_unready)
     assert_exact(run_dir, reference)
