@@ -62,7 +62,7 @@ def leave(run_dir: Path, env: Mapping[str, str]) -> None:
 _claims: list[socket.socket] = []
 
 
-def claim_name(run_dir: Path, env: Mapping[str, str], launched_at: str) -> str:
+def _claim_name(run_dir: Path, env: Mapping[str, str], launched_at: str) -> str:
     """The abstract socket only the first task of this step on this node binds. Nodes may share a
     network namespace (the dev cluster's are processes of one machine): the node's name is in it,
     with the job, the run dir and the launch. Hashed: an abstract name holds 107 bytes."""
@@ -77,7 +77,7 @@ def _first_on_node(run_dir: Path, env: Mapping[str, str], launched_at: str) -> b
     touches of one file more, never a step taken for one that did not begin."""
     claim = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
-        claim.bind(claim_name(run_dir, env, launched_at))
+        claim.bind(_claim_name(run_dir, env, launched_at))
     except OSError as error:
         claim.close()
         return error.errno != errno.EADDRINUSE
