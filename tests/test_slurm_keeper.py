@@ -249,6 +249,8 @@ def test_a_job_whose_batch_script_vanished_is_submitted_again_by_the_keeper(tmp_
     trained = Reference(env, tmp_path / "reference", [*train, "trainer.nprocs=2"])
     (job,), _ = submit({**env, PAUSE_ENV: "0.1"}, run_dir, *train)
     wait_for_step(run_dir, FREEZE_AT_STEP, timeout_s=400)
+    launch_failures = of("failure", run_dir)
+    assert all(_left_out_at_launch(f, job) for f in launch_failures), launch_failures
     batch_host = job_field(env, job, "BatchHost")
     _kill_batch_step(job)
     killed_at = time.time()
@@ -261,8 +263,9 @@ def test_a_job_whose_batch_script_vanished_is_submitted_again_by_the_keeper(tmp_
     # The old job was cancelled by the keeper (Slurm had kept it RUNNING).
     assert job_field(env, job, "JobState") == "CANCELLED"
     starts = [(s["job_id"], s["restart"]) for s in of("start", run_dir)]
-    assert starts == [(job, 0), (new_job, 0)], starts
-    assert [f["by"] for f in of("failure", run_dir)] == ["keeper"]
+    assert starts == [(job, len(launch_failures)), (new_job, 0)], starts
+    assert of("failure", run_dir)[: len(launch_failures)] == launch_failures
+    assert [f.get("by") for f in of("failure", run_dir)[len(launch_failures) :]] == ["keeper"]
     assert same_weights(run_dir, trained.trained())
 
 
@@ -294,6 +297,10 @@ def test_a_stalled_watcher_on_a_live_batch_host_is_not_taken_for_a_lost_host(tmp
     watcher = 0
     try:
         wait_for_step(run_dir, FREEZE_AT_STEP, timeout_s=400)
+        # A node left out at launch is the launch's row, not the keeper's (_left_out_at_launch);
+        # what the keeper must not do is add a failure of its own.
+        launch_failures = of("failure", run_dir)
+        assert all(_left_out_at_launch(f, job) for f in launch_failures), launch_failures
         watcher = _watcher_of(run_dir)
         os.kill(watcher, signal.SIGSTOP)
         deadline = time.monotonic() + 30
@@ -302,12 +309,24 @@ def test_a_stalled_watcher_on_a_live_batch_host_is_not_taken_for_a_lost_host(tmp
         said = job_output(run_dir)
         assert "its watcher stalled; not acted on, listening again" in said, said[-3000:]
         time.sleep(max(0.0, deadline - time.monotonic()))
-        assert [f for f in of("failure", run_dir)] == [], of("failure", run_dir)
+        assert of("failure", run_dir) == launch_failures, of("failure", run_dir)
         assert job_field(env, job, "JobState") == "RUNNING"
     finally:
         if watcher:
             with contextlib.suppress(ProcessLookupError):  # the job ended (and killed it) meanwhile
                 os.kill(watcher, signal.SIGCONT)
     assert wait_finished(slurm_env, job, timeout_s=400) == "COMPLETED", job_output(run_dir)
-    assert [(s["job_id"], s["restart"]) for s in of("start", run_dir)] == [(job, 0)]
-    assert of("failure", run_dir) == [] and of("requeue", run_dir) == []
+    # One job all through (never submitted again); one life unless a launch failed before the stall.
+    lives = len(launch_failures)
+    assert [(s["job_id"], s["restart"]) for s in of("start", run_dir)] == [(job, lives)]
+    assert of("failure", run_dir) == launch_failures
+    requeues = [(r["cause"], r["excluded"]) for r in of("requeue", run_dir)]
+    assert requeues == [("node_failure", f["nodes"]) for f in launch_failures], requeues
+
+
+def _left_out_at_launch(failure: dict, job: str) -> bool:
+    """A node left out by the relaunch's check in this job, before its first step: not the keeper.
+    A node whose slurmd still ends an earlier test's killed tasks may fail a job's first task
+    launch ("Zero Bytes were transmitted or received", seen in CI); the check leaves it out and
+    the job is requeued in place, as it should be. The keeper tests take that row as it comes."""
+    return (failure["job_id"], failure["cause"], failure.get("detected_by")) == (job, "node_failure", "check")
